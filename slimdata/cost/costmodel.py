@@ -1,0 +1,250 @@
+"""Per-slice cost and memory model (design §5).
+
+For a slice ``[start, end)`` of a document, with ``s = end - start`` and
+``pairs = s * start + s * (s + 1) / 2`` (causal query-key pairs: every query sees the whole
+prefix and causally itself)::
+
+    fwd = fwd_lin * s + fwd_att * pairs + fwd_const
+    bwd = bwd_lin * s + bwd_att * pairs + bwd_const
+    activation_bytes = act_bytes_per_token * s          (held from forward to backward)
+    kv_bytes         = kv_bytes_per_token * end         (prefix K/V retained for continuation)
+
+Times are seconds of one full model (all layers) on one device; a pipeline stage with a
+fraction of the layers takes that fraction. Assumptions of :meth:`CostModel.analytic`:
+
+- causal attention, flash-attn style (no ``s^2`` memory), bf16 activations;
+- linear FLOPs per token per layer ``2 * (2 h^2 + 2 h kv_dim + 3 h ffn)`` plus the LM head
+  ``2 h vocab``; attention FLOPs per pair per layer ``4 h`` (QK^T and PV);
+- backward = 2x forward FLOPs for linear layers and 2.5x for attention (flash-attn recomputes
+  QK^T); ``recompute="full"`` adds one more forward to every backward;
+- time = FLOPs / (peak * efficiency) from a :class:`DeviceProfile`, plus a fixed per-layer
+  launch overhead per slice;
+- activation bytes per token per layer: ``dtype * (8 h + 2 kv_dim + 5 ffn)`` without
+  recompute (inputs of every GEMM, norms, attention output and softmax stats, SwiGLU
+  intermediates), ``dtype * (6 h + 2 kv_dim + 2 ffn)`` with selective recompute (norms and
+  the SwiGLU activation recomputed; their cost is neglected), ``dtype * h`` with full
+  recompute (the layer input only); plus fp32
+  logits and their gradient, ``8 * vocab`` bytes per token, transient in the last layer.
+
+Its accuracy is measured, not assumed: ``slimdata profile`` fits the six time coefficients
+on the training device and writes a coefficient file that :meth:`CostModel.load` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from slimdata.cost.device import DeviceProfile, load_device
+from slimdata.cost.model import ModelConfig, load_model_config
+from slimdata.errors import ConfigError
+
+__all__ = ["RECOMPUTE_POLICIES", "CostModel", "SliceCosts", "causal_pairs", "resolve_cost_model"]
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+
+
+def causal_pairs(start: np.ndarray | int, end: np.ndarray | int) -> np.ndarray:
+    """Query-key pairs of a slice that continues its document: ``s*start + s*(s+1)/2``.
+
+    ``causal_pairs(0, 4) == 10`` (4 queries see 1+2+3+4 keys); ``causal_pairs(4, 6) == 17``
+    (2 queries see the 4-token prefix plus 1 and 2 keys of their own).
+    """
+    start = np.asarray(start, dtype=np.float64)
+    s = np.asarray(end, dtype=np.float64) - start
+    return s * start + s * (s + 1.0) / 2.0
+
+
+@dataclass(frozen=True)
+class SliceCosts:
+    """Per-slice predicted costs for the slices of one or more documents (arrays, aligned)."""
+
+    fwd_lin: np.ndarray
+    fwd_att: np.ndarray
+    bwd_lin: np.ndarray
+    bwd_att: np.ndarray
+    fwd: np.ndarray
+    """Forward seconds, constants included."""
+    bwd: np.ndarray
+    """Backward seconds, constants included."""
+    act_bytes: np.ndarray
+    """Activation bytes held from the slice's forward to its backward."""
+    kv_bytes: np.ndarray
+    """Retained key/value bytes of the document up to the slice's end."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Coefficients of the per-slice cost model; a plain value, JSON round-trippable."""
+
+    fwd_lin: float
+    """Forward seconds per token (linear layers, LM head)."""
+    fwd_att: float
+    """Forward seconds per causal query-key pair."""
+    fwd_const: float
+    """Forward seconds per slice (fixed overheads)."""
+    bwd_lin: float
+    """Backward seconds per token."""
+    bwd_att: float
+    """Backward seconds per causal pair."""
+    bwd_const: float
+    """Backward seconds per slice."""
+    act_bytes_per_token: float
+    """Activation bytes per token held between forward and backward."""
+    kv_bytes_per_token: float
+    """Key+value bytes per token over all layers (retained for slice continuation)."""
+    layers: int = 1
+    """Layers the times cover (a pipeline stage of ``k`` layers costs ``k / layers``)."""
+    hidden: int = 0
+    """Model width, for communication volumes (activation bytes per token = hidden * dtype)."""
+    kv_dim: int = 0
+    """K (or V) width per layer, for DP-Merge exchange volumes."""
+    dtype_bytes: int = 2
+    """Bytes per element of activations and K/V."""
+    param_count: int = 0
+    """Parameters (for gradient all-reduce volumes in the simulator)."""
+    source: str = "analytic"
+    """Where the coefficients came from: ``analytic`` or ``profile:<device>``."""
+    label: str = ""
+    """Model and device label, e.g. ``llama-8b@h100/selective``."""
+
+    def __post_init__(self) -> None:
+        for f in ("fwd_lin", "fwd_att", "bwd_lin", "bwd_att", "act_bytes_per_token", "kv_bytes_per_token"):
+            v = getattr(self, f)
+            if not np.isfinite(v) or v < 0:
+                raise ConfigError(f"cost model: {f}={v} must be finite and >= 0")
+
+    # -- evaluation -------------------------------------------------------------------------
+    def forward(self, start, end) -> np.ndarray:
+        s = np.asarray(end, dtype=np.float64) - np.asarray(start, dtype=np.float64)
+        return self.fwd_lin * s + self.fwd_att * causal_pairs(start, end) + self.fwd_const
+
+    def backward(self, start, end) -> np.ndarray:
+        s = np.asarray(end, dtype=np.float64) - np.asarray(start, dtype=np.float64)
+        return self.bwd_lin * s + self.bwd_att * causal_pairs(start, end) + self.bwd_const
+
+    def activation_bytes(self, start, end) -> np.ndarray:
+        s = np.asarray(end, dtype=np.float64) - np.asarray(start, dtype=np.float64)
+        return self.act_bytes_per_token * s
+
+    def kv_bytes(self, end) -> np.ndarray:
+        return self.kv_bytes_per_token * np.asarray(end, dtype=np.float64)
+
+    def slice_costs(self, starts, ends) -> SliceCosts:
+        """Costs of slices ``[starts[i], ends[i])`` (each relative to its document's start)."""
+        starts = np.asarray(starts, dtype=np.float64)
+        ends = np.asarray(ends, dtype=np.float64)
+        s = ends - starts
+        pairs = causal_pairs(starts, ends)
+        fl, fa = self.fwd_lin * s, self.fwd_att * pairs
+        bl, ba = self.bwd_lin * s, self.bwd_att * pairs
+        return SliceCosts(
+            fwd_lin=fl,
+            fwd_att=fa,
+            bwd_lin=bl,
+            bwd_att=ba,
+            fwd=fl + fa + self.fwd_const,
+            bwd=bl + ba + self.bwd_const,
+            act_bytes=self.act_bytes_per_token * s,
+            kv_bytes=self.kv_bytes_per_token * ends,
+        )
+
+    def cuts_costs(self, cuts) -> SliceCosts:
+        """Costs of the slices of one document given its cut points ``[0, c1, ..., length]``."""
+        cuts = np.asarray(cuts, dtype=np.float64)
+        return self.slice_costs(cuts[:-1], cuts[1:])
+
+    def document_time(self, length) -> np.ndarray:
+        """Forward + backward seconds of whole documents run as one slice each."""
+        return self.forward(0, length) + self.backward(0, length)
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def analytic(
+        cls,
+        model: ModelConfig | str,
+        device: DeviceProfile | str = "h100",
+        recompute: Recompute = "selective",
+    ) -> CostModel:
+        """Coefficients from FLOPs and device throughput (see the module docstring)."""
+        m = load_model_config(model)
+        d = load_device(device)
+        if recompute not in RECOMPUTE_POLICIES:
+            raise ConfigError(f"recompute={recompute!r}: use one of {RECOMPUTE_POLICIES}")
+        h, kv, f, L = m.hidden, m.kv_dim, m.ffn, m.layers
+        lin_flops = L * 2 * (2 * h * h + 2 * h * kv + 3 * h * f) + 2 * h * m.vocab
+        att_flops = L * 4 * h
+        peak = d.peak_tflops * 1e12
+        fwd_lin = lin_flops / (peak * d.linear_efficiency)
+        fwd_att = att_flops / (peak * d.attention_fwd_efficiency)
+        bwd_lin = 2 * lin_flops / (peak * d.linear_efficiency)
+        bwd_att = 2.5 * att_flops / (peak * d.attention_bwd_efficiency)
+        const = L * d.launch_overhead_s
+        if recompute == "full":
+            bwd_lin, bwd_att = bwd_lin + fwd_lin, bwd_att + fwd_att
+            per_layer = m.dtype_bytes * h
+        elif recompute == "selective":
+            per_layer = m.dtype_bytes * (6 * h + 2 * kv + 2 * f)
+        else:
+            per_layer = m.dtype_bytes * (8 * h + 2 * kv + 5 * f)
+        act = L * per_layer + 8 * m.vocab
+        return cls(
+            fwd_lin=fwd_lin,
+            fwd_att=fwd_att,
+            fwd_const=const,
+            bwd_lin=bwd_lin,
+            bwd_att=bwd_att,
+            bwd_const=2 * const,
+            act_bytes_per_token=float(act),
+            kv_bytes_per_token=float(L * 2 * kv * m.dtype_bytes),
+            layers=L,
+            hidden=h,
+            kv_dim=kv,
+            dtype_bytes=m.dtype_bytes,
+            param_count=m.params,
+            source="analytic",
+            label=f"{m.name}@{d.name}/{recompute}",
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostModel:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"cost profile has unknown keys {unknown}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        """Write a coefficient file (JSON) that :meth:`load` and ``--cost-profile`` accept."""
+        Path(path).write_text(json.dumps({"slimdata_cost_profile": 1, **self.to_dict()}, indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read cost profile {path}: {exc}") from exc
+        if data.pop("slimdata_cost_profile", None) != 1:
+            raise ConfigError(f"{path} is not a slimdata cost profile (missing 'slimdata_cost_profile': 1)")
+        return cls.from_dict(data)
+
+
+def resolve_cost_model(
+    model: str | ModelConfig = "llama-8b",
+    device: str | DeviceProfile = "h100",
+    recompute: Recompute = "selective",
+    profile: str | Path | None = None,
+) -> CostModel:
+    """The cost model every CLI uses: a measured profile file if given, else analytic."""
+    if profile is not None:
+        return CostModel.load(profile)
+    return CostModel.analytic(model, device, recompute)

@@ -1,0 +1,263 @@
+"""Plan types (design §3): plain, serializable values, identical on every rank.
+
+A :class:`StepPlan` says, for one optimizer step, which slices of which documents every
+data-parallel rank runs, grouped into forward and backward MicroPacks, in which interleaved
+order, and which ranks temporarily merge into a context-parallel group (DP-Merge).
+
+Example: two documents of 6 and 3 tokens on one rank, the first cut at 4::
+
+    docs   = (Document(doc_id=0, length=6, ...), Document(doc_id=1, length=3, ...))
+    fwd    = [MicroPack((Slice(0, 0, 4),)), MicroPack((Slice(0, 4, 6), Slice(1, 0, 3)))]
+    bwd    = [MicroPack((Slice(0, 4, 6),)), MicroPack((Slice(1, 0, 3), Slice(0, 0, 4)))]
+    order  = (("F", 0), ("F", 1), ("B", 0), ("B", 1))
+
+Backward packs regroup the same slices (asymmetric partitioning); slice ``[4,6)`` runs its
+backward before ``[0,4)`` because ``[0,4)``'s keys and values receive gradient from it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slimdata.plan.validate import validate_plan
+
+__all__ = ["Document", "MergeGroup", "MicroPack", "RankStep", "Slice", "StepPlan", "eager_order"]
+
+
+@dataclass(frozen=True, order=True)
+class Slice:
+    """Half-open token range ``[start, end)`` of document ``doc`` (an index into ``StepPlan.docs``).
+
+    Its queries attend to the whole prefix ``[0, start)`` of the same document and causally
+    to themselves.
+    """
+
+    doc: int
+    start: int
+    end: int
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+    def to_list(self) -> list[int]:
+        return [self.doc, self.start, self.end]
+
+
+@dataclass(frozen=True)
+class MicroPack:
+    """Slices executed as one varlen call; ``cost`` is the predicted seconds of this pass."""
+
+    slices: tuple[Slice, ...]
+    cost: float = 0.0
+    merge: int | None = None
+    """Index into ``StepPlan.merges`` when this is the pack a merge group runs together."""
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.slices)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"slices": [s.to_list() for s in self.slices], "cost": self.cost}
+        if self.merge is not None:
+            out["merge"] = self.merge
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MicroPack:
+        return cls(tuple(Slice(*s) for s in d["slices"]), float(d.get("cost", 0.0)), d.get("merge"))
+
+
+def eager_order(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> tuple[tuple[str, int], ...]:
+    """Interleave forward and backward packs, 1F1B-like: forward packs in order, and every
+    backward pack (in order) as soon as the forwards of all its documents have run.
+
+    Running backward early frees activations; this is the default per-rank order in free mode.
+    """
+    last_fwd: dict[int, int] = {}
+    for i, pack in enumerate(forward):
+        for s in pack.slices:
+            last_fwd[s.doc] = i
+    ready_after = [max((last_fwd.get(s.doc, -1) for s in p.slices), default=-1) for p in backward]
+    order: list[tuple[str, int]] = []
+    b = 0
+    for i in range(len(forward)):
+        order.append(("F", i))
+        while b < len(backward) and ready_after[b] <= i:
+            order.append(("B", b))
+            b += 1
+    order.extend(("B", j) for j in range(b, len(backward)))
+    return tuple(order)
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One DP rank's work for one step: forward packs, backward packs, and their interleaving."""
+
+    rank: int
+    forward: tuple[MicroPack, ...]
+    backward: tuple[MicroPack, ...]
+    order: tuple[tuple[str, int], ...] = ()
+    """``("F", i)`` / ``("B", j)`` in execution order; empty means :func:`eager_order`."""
+
+    def __post_init__(self) -> None:
+        if not self.order:
+            object.__setattr__(self, "order", eager_order(self.forward, self.backward))
+
+    @property
+    def tokens(self) -> int:
+        return sum(p.tokens for p in self.forward)
+
+    def slices(self) -> Iterator[Slice]:
+        for p in self.forward:
+            yield from p.slices
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "forward": [p.to_dict() for p in self.forward],
+            "backward": [p.to_dict() for p in self.backward],
+            "order": [f"{k}{i}" for k, i in self.order],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RankStep:
+        return cls(
+            rank=int(d["rank"]),
+            forward=tuple(MicroPack.from_dict(p) for p in d["forward"]),
+            backward=tuple(MicroPack.from_dict(p) for p in d["backward"]),
+            order=tuple((o[0], int(o[1:])) for o in d.get("order", ())),
+        )
+
+
+@dataclass(frozen=True)
+class MergeGroup:
+    """DP-Merge: ``ranks`` run ``docs`` together as one context-parallel group this step.
+
+    Each member holds some slices (a share of the queries) of every document of the group in
+    exactly one forward and one backward pack tagged with this group's index; keys/values are
+    gathered inside the group. Parameters are untouched (members stay DP replicas).
+    """
+
+    ranks: tuple[int, ...]
+    docs: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ranks": list(self.ranks), "docs": list(self.docs)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MergeGroup:
+        return cls(tuple(int(r) for r in d["ranks"]), tuple(int(x) for x in d["docs"]))
+
+
+@dataclass(frozen=True)
+class Document:
+    """A document of the step's global batch."""
+
+    doc_id: int | str
+    """Stable id from the shards (``doc_id`` column) or the line number of a lengths file."""
+    length: int
+    """Tokens, EOS included."""
+    loss_tokens: int = -1
+    """Tokens that carry a loss (default ``length - 1``: the last token has no next token)."""
+    cuts: tuple[int, ...] = ()
+    """Build-time cut points ``(0, ..., length)``; a plan may merge consecutive slices."""
+    sample: int = -1
+    """Global sample index in the document shards (-1 when planned from lengths)."""
+
+    def __post_init__(self) -> None:
+        if self.loss_tokens < 0:
+            object.__setattr__(self, "loss_tokens", max(self.length - 1, 0))
+        if not self.cuts:
+            object.__setattr__(self, "cuts", (0, self.length))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "doc_id": self.doc_id,
+            "length": self.length,
+            "loss_tokens": self.loss_tokens,
+            "cuts": list(self.cuts),
+            "sample": self.sample,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Document:
+        return cls(
+            doc_id=d["doc_id"],
+            length=int(d["length"]),
+            loss_tokens=int(d["loss_tokens"]),
+            cuts=tuple(int(c) for c in d["cuts"]),
+            sample=int(d.get("sample", -1)),
+        )
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One RankStep per DP rank, the merge groups, and the global loss-token count."""
+
+    step: int
+    strategy: str
+    docs: tuple[Document, ...]
+    ranks: tuple[RankStep, ...]
+    merges: tuple[MergeGroup, ...] = ()
+    mode: str = "free"
+    """``free`` (DDP: per-rank totals matter) or ``lockstep`` (FSDP/PP: pack i runs together)."""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Free-form: seed, layout, solve time, optimality gap. Not part of plan equality."""
+
+    @property
+    def dp(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def loss_tokens(self) -> int:
+        """Global count of loss tokens: the step loss is (sum of token losses) / this."""
+        return sum(d.loss_tokens for d in self.docs)
+
+    @property
+    def tokens(self) -> int:
+        return sum(d.length for d in self.docs)
+
+    def merge_of_rank(self, rank: int) -> int | None:
+        for g, m in enumerate(self.merges):
+            if rank in m.ranks:
+                return g
+        return None
+
+    def validate(self) -> StepPlan:
+        """Check the invariants of design §4; raise :class:`PlanError` naming the slice."""
+        validate_plan(self)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "strategy": self.strategy,
+            "mode": self.mode,
+            "docs": [d.to_dict() for d in self.docs],
+            "ranks": [r.to_dict() for r in self.ranks],
+            "merges": [m.to_dict() for m in self.merges],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepPlan:
+        return cls(
+            step=int(d["step"]),
+            strategy=d["strategy"],
+            docs=tuple(Document.from_dict(x) for x in d["docs"]),
+            ranks=tuple(RankStep.from_dict(x) for x in d["ranks"]),
+            merges=tuple(MergeGroup.from_dict(x) for x in d.get("merges", ())),
+            mode=d.get("mode", "free"),
+            meta=dict(d.get("meta", {})),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> StepPlan:
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,62 @@
+"""The training layout a plan is solved for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slimdata.errors import ConfigError
+
+__all__ = ["Layout"]
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """Data/pipeline-parallel layout and per-device limits of one training job."""
+
+    dp: int
+    """Data-parallel ranks (one RankStep each)."""
+    pp: int = 1
+    """Pipeline stages; each stage holds ``layers / pp`` of the model."""
+    ranks_per_node: int = 8
+    """DP ranks per node: merge groups inside a node use the intra-node bandwidth."""
+    memory_gib: float = 40.0
+    """Per-device budget for activations and retained K/V (model states excluded), GiB."""
+    context: int = 131072
+    """Context length: the row length of ``concat`` and the default MicroPack token cap."""
+    pack_tokens: int | None = None
+    """Maximum tokens in one MicroPack (default: ``context``)."""
+    mode: str = "free"
+    """``free`` (DDP: only per-rank totals matter) or ``lockstep`` (FSDP/ZeRO-3, pipeline)."""
+    microbatches: int | None = None
+    """Packs per rank in lockstep mode (default: chosen by the solver)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dp, int) or self.dp < 1:
+            raise ConfigError(f"dp={self.dp!r}: need at least one data-parallel rank")
+        if not isinstance(self.pp, int) or self.pp < 1:
+            raise ConfigError(f"pp={self.pp!r}: need at least one pipeline stage")
+        if self.ranks_per_node < 1:
+            raise ConfigError(f"ranks_per_node={self.ranks_per_node!r} must be >= 1")
+        if self.memory_gib <= 0:
+            raise ConfigError(f"memory_gib={self.memory_gib!r} must be > 0")
+        if self.context < 128:
+            raise ConfigError(f"context={self.context!r} must be >= 128 tokens")
+        if self.pack_tokens is not None and self.pack_tokens < 128:
+            raise ConfigError(f"pack_tokens={self.pack_tokens!r} must be >= 128")
+        if self.mode not in ("free", "lockstep"):
+            raise ConfigError(f"mode={self.mode!r}: use 'free' (DDP) or 'lockstep' (FSDP/pipeline)")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ConfigError(f"microbatches={self.microbatches!r} must be >= 1")
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def token_cap(self) -> int:
+        return self.pack_tokens or self.context
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
