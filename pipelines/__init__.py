@@ -1,0 +1,1 @@
+"""Ready build recipes (no logic): each a function returning a build config."""
