@@ -23,8 +23,9 @@ fraction of the layers takes that fraction. Assumptions of :meth:`CostModel.anal
   recompute (inputs of every GEMM, norms, attention output and softmax stats, SwiGLU
   intermediates), ``dtype * (6 h + 2 kv_dim + 2 ffn)`` with selective recompute (norms and
   the SwiGLU activation recomputed; their cost is neglected), ``dtype * h`` with full
-  recompute (the layer input only); plus fp32
-  logits and their gradient, ``8 * vocab`` bytes per token, transient in the last layer.
+  recompute (the layer input only). Logits are not held: the loss is assumed chunked or
+  fused (logits recomputed per chunk in backward, as in Liger/Megatron fused cross-entropy),
+  so their memory is transient and bounded by one chunk, not by the slice length.
 
 Its accuracy is measured, not assumed: ``slimdata profile`` fits the six time coefficients
 on the training device and writes a coefficient file that :meth:`CostModel.load` reads.
@@ -193,7 +194,7 @@ class CostModel:
             per_layer = m.dtype_bytes * (6 * h + 2 * kv + 2 * f)
         else:
             per_layer = m.dtype_bytes * (8 * h + 2 * kv + 5 * f)
-        act = L * per_layer + 8 * m.vocab
+        act = L * per_layer
         return cls(
             fwd_lin=fwd_lin,
             fwd_att=fwd_att,
