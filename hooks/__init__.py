@@ -1,2 +1,41 @@
 """slimdata.hooks: the train-time runtime (loader, pack executor, attention backends,
-DP-Merge, callbacks). Imports torch; the ``slimdata`` library never imports this package."""
+DP-Merge, callbacks). Imports torch; the ``slimdata`` library never imports this package.
+
+Typical loop::
+
+    from slimdata.hooks import hf, run_step
+    hf.register()                                   # attn_implementation="slimdata"
+    for payload in loader:                          # StepPayload: plan + this rank's tokens
+        summary = run_step(model, payload)          # exact grads of the unpacked batch
+        optimizer.step(); optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+from slimdata.hooks.callbacks import BalanceMeter, Callback, PackEvent, PackTimeRecorder, StepSummary
+from slimdata.hooks.continuation import PackContext, active_context, slice_attention
+from slimdata.hooks.executor import ForwardFn, hf_forward, kept_forward_packs, reduce_gradients, run_step
+from slimdata.hooks.kvstore import KVStore
+from slimdata.hooks.loss import packed_loss, slice_labels
+from slimdata.hooks.payload import StepPayload, make_payload
+
+__all__ = [
+    "BalanceMeter",
+    "Callback",
+    "ForwardFn",
+    "KVStore",
+    "PackContext",
+    "PackEvent",
+    "PackTimeRecorder",
+    "StepPayload",
+    "StepSummary",
+    "active_context",
+    "hf_forward",
+    "kept_forward_packs",
+    "make_payload",
+    "packed_loss",
+    "reduce_gradients",
+    "run_step",
+    "slice_attention",
+    "slice_labels",
+]

@@ -167,6 +167,10 @@ class Document:
     """Build-time cut points ``(0, ..., length)``; a plan may merge consecutive slices."""
     sample: int = -1
     """Global sample index in the document shards (-1 when planned from lengths)."""
+    offset: int = 0
+    """First token of this document within its source sample: nonzero only for an independent
+    piece of a longer document (fixed-length baselines, ``--oversize split``), which does not
+    attend to the tokens before it."""
 
     def __post_init__(self) -> None:
         if self.loss_tokens < 0:
@@ -181,6 +185,7 @@ class Document:
             "loss_tokens": self.loss_tokens,
             "cuts": list(self.cuts),
             "sample": self.sample,
+            **({"offset": self.offset} if self.offset else {}),
         }
 
     @classmethod
@@ -191,6 +196,7 @@ class Document:
             loss_tokens=int(d["loss_tokens"]),
             cuts=tuple(int(c) for c in d["cuts"]),
             sample=int(d.get("sample", -1)),
+            offset=int(d.get("offset", 0)),
         )
 
 

@@ -1,0 +1,128 @@
+"""Slice continuation inside a pack: the attention every integration point calls.
+
+While the executor runs one pack, a :class:`PackContext` is active (a context variable). A
+model's attention layer calls :func:`slice_attention` with the pack's queries, keys and values
+(post-RoPE, ``(tokens, heads, head_dim)``, tokens in the pack's slice order). For each slice
+``[start, end)`` the context assembles the keys/values of its document ``[0, end)``:
+
+- earlier slices in *this* pack are read inside the autograd graph;
+- earlier slices from *earlier* packs are read from the :class:`~slimdata.hooks.kvstore.KVStore`
+  as leaves (the per-pack autograd boundary);
+- merged documents (DP-Merge) are read from the group's all-gathered keys/values;
+
+then calls the varlen backend (bottom-right causal per slice). Outside a pack (no context),
+:func:`slice_attention` is plain causal attention over one sequence, so the same model runs
+unpacked references and inference unchanged.
+
+Assumes attention is the only place tokens interact (true for decoder-only transformers) and
+a deterministic forward (dropout 0), since backward packs may recompute a forward.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from slimdata.hooks.attention import VarlenBatch, get_backend, varlen_mask
+from slimdata.hooks.kvstore import KVStore
+from slimdata.hooks.merge import MergeRuntime
+from slimdata.plan import Slice
+
+__all__ = ["PackContext", "active_context", "slice_attention"]
+
+_ACTIVE: contextvars.ContextVar[PackContext | None] = contextvars.ContextVar("slimdata_pack", default=None)
+
+
+@dataclass
+class PackContext:
+    """State of one pack's forward (or recomputed forward) on one rank."""
+
+    slices: tuple[Slice, ...]
+    """The pack's slices, in token order."""
+    doc_slices: dict[int, list[Slice]]
+    """Every slice this rank holds of each (non-merged) document, sorted by start."""
+    store: KVStore
+    mode: str = "keep"
+    """``keep`` (graph kept for backward), ``nograd`` (forward only), ``recompute``."""
+    backend: str = "sdpa"
+    merge: MergeRuntime | None = None
+    """Set when this is the rank's merge pack."""
+    live: dict[tuple[int, Slice], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """(layer, slice) -> in-graph keys/values this pack produced (for the backward)."""
+    _batch: VarlenBatch | None = None
+    _mask: torch.Tensor | None = None
+
+    def __enter__(self) -> PackContext:
+        self._token = _ACTIVE.set(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.reset(self._token)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+        if q.shape[0] != sum(s.tokens for s in self.slices):
+            raise RuntimeError(f"attention got {q.shape[0]} tokens, the pack has {sum(s.tokens for s in self.slices)}")
+        own: dict[Slice, tuple[torch.Tensor, torch.Tensor]] = {}
+        off = 0
+        for s in self.slices:
+            own[s] = (k[off : off + s.tokens], v[off : off + s.tokens])
+            off += s.tokens
+        merged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if self.merge is not None:
+            mine = [s for s in self.slices if s.doc in self.merge.docs]
+            merged = self.merge.gather(
+                layer, {s: own[s][0] for s in mine}, {s: own[s][1] for s in mine}, recompute=self.mode == "recompute"
+            )
+        ks, vs, k_lens = [], [], []
+        for s in self.slices:
+            if s.doc in merged:
+                fk, fv = merged[s.doc]
+                ks.append(fk[: s.end])
+                vs.append(fv[: s.end])
+                k_lens.append(s.end)
+                continue
+            self.live[(layer, s)] = own[s]
+            self.store.put(layer, s, *own[s])
+            for p in self.doc_slices[s.doc]:
+                if p.start >= s.start:
+                    break
+                pk, pv = own[p] if p in own else self.store.get(layer, p)
+                ks.append(pk)
+                vs.append(pv)
+            ks.append(own[s][0])
+            vs.append(own[s][1])
+            k_lens.append(s.end)
+        if self._batch is None:
+            self._batch = VarlenBatch.from_lengths([s.tokens for s in self.slices], k_lens, device=q.device)
+            if self.backend == "sdpa":
+                self._mask = varlen_mask(self._batch)
+        fn = get_backend(self.backend)
+        kwargs = {"mask": self._mask} if self._mask is not None else {}
+        return fn(q, torch.cat(ks), torch.cat(vs), self._batch, scale, **kwargs)
+
+
+def active_context() -> PackContext | None:
+    """The pack being executed, or None outside the executor."""
+    return _ACTIVE.get()
+
+
+def slice_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float | None = None) -> torch.Tensor:
+    """Attention for custom models: ``q (T, Hq, D)``, ``k, v (T, Hkv, D)`` -> ``(T, Hq, D)``.
+
+    Inside the executor, ``T`` is the current pack's tokens and attention follows the plan
+    (slice continuation, no cross-document attention, DP-Merge); ``layer`` must identify the
+    layer (0-based, unique per attention call in a forward). Outside, plain causal attention.
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    ctx = _ACTIVE.get()
+    if ctx is not None:
+        return ctx.attend(q, k, v, layer, scale)
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale)
+    return out.transpose(0, 1)

@@ -1,0 +1,235 @@
+"""The step executor: run one rank's share of a :class:`StepPlan` inside a training loop.
+
+:func:`run_step` executes ``plan.ranks[rank].order``: forward packs in order, backward packs
+in order, with slice continuation through a per-step :class:`KVStore`, the loss normalised by
+the global loss-token count, and DP-Merge on the group's subgroup. It leaves the exact
+gradient of the unpacked batch in ``param.grad`` (after the DP reduction) and returns a
+:class:`StepSummary`; the optimizer step stays the caller's.
+
+Backward packs. A backward pack that is exactly a union of forward packs runs ``backward``
+through the graphs kept from those forward packs (latest first, so readers go before the
+slices they read). Any other backward pack (asymmetric partitioning) *recomputes* its
+forward from the saved boundary states -- the token ids plus the keys/values of the
+document prefixes in the store -- and runs backward through that; forward packs feeding only
+such packs run without a graph. Either way the backward of a slice receives, as the
+gradient of the keys/values it produced, the sum accumulated in the store by every later
+reader.
+
+Wrappers. Under ``DistributedDataParallel`` the executor calls the wrapped module directly
+inside ``no_sync()`` (DDP's hooks assume one forward/backward per step) and then all-reduces
+the gradients itself with SUM over DDP's process group -- the right reduction because every
+rank's loss is already divided by the global loss-token count. A bare module on several
+ranks gets the same reduction with ``reduce_grads=True``. Assumes a deterministic forward
+(dropout 0) and buffers identical across ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from slimdata.hooks.callbacks import Callback, PackEvent, StepSummary
+from slimdata.hooks.continuation import PackContext
+from slimdata.hooks.kvstore import KVStore
+from slimdata.hooks.loss import packed_loss, slice_labels
+from slimdata.hooks.merge import MergeRuntime, ensure_groups
+from slimdata.hooks.payload import StepPayload
+from slimdata.plan import MicroPack, Slice
+
+__all__ = ["ForwardFn", "hf_forward", "kept_forward_packs", "reduce_gradients", "run_step"]
+
+ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``forward(module, input_ids (T,), position_ids (T,)) -> logits (T, vocab)``."""
+
+
+def hf_forward(module: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Forward of a Hugging Face causal LM (batch of one packed row, doc-relative positions)."""
+    return module(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False).logits[0]
+
+
+def kept_forward_packs(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> tuple[set[int], dict[int, list[int]]]:
+    """Which forward packs keep their graph, and the forward packs of each union backward pack.
+
+    Backward pack ``j`` is a union when every slice of every forward pack it touches is in
+    ``j``: ``fwd [[a], [b, c]]`` and ``bwd [[b, c, a]]`` -> union; ``bwd [[c], [a, b]]`` -> none.
+    """
+    fwd_of = {s: i for i, p in enumerate(forward) for s in p.slices}
+    kept: set[int] = set()
+    unions: dict[int, list[int]] = {}
+    for j, p in enumerate(backward):
+        fs = sorted({fwd_of[s] for s in p.slices})
+        if sum(forward[i].tokens for i in fs) == p.tokens and all(s in set(p.slices) for i in fs for s in forward[i].slices):
+            unions[j] = fs
+            kept.update(fs)
+    return kept, unions
+
+
+def reduce_gradients(params: Sequence[nn.Parameter], group=None) -> None:
+    """SUM-all-reduce ``.grad`` of ``params`` (flattened per dtype/device, one call each)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    buckets: dict[tuple, list[torch.Tensor]] = {}
+    for g in grads:
+        buckets.setdefault((g.dtype, g.device), []).append(g)
+    for gs in buckets.values():
+        flat = torch.cat([g.reshape(-1) for g in gs])
+        dist.all_reduce(flat, group=group)
+        off = 0
+        for g in gs:
+            g.copy_(flat[off : off + g.numel()].view_as(g))
+            off += g.numel()
+
+
+class _Step:
+    """State of one run_step call."""
+
+    def __init__(self, module, payload: StepPayload, forward: ForwardFn, backend: str, device) -> None:
+        self.module, self.forward, self.backend, self.device = module, forward, backend, device
+        self.plan, self.rank = payload.plan, payload.rank
+        self.rs = self.plan.ranks[self.rank]
+        self.norm = self.plan.loss_tokens
+        self.store = KVStore()
+        self.merge: MergeRuntime | None = None
+        if self.plan.merges:
+            ensure_groups(self.plan)
+            g = self.plan.merge_of_rank(self.rank)
+            if g is not None:
+                self.merge = MergeRuntime(self.plan, self.rank, g)
+        toks = {s: torch.as_tensor(np.asarray(t, dtype=np.int64)) for s, t in payload.slice_tokens().items()}
+        masks_np = payload.slice_mask()
+        masks = None if masks_np is None else {s: torch.as_tensor(np.asarray(m, dtype=np.int64)) for s, m in masks_np.items()}
+        merged_docs = self.merge.docs if self.merge else set()
+        self.doc_slices: dict[int, list[Slice]] = {}
+        for s in self.rs.slices():
+            if s.doc not in merged_docs:
+                self.doc_slices.setdefault(s.doc, []).append(s)
+        for sl in self.doc_slices.values():
+            sl.sort(key=lambda s: s.start)
+        self.doc_tokens = {d: torch.cat([toks[s] for s in sl]).to(device) for d, sl in self.doc_slices.items()}
+        self.doc_masks = None if masks is None else {d: torch.cat([masks[s] for s in sl]).to(device) for d, sl in self.doc_slices.items()}
+        if self.merge is not None:
+            mine = {s: toks[s] for s in self.merge.layout[self.rank]}
+            self.doc_tokens.update({d: t.to(device) for d, t in self.merge.gather_tokens({s: t.to(device) for s, t in mine.items()}).items()})
+            if masks is not None and self.doc_masks is not None:
+                got = self.merge.gather_tokens({s: masks[s].to(device) for s in self.merge.layout[self.rank]})
+                self.doc_masks.update(got)
+
+    def run_pack(self, pack: MicroPack, mode: str) -> tuple[torch.Tensor, PackContext]:
+        sl = pack.slices
+        ids = torch.cat([self.doc_tokens[s.doc][s.start : s.end] for s in sl])
+        pos = torch.cat([torch.arange(s.start, s.end, device=self.device) for s in sl])
+        labels = torch.cat(
+            [slice_labels(self.doc_tokens[s.doc], s.start, s.end, None if self.doc_masks is None else self.doc_masks[s.doc]) for s in sl]
+        )
+        ctx = PackContext(sl, self.doc_slices, self.store, mode=mode, backend=self.backend, merge=self.merge if pack.merge is not None else None)
+        with ctx, torch.set_grad_enabled(mode != "nograd"):
+            logits = self.forward(self.module, ids, pos)
+            loss = packed_loss(logits, labels, self.norm)
+        return loss, ctx
+
+    def backward(self, loss: torch.Tensor, ctx: PackContext) -> None:
+        outs, grads = [loss], [torch.ones_like(loss)]
+        for (layer, s), (k, v) in ctx.live.items():
+            gk, gv = self.store.grad(layer, s)
+            if gk is not None:
+                outs.append(k)
+                grads.append(gk)
+            if gv is not None:
+                outs.append(v)
+                grads.append(gv)
+        torch.autograd.backward(outs, grads)
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_step(
+    model: nn.Module,
+    payload: StepPayload,
+    *,
+    forward: ForwardFn = hf_forward,
+    backend: str = "sdpa",
+    callbacks: Sequence[Callback] = (),
+    reduce_grads: bool | None = None,
+    group=None,
+) -> StepSummary:
+    """Run ``payload.rank``'s forward and backward packs of ``payload.plan``; accumulate grads.
+
+    ``model`` may be wrapped in ``DistributedDataParallel`` (gradients are then SUM-reduced over
+    its process group); ``reduce_grads=True`` reduces a bare module's gradients over ``group``
+    (default: the world). Every rank of a merge group must call this for the same plan.
+    """
+    t_step = time.perf_counter()
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    module = model.module if ddp else model
+    if reduce_grads is None:
+        reduce_grads = ddp
+    if ddp and group is None:
+        group = model.process_group
+    device = next(module.parameters()).device
+    st = _Step(module, payload, forward, backend, device)
+    plan, rs = st.plan, st.rs
+    for cb in callbacks:
+        cb.on_step_start(plan, st.rank)
+    kept, unions = kept_forward_packs(rs.forward, rs.backward)
+    graphs: dict[int, tuple[torch.Tensor, PackContext]] = {}
+    events: list[PackEvent] = []
+    loss_total = 0.0
+
+    def emit(pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool = False) -> None:
+        _sync(device)
+        ev = PackEvent(plan.step, st.rank, pass_, i, time.perf_counter() - t0, pack.tokens, pack.cost, recomputed)
+        events.append(ev)
+        for cb in callbacks:
+            cb.on_pack_end(ev)
+
+    with model.no_sync() if ddp else _null():
+        for kind, i in rs.order:
+            t0 = time.perf_counter()
+            if kind == "F":
+                pack = rs.forward[i]
+                loss, ctx = st.run_pack(pack, "keep" if i in kept else "nograd")
+                loss_total += float(loss.detach())
+                if i in kept:
+                    graphs[i] = (loss, ctx)
+                emit("F", i, pack, t0)
+            else:
+                pack = rs.backward[i]
+                if i in unions:
+                    for f in reversed(unions[i]):
+                        st.backward(*graphs.pop(f))
+                else:
+                    st.backward(*st.run_pack(pack, "recompute"))
+                for s in pack.slices:
+                    st.store.drop(s)
+                emit("B", i, pack, t0, recomputed=i not in unions)
+        if graphs or len(st.store):
+            raise RuntimeError(f"step {plan.step} rank {st.rank}: packs {sorted(graphs)} never ran backward")
+    if reduce_grads and dist.is_initialized() and dist.get_world_size(group) > 1:
+        reduce_gradients([p for p in module.parameters() if p.requires_grad], group)
+    summary = StepSummary(
+        step=plan.step,
+        rank=st.rank,
+        loss=loss_total,
+        tokens=rs.tokens,
+        seconds=time.perf_counter() - t_step,
+        busy_seconds=sum(e.seconds for e in events),
+        events=tuple(events),
+    )
+    for cb in callbacks:
+        cb.on_step_end(summary)
+    return summary
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,163 @@
+"""Loaders that hand each rank its :class:`StepPayload` for every step.
+
+Two sources, both stock mosaicml-streaming datasets:
+
+- :class:`DocumentLoader` over *document shards* (``slimdata build``). Every rank cuts the
+  same global batches (``make_batches``: a shuffle seeded by ``seed + epoch``, then batches of
+  at most ``global_batch_tokens``), solves the same :class:`StepPlan` (deterministic for the
+  seed), and reads the tokens of *its own* slices by global sample index (``dataset[i]``).
+  Reading by index, rather than exchanging tokens through torch.distributed, costs each
+  rank only its own documents' bytes, needs no collective (so no rank waits on another's
+  I/O), and makes resumption a pure function of a document count.
+  Document metadata (lengths, cuts) comes from ``manifest.parquet`` when available
+  (:func:`slimdata.docsource.load_shard_documents`), else from the samples themselves.
+- :class:`PlanShardLoader` over *plan shards* (``slimdata plan`` / ``build --plan``): reads
+  payload ``(step, rank)`` and checks its stamp; a misaligned shard raises
+  :class:`~slimdata.errors.PlanError` instead of training on another rank's tokens.
+
+``state_dict()`` / ``load_state_dict()`` resume exactly: the document loader counts
+*documents* consumed in the epoch (not rows or steps), the plan loader counts steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from slimdata.cost import CostModel
+from slimdata.errors import ConfigError, PlanError
+from slimdata.hooks.payload import StepPayload
+from slimdata.plan import Document
+from slimdata.solver import Layout, make_batches, solve
+from slimdata.solver.planshards import check_payload, payload_positions
+
+__all__ = ["DocumentLoader", "LoaderConfig", "PlanShardLoader", "documents_of"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """How global batches are cut and planned."""
+
+    layout: Layout
+    """The training layout (``dp`` ranks) plans are solved for."""
+    global_batch_tokens: int
+    """Token budget of one global batch (one optimizer step)."""
+    strategy: str = "slimpack"
+    """Solver strategy (``slimdata.solver.STRATEGIES``)."""
+    seed: int = 0
+    """Shuffle and solver seed; epoch ``e`` shuffles with ``seed + e``."""
+    cost: CostModel | None = None
+    """Cost model for the solver (None: the solver's default)."""
+
+    def __post_init__(self) -> None:
+        if self.global_batch_tokens < 1:
+            raise ConfigError(f"global_batch_tokens={self.global_batch_tokens!r} must be >= 1")
+
+
+def _num_samples(dataset: Any) -> int:
+    return int(getattr(dataset, "num_samples", None) or len(dataset))
+
+
+def documents_of(dataset: Any) -> list[Document]:
+    """Document metadata read from the samples (``length``, ``slices``, ``doc_id``)."""
+    out = []
+    for i in range(_num_samples(dataset)):
+        s = dataset[i]
+        cuts = tuple(int(c) for c in np.asarray(s["slices"]))
+        out.append(Document(doc_id=str(s["doc_id"]), length=int(s["length"]), cuts=cuts or (0, int(s["length"])), sample=i))
+    return out
+
+
+class DocumentLoader:
+    """This rank's payloads over document shards; iterate once per epoch."""
+
+    def __init__(self, dataset: Any, *, rank: int, config: LoaderConfig, documents: Sequence[Document] | None = None) -> None:
+        if not 0 <= rank < config.layout.dp:
+            raise ConfigError(f"rank={rank} is outside the layout's {config.layout.dp} ranks")
+        self.dataset, self.rank, self.config = dataset, rank, config
+        self.documents = list(documents) if documents is not None else documents_of(dataset)
+        if any(d.sample < 0 for d in self.documents):
+            raise ConfigError("documents need their sample index (Document.sample) to read tokens by index")
+        self.epoch, self.consumed, self.step = 0, 0, 0
+
+    def batches(self, epoch: int) -> list[list[Document]]:
+        return make_batches(self.documents, self.config.global_batch_tokens, self.config.seed + epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        """``documents``: documents of this epoch already handed out (all ranks agree)."""
+        return {"epoch": self.epoch, "documents": self.consumed, "step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.consumed, self.step = int(state["epoch"]), int(state["documents"]), int(state["step"])
+
+    def __iter__(self) -> Iterator[StepPayload]:
+        batches = self.batches(self.epoch)
+        bounds = np.cumsum([0] + [len(b) for b in batches])
+        start = int(np.searchsorted(bounds, self.consumed))
+        if start >= len(bounds) or bounds[start] != self.consumed:
+            raise PlanError(f"resume point of {self.consumed} documents is not a batch boundary of epoch {self.epoch}")
+        cfg = self.config
+        for b in range(start, len(batches)):
+            plan = solve(batches[b], cfg.layout, cfg.strategy, seed=cfg.seed, cost=cfg.cost, step=self.step)
+            tokens = self._tokens(plan)
+            self.consumed += len(batches[b])
+            self.step += 1
+            yield StepPayload(plan=plan, rank=self.rank, tokens=tokens)
+        self.epoch, self.consumed = self.epoch + 1, 0
+
+    def _tokens(self, plan) -> np.ndarray:
+        cache: dict[int, np.ndarray] = {}
+        parts = []
+        for s in plan.ranks[self.rank].slices():
+            d = plan.docs[s.doc]
+            if d.sample not in cache:
+                cache[d.sample] = np.asarray(self.dataset[d.sample]["tokens"], dtype=np.uint32)
+            parts.append(cache[d.sample][d.offset + s.start : d.offset + s.end])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+
+class PlanShardLoader:
+    """This rank's payloads from plan shards, stamp-checked.
+
+    ``mode="index"`` reads payload ``(step, rank)`` at the global sample position the shard
+    layout defines (``nodes``/``ranks_per_node`` from ``plan.json``); ``mode="iterate"`` walks
+    a stock ``StreamingDataset(shuffle=False, batch_size=1, num_canonical_nodes=nodes)`` as
+    streaming partitions it for this rank. Both check every payload's (step, rank) stamp.
+    """
+
+    def __init__(self, dataset: Any, *, rank: int, nodes: int = 1, ranks_per_node: int = 1, mode: str = "index") -> None:
+        if mode not in ("index", "iterate"):
+            raise ConfigError(f"mode={mode!r}: use 'index' or 'iterate'")
+        self.dataset, self.rank, self.mode = dataset, rank, mode
+        self.nodes, self.ranks_per_node = nodes, ranks_per_node
+        self.dp = nodes * ranks_per_node
+        self.steps = _num_samples(dataset) // self.dp
+        self.step = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if self.mode == "iterate" and int(state["step"]):
+            raise ConfigError("resume plan shards with mode='index' (iteration restarts the stream)")
+        self.step = int(state["step"])
+
+    def _payload(self, sample: dict, step: int) -> StepPayload:
+        plan, tokens = check_payload(sample, step, self.rank)
+        return StepPayload(plan=plan, rank=self.rank, tokens=tokens)
+
+    def __iter__(self) -> Iterator[StepPayload]:
+        if self.mode == "iterate":
+            for step, sample in enumerate(self.dataset):
+                self.step = step + 1
+                yield self._payload(sample, step)
+            return
+        pos = payload_positions(self.steps, self.nodes, self.ranks_per_node)
+        while self.step < self.steps:
+            step = self.step
+            sample = self.dataset[int(pos[step, self.rank])]
+            self.step += 1
+            yield self._payload(sample, step)

@@ -1,0 +1,142 @@
+"""DP-Merge: a merge group runs its documents as a context-parallel group (design §9).
+
+Each member holds some slices (a share of the queries) of the group's documents in exactly
+one forward and one backward merge pack. Per layer, members all-gather the keys/values of
+their merged slices on the group's process subgroup (forward) and all-reduce the gradient
+of the gathered tensor, keeping their own rows (backward): every member's keys/values then
+carry the gradient from every member's queries. Parameters are untouched; the ordinary DP
+gradient reduction sums the members' partial parameter gradients into the exact gradient.
+
+Collective sequence per member and step: ``L`` all-gathers in the forward merge pack, ``L``
+all-reduces in the backward merge pack (a recomputed merge pack reuses the gathered tensors
+from the forward and does not gather again), so members stay matched whatever the
+kept/recomputed status of their packs. Subgroups are created once per rank set and cached;
+``new_group`` is collective, so every rank calls :func:`merge_group` for every group of a
+plan in plan order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from slimdata.errors import PlanError
+from slimdata.plan import Slice, StepPlan
+
+__all__ = ["MergeRuntime", "gather_kv", "merge_group"]
+
+_GROUPS: dict[tuple[int, ...], object] = {}
+
+
+def merge_group(ranks: tuple[int, ...]):
+    """The cached process subgroup of ``ranks`` (created on first use, collectively)."""
+    key = tuple(sorted(ranks))
+    if key not in _GROUPS:
+        backend = "nccl" if torch.cuda.is_available() and dist.get_backend() == "nccl" else None
+        _GROUPS[key] = dist.new_group(list(key), backend=backend)
+    return _GROUPS[key]
+
+
+def ensure_groups(plan: StepPlan) -> None:
+    """Create (or look up) the subgroup of every merge group, on every rank, in plan order."""
+    for m in plan.merges:
+        merge_group(m.ranks)
+
+
+class _GatherKV(torch.autograd.Function):
+    """all-gather of ``own (2, maxlen, H, D)`` -> ``(world, 2, maxlen, H, D)``; backward
+    all-reduces the gradient and returns this member's rows. With ``cached`` (a recomputed
+    merge pack) the forward reuses the gathered tensor and only substitutes its own rows."""
+
+    @staticmethod
+    def forward(ctx, own, group, index, world, cached):
+        ctx.group, ctx.index = group, index
+        if cached is not None:
+            out = cached.clone()
+            out[index] = own
+            return out
+        parts = [torch.empty_like(own) for _ in range(world)]
+        dist.all_gather(parts, own.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[ctx.index], None, None, None, None
+
+
+def gather_kv(own: torch.Tensor, group, index: int, world: int, cached: torch.Tensor | None = None) -> torch.Tensor:
+    return _GatherKV.apply(own, group, index, world, cached)
+
+
+@dataclass
+class MergeRuntime:
+    """This rank's view of its merge group for one step."""
+
+    plan: StepPlan
+    rank: int
+    group_index: int
+    members: tuple[int, ...] = ()
+    layout: dict[int, list[Slice]] = field(default_factory=dict)
+    """member rank -> its merged slices sorted by (doc, start): the row order it contributes."""
+    maxlen: int = 0
+    cache: dict[int, torch.Tensor] = field(default_factory=dict)
+    """layer -> gathered ``(world, 2, maxlen, H, D)`` from the forward merge pack (detached)."""
+
+    def __post_init__(self) -> None:
+        m = self.plan.merges[self.group_index]
+        self.members = tuple(sorted(m.ranks))
+        docs = set(m.docs)
+        for r in self.members:
+            rs = self.plan.ranks[r]
+            sl = sorted((s for p in rs.forward if p.merge is not None for s in p.slices if s.doc in docs), key=lambda s: (s.doc, s.start))
+            for d in docs:
+                if not any(s.doc == d for s in sl):
+                    raise PlanError(f"merge group {self.group_index}: rank {r} holds no slice of document #{d}; every member needs a share")
+            self.layout[r] = sl
+        self.maxlen = max(sum(s.tokens for s in v) for v in self.layout.values())
+        self.group = merge_group(self.members)
+        self.index = self.members.index(self.rank)
+        self.docs = docs
+
+    def gather(self, layer: int, own_k: dict[Slice, torch.Tensor], own_v: dict[Slice, torch.Tensor], recompute: bool) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Full keys/values of every merged document at ``layer``, doc -> (k, v) over ``[0, length)``."""
+        mine = self.layout[self.rank]
+        kv = torch.stack([torch.cat([own_k[s] for s in mine]), torch.cat([own_v[s] for s in mine])])
+        kv = F.pad(kv, (0, 0, 0, 0, 0, self.maxlen - kv.shape[1]))
+        cached = self.cache.get(layer) if recompute else None
+        if recompute and cached is None:
+            raise RuntimeError(f"merge pack recomputed before its forward ran (layer {layer})")
+        gathered = gather_kv(kv, self.group, self.index, len(self.members), cached)
+        if not recompute:
+            self.cache[layer] = gathered.detach()
+        pieces: dict[int, list[tuple[int, torch.Tensor]]] = {d: [] for d in self.docs}
+        for m_i, r in enumerate(self.members):
+            off = 0
+            for s in self.layout[r]:
+                pieces[s.doc].append((s.start, gathered[m_i, :, off : off + s.tokens]))
+                off += s.tokens
+        out = {}
+        for d, ps in pieces.items():
+            full = torch.cat([t for _start, t in sorted(ps, key=lambda x: x[0])], dim=1)
+            out[d] = (full[0], full[1])
+        return out
+
+    def gather_tokens(self, local: dict[Slice, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """All-gather the token ids (and any per-token int data) of merged slices: doc -> full row."""
+        mine = self.layout[self.rank]
+        flat = torch.cat([local[s] for s in mine]).long()
+        flat = F.pad(flat, (0, self.maxlen - flat.shape[0]))
+        parts = [torch.empty_like(flat) for _ in self.members]
+        dist.all_gather(parts, flat, group=self.group)
+        pieces: dict[int, list[tuple[int, torch.Tensor]]] = {d: [] for d in self.docs}
+        for m_i, r in enumerate(self.members):
+            off = 0
+            for s in self.layout[r]:
+                pieces[s.doc].append((s.start, parts[m_i][off : off + s.tokens]))
+                off += s.tokens
+        return {d: torch.cat([t for _s, t in sorted(ps, key=lambda x: x[0])]) for d, ps in pieces.items()}

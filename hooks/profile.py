@@ -1,0 +1,183 @@
+"""``slimdata profile``: measure forward/backward time on this device and fit the cost model.
+
+For a model config (preset or JSON) the profiler builds a random-init Llama-style model
+(``transformers.LlamaForCausalLM``, attention through slimdata's registered function) and
+times, with the step executor itself, one slice ``[start, start + s)`` continuing a prefix
+of ``start`` tokens, over a grid of ``(s, start)``. Each point is the median of
+``repeats`` runs after a warm-up. The pack times of the slice's forward and backward are
+fitted by least squares on the separate terms of the cost model (design §5)::
+
+    time = lin * s + att * pairs + const,   pairs = s * start + s * (s + 1) / 2
+
+with non-negative coefficients (a negative term is dropped and the rest refitted). Memory
+coefficients come from the analytic model (they are not timed). The output file is a
+:class:`~slimdata.cost.CostModel` JSON that ``CostModel.load`` and ``--cost-profile`` accept.
+
+Assumes timings are stable on the device (close other jobs); on GPU the device is
+synchronized around every pack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+
+from slimdata.cost import CostModel, ModelConfig, load_model_config
+
+__all__ = ["ProfileConfig", "command", "fit_terms", "measure_points", "profile_cost_model", "tiny_llama"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileConfig:
+    """What to measure."""
+
+    slice_tokens: tuple[int, ...] = (32, 64, 128, 256, 512)
+    """Slice lengths ``s`` of the grid."""
+    prefixes: tuple[int, ...] = (0, 256, 1024)
+    """Prefix lengths ``start`` of the grid."""
+    repeats: int = 3
+    """Timed runs per point (median); one extra warm-up run precedes them."""
+    device: str = "cpu"
+    """torch device to profile (``cuda`` on a GPU)."""
+    dtype: str = "float32"
+    """Parameter/activation dtype: float32, bfloat16 or float16."""
+    backend: str = "sdpa"
+    """Attention backend (``flash`` on GPU when flash-attn is installed)."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or not self.slice_tokens or min(self.slice_tokens) < 1 or min(self.prefixes, default=0) < 0:
+            raise ValueError(f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, repeats={self.repeats}: use positive sizes and repeats >= 1")
+
+
+def tiny_llama(model: ModelConfig, device: str = "cpu", dtype: str = "float32"):
+    """A random-init ``LlamaForCausalLM`` of ``model``'s shape using slimdata attention."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from slimdata.hooks import hf
+
+    cfg = LlamaConfig(
+        vocab_size=model.vocab, hidden_size=model.hidden, intermediate_size=model.ffn, num_hidden_layers=model.layers,
+        num_attention_heads=model.heads, num_key_value_heads=model.kv_heads, max_position_embeddings=1 << 20,
+        attn_implementation=hf.register(),
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).to(device=device, dtype=getattr(torch, dtype))
+
+
+def _slice_plan(start: int, s: int):
+    from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
+
+    n = start + s
+    if start == 0:
+        fwd = bwd = (MicroPack((Slice(0, 0, s),)),)
+        pick = (0, 0)
+    else:
+        a, b = Slice(0, 0, start), Slice(0, start, n)
+        fwd = (MicroPack((a,)), MicroPack((b,)))
+        bwd = (MicroPack((b,)), MicroPack((a,)))
+        pick = (1, 0)
+    plan = StepPlan(step=0, strategy="profile", docs=(Document(doc_id=0, length=n),), ranks=(RankStep(rank=0, forward=fwd, backward=bwd),))
+    return plan.validate(), pick
+
+
+def measure_points(model, config: ProfileConfig, points: list[tuple[int, int]]) -> list[dict]:
+    """Median forward/backward seconds of slice ``[start, start + s)`` for every ``(s, start)``."""
+    from slimdata.hooks import make_payload, run_step
+
+    vocab = model.config.vocab_size
+    rng = np.random.default_rng(0)
+    out = []
+    warm = max(points, key=lambda x: x[0] + x[1])  # first calls pay lazy initialisation
+    plan, _ = _slice_plan(warm[1], warm[0])
+    for _ in range(3):
+        run_step(model, make_payload(plan, 0, [rng.integers(0, vocab, size=sum(warm)).astype(np.uint32)]), backend=config.backend)
+    model.zero_grad(set_to_none=True)
+    for s, start in points:
+        plan, (fi, bi) = _slice_plan(start, s)
+        payload = make_payload(plan, 0, [rng.integers(0, vocab, size=start + s).astype(np.uint32)])
+        f, b = [], []
+        for rep in range(config.repeats + 1):
+            model.zero_grad(set_to_none=True)
+            ev = run_step(model, payload, backend=config.backend).events
+            if rep:
+                f.append(next(e.seconds for e in ev if e.pass_ == "F" and e.pack == fi))
+                b.append(next(e.seconds for e in ev if e.pass_ == "B" and e.pack == bi))
+        out.append({"s": s, "start": start, "fwd": float(np.median(f)), "bwd": float(np.median(b))})
+        log.info("s=%d start=%d fwd=%.4fs bwd=%.4fs", s, start, out[-1]["fwd"], out[-1]["bwd"])
+    return out
+
+
+def fit_terms(s: np.ndarray, pairs: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
+    """Non-negative least squares of ``t ~ lin*s + att*pairs + const`` (relative residuals)."""
+    cols = [np.asarray(s, float), np.asarray(pairs, float), np.ones(len(t))]
+    active = [0, 1, 2]
+    w = 1.0 / np.maximum(np.asarray(t, float), 1e-12)  # fit relative error, as MAPE measures
+    while True:
+        A = np.stack([cols[i] for i in active], axis=1) * w[:, None]
+        coef, *_ = np.linalg.lstsq(A, np.asarray(t, float) * w, rcond=None)
+        if (coef >= 0).all() or len(active) == 1:
+            break
+        active.pop(int(np.argmin(coef)))
+    full = [0.0, 0.0, 0.0]
+    for i, c in zip(active, coef, strict=True):
+        full[i] = max(float(c), 0.0)
+    return full[0], full[1], full[2]
+
+
+def profile_cost_model(model_cfg: ModelConfig, config: ProfileConfig = ProfileConfig()) -> tuple[CostModel, list[dict]]:
+    """Measure and fit; returns the fitted :class:`CostModel` and the raw measurements."""
+    import torch
+
+    from slimdata.cost import causal_pairs
+
+    model = tiny_llama(model_cfg, config.device, config.dtype)
+    points = [(s, p) for s in config.slice_tokens for p in config.prefixes]
+    meas = measure_points(model, config, points)
+    s = np.array([m["s"] for m in meas])
+    pairs = causal_pairs(np.array([m["start"] for m in meas]), s + np.array([m["start"] for m in meas]))
+    fl, fa, fc = fit_terms(s, pairs, np.array([m["fwd"] for m in meas]))
+    bl, ba, bc = fit_terms(s, pairs, np.array([m["bwd"] for m in meas]))
+    dtype_bytes = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
+    analytic = CostModel.analytic(dataclasses.replace(model_cfg, dtype_bytes=dtype_bytes), "h100", "none")
+    dev = torch.cuda.get_device_name() if config.device.startswith("cuda") else "cpu"
+    cm = dataclasses.replace(
+        analytic, fwd_lin=fl, fwd_att=fa, fwd_const=fc, bwd_lin=bl, bwd_att=ba, bwd_const=bc,
+        source=f"profile:{dev}", label=f"{model_cfg.name}@{dev}/{config.dtype}",
+    )
+    return cm, meas
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+@click.command("profile")
+@click.option("--model", "model_spec", required=True, help="Model preset (slimdata.cost) or a JSON config path.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), required=True, help="Cost profile JSON to write.")
+@click.option("--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--backend", default="sdpa", show_default=True, help="Attention backend: sdpa, or flash (GPU).")
+@click.option("--slice-tokens", default="32,64,128,256,512", show_default=True, help="Slice lengths to time.")
+@click.option("--prefixes", default="0,256,1024", show_default=True, help="Prefix lengths to time.")
+@click.option("--repeats", default=3, show_default=True, help="Timed runs per point (median).")
+@click.option("--measurements", type=click.Path(dir_okay=False), default=None, help="Also write the raw timings (JSON).")
+def command(model_spec, output, device, dtype, backend, slice_tokens, prefixes, repeats, measurements) -> None:
+    """Measure forward/backward time of slices on this device and fit cost-model coefficients."""
+    cfg = ProfileConfig(slice_tokens=_ints(slice_tokens), prefixes=_ints(prefixes), repeats=repeats, device=device, dtype=dtype, backend=backend)
+    cm, meas = profile_cost_model(load_model_config(model_spec), cfg)
+    cm.save(output)
+    if measurements:
+        Path(measurements).write_text(json.dumps(meas, indent=1))
+    click.echo(
+        f"wrote {output}: fwd = {cm.fwd_lin:.3e}*s + {cm.fwd_att:.3e}*pairs + {cm.fwd_const:.3e}; "
+        f"bwd = {cm.bwd_lin:.3e}*s + {cm.bwd_att:.3e}*pairs + {cm.bwd_const:.3e} ({len(meas)} points)"
+    )

@@ -1,0 +1,137 @@
+"""The build configuration: one frozen value that fully determines the shards written.
+
+Everything that changes the output is here (``workers`` is the one exception: it changes
+only speed, never bytes). Recipes in ``pipelines/`` return instances of
+:class:`BuildConfig`; the CLI overrides the fields the user passes explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from slimdata.errors import ConfigError
+from slimdata.readers import DEFAULT_TASK_BYTES, FORMATS, ReadOptions
+from slimdata.slicing import DEFAULT_SLICE_TOKENS, check_slice_tokens
+from slimdata.tokenize import DEFAULT_TOKENIZER
+
+__all__ = ["DEFAULT_SIZE_LIMIT", "BuildConfig", "parse_size"]
+
+DEFAULT_SIZE_LIMIT = 1 << 26
+"""Shard size limit in bytes before compression (64 MiB, the MDSWriter default)."""
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1 << 10,
+    "mb": 1 << 20,
+    "gb": 1 << 30,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+}
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a string like ``64mb`` / ``1gb`` (binary units)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise ConfigError(f"size {value} must be positive")
+        return value
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _UNITS or int(match.group(1)) <= 0:
+        raise ConfigError(f"size {value!r} is not a positive size like 67108864, 64mb or 1gb")
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildConfig:
+    """What `slimdata build` reads, how it tokenizes, slices and costs, and how it writes."""
+
+    inputs: tuple[str, ...] = ()
+    """Files, directories or glob patterns; empty means the embedded default corpus."""
+    format: str = "auto"
+    """Input format: ``auto`` (by suffix), ``jsonl``, ``parquet``, ``arrow`` or ``text``."""
+    include: tuple[str, ...] = ()
+    """Glob patterns (name or relative path) that directory walks keep (empty: all files)."""
+    exclude: tuple[str, ...] = ()
+    """Glob patterns (name or relative path) of files and directories that walks skip."""
+    text_field: str = "text"
+    """Field or column holding the text of record formats."""
+    id_field: str | None = None
+    """Field or column holding a document id (else ``source/file:row``)."""
+    source: str | None = None
+    """Source name stored with every document (else the input's name)."""
+    tokenizer: str = DEFAULT_TOKENIZER
+    """Tokenizer spec (see :mod:`slimdata.tokenize`)."""
+    eos_token: str | None = None
+    """EOS token override (else from the tokenizer's config)."""
+    slice_tokens: int = DEFAULT_SLICE_TOKENS
+    """Slice length; boundaries are multiples of it (a multiple of 128) except the last."""
+    model: str = "llama-8b"
+    """Cost-model preset or JSON model config."""
+    device: str = "h100"
+    """Device preset of the analytic cost model."""
+    recompute: str = "selective"
+    """Activation recompute policy assumed by the cost model."""
+    cost_profile: str | None = None
+    """Measured coefficient file (overrides the analytic model)."""
+    truncate: int | None = None
+    """Opt-in: keep at most this many tokens per document (EOS included); None keeps all."""
+    compression: str | None = None
+    """MDS shard compression (``zstd``, ``zstd:7``, ``br``, ...); None stores raw."""
+    hashes: tuple[str, ...] = ()
+    """Shard hash algorithms recorded in index.json (``sha1``, ``xxh64``, ...)."""
+    size_limit: int = DEFAULT_SIZE_LIMIT
+    """Shard size limit in bytes."""
+    workers: int = 1
+    """Worker processes (changes speed only, never the output)."""
+    task_bytes: int = DEFAULT_TASK_BYTES
+    """Target input bytes per task (one output sub-directory each)."""
+    batch_chars: int = 1 << 21
+    """Characters per tokenizer batch (bounds memory; large enough for parallel encoding)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(str(p) for p in self.inputs))
+        object.__setattr__(self, "include", tuple(self.include))
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+        object.__setattr__(self, "hashes", tuple(self.hashes))
+        object.__setattr__(self, "size_limit", parse_size(self.size_limit))
+        if self.format not in FORMATS:
+            raise ConfigError(f"format={self.format!r} is unknown; use one of {', '.join(FORMATS)}")
+        check_slice_tokens(self.slice_tokens)
+        if not self.text_field:
+            raise ConfigError(
+                "text_field is empty; name the field holding the text, e.g. --text-field text"
+            )
+        if self.truncate is not None and (not isinstance(self.truncate, int) or self.truncate < 2):
+            raise ConfigError(
+                f"truncate={self.truncate!r} must be an int >= 2 (one token plus EOS), or unset to keep every token"
+            )
+        for name in ("workers", "task_bytes", "batch_chars"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be a positive int")
+
+    @property
+    def read_options(self) -> ReadOptions:
+        return ReadOptions(text_field=self.text_field, id_field=self.id_field)
+
+    def replace(self, **changes: Any) -> BuildConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["inputs"] = list(self.inputs)
+        data["include"] = list(self.include)
+        data["exclude"] = list(self.exclude)
+        data["hashes"] = list(self.hashes)
+        return data
+
+    def output_dict(self) -> dict[str, Any]:
+        """The fields that determine the output bytes (everything but ``workers``)."""
+        data = self.to_dict()
+        del data["workers"]
+        return data

@@ -1,0 +1,181 @@
+"""The output directory: refuse/overwrite/resume, the build plan, and the final merge.
+
+Layout of a finished build::
+
+    out/
+      index.json          merged MDS index (streaming.base.util.merge_index)
+      slimdata.json       sidecar: tokenizer, cost model, slicing, counts, fingerprint
+      manifest.parquet    one row per sample in global order (sample, doc_id, ..., cuts)
+      quarantine.jsonl    rejected records with their reason (empty file when none)
+      build_plan.json     config + task list (what --resume checks it is continuing)
+      task-00000/         shards of task 0 (+ its index.json, documents, marker)
+      task-00001/ ...
+
+The final files are written to a temporary name and renamed, so they are either complete
+or absent after a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from slimdata.build.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, task_dir
+from slimdata.docsource import MANIFEST_NAME
+from slimdata.errors import ConfigError, OutputExistsError
+
+__all__ = ["PLAN_NAME", "SIDECAR_NAME", "finalize", "prepare_output", "write_atomic"]
+
+PLAN_NAME = "build_plan.json"
+SIDECAR_NAME = "slimdata.json"
+_OURS = (PLAN_NAME, SIDECAR_NAME, "index.json")
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = sorted(set(old) | set(new))
+    out = []
+    for k in keys:
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resume: bool) -> None:
+    """Create ``output`` or check it can be continued; write the build plan.
+
+    An existing non-empty directory is refused unless ``overwrite`` (it must hold a previous
+    slimdata build, so a typo cannot wipe unrelated files) or ``resume`` (its build plan must
+    equal ``plan``: same inputs, tokenizer, cost model and options).
+    """
+    if overwrite and resume:
+        raise ConfigError(
+            "--overwrite and --resume exclude each other: resume continues a build, overwrite discards it"
+        )
+    if output.exists() and not output.is_dir():
+        raise OutputExistsError(f"output {output} exists and is a file; choose a directory path")
+    if output.is_dir() and any(output.iterdir()):
+        if resume and (output / PLAN_NAME).is_file():
+            old = json.loads((output / PLAN_NAME).read_text())
+            if old != plan:
+                changed = ", ".join(_diff(old, plan)[:8])
+                raise ConfigError(
+                    f"cannot resume {output}: it was built with different inputs or options (changed: {changed}); "
+                    "rerun with the original options, or use --overwrite to start over"
+                )
+            return
+        if resume:
+            raise OutputExistsError(
+                f"cannot resume {output}: it holds no {PLAN_NAME} (not a slimdata build); choose another directory"
+            )
+        if not overwrite:
+            raise OutputExistsError(
+                f"output directory {output} exists and is not empty; pass --overwrite to replace it or --resume to continue it"
+            )
+        if not any((output / name).exists() for name in _OURS):
+            raise OutputExistsError(
+                f"refusing to --overwrite {output}: it does not look like a slimdata build (no {PLAN_NAME}, "
+                f"{SIDECAR_NAME} or index.json); remove it yourself if you mean it"
+            )
+        shutil.rmtree(output)
+    output.mkdir(parents=True, exist_ok=True)
+    write_atomic(output / PLAN_NAME, json.dumps(plan, indent=1, sort_keys=True))
+
+
+def _merge_index(output: Path, indices: list[Path]) -> None:
+    from streaming.base.util import merge_index
+
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # merge_index logs a warning about its temp folder
+    try:
+        if indices:
+            merge_index([str(p) for p in indices], str(output), keep_local=True)
+        else:
+            write_atomic(output / "index.json", json.dumps({"shards": [], "version": 2}))
+    finally:
+        logging.disable(previous)
+
+
+def _manifest(output: Path, count: int) -> tuple[int, str]:
+    """Concatenate the tasks' document tables into ``manifest.parquet``; returns the
+    number of samples and the content fingerprint (sha256 over every document's id and
+    tokens in global order, independent of how tasks were cut)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    tables = [pq.read_table(task_dir(output, i) / DOCUMENTS_NAME) for i in range(count)]
+    table = pa.concat_tables(tables) if tables else None
+    fingerprint = hashlib.sha256()
+    n = 0 if table is None else table.num_rows
+    if table is not None:
+        for digest in table.column("digest").to_pylist():
+            fingerprint.update(digest)
+        length = table.column("length")
+        table = pa.table(
+            {
+                "sample": pa.array(range(n), pa.int64()),
+                "doc_id": table.column("doc_id"),
+                "source": table.column("source"),
+                "length": length,
+                "loss_tokens": pc.subtract(length, 1),
+                "cuts": table.column("cuts"),
+            }
+        )
+        tmp = output / (MANIFEST_NAME + ".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, output / MANIFEST_NAME)
+    return n, "sha256:" + fingerprint.hexdigest()
+
+
+def _quarantine(output: Path, count: int) -> None:
+    tmp = output / (QUARANTINE_NAME + ".tmp")
+    with open(tmp, "wb") as out:
+        for i in range(count):
+            with open(task_dir(output, i) / QUARANTINE_NAME, "rb") as part:
+                shutil.copyfileobj(part, out)
+    os.replace(tmp, output / QUARANTINE_NAME)
+
+
+def finalize(output: Path, results: list[TaskResult], sidecar: dict[str, Any]) -> dict[str, Any]:
+    """Merge the finished tasks into the dataset's top-level files; returns the sidecar."""
+    for name in (SIDECAR_NAME, "index.json"):  # a half-finalized directory never looks finished
+        (output / name).unlink(missing_ok=True)
+    indices = [task_dir(output, r.index) / "index.json" for r in results]
+    indices = [p for p in indices if json.loads(p.read_text())["shards"]]
+    _quarantine(output, len(results))
+    samples, fingerprint = _manifest(output, len(results))
+    counts = {
+        key: sum(getattr(r, key) for r in results)
+        for key in (
+            "documents",
+            "tokens",
+            "quarantined",
+            "truncated_documents",
+            "dropped_tokens",
+            "slices",
+            "input_bytes",
+        )
+    }
+    counts["tasks"] = len(results)
+    assert samples == counts["documents"], (samples, counts)
+    sidecar = {**sidecar, "counts": counts, "fingerprint": fingerprint}
+    if samples:
+        _merge_index(output, indices)
+    write_atomic(
+        output / SIDECAR_NAME, json.dumps(sidecar, indent=1, sort_keys=True, ensure_ascii=False)
+    )
+    return sidecar

@@ -1,0 +1,235 @@
+"""`slimdata build` as one library call: plan tasks, run them (in parallel), merge.
+
+Determinism: tasks are planned from the inputs and options alone; each task is processed
+independently into its own sub-directory; the merge concatenates tasks in plan order. So the
+same inputs and options give byte-identical output for any ``workers`` and after any number
+of crash-and-resume cycles (with one exception: streaming's ``gz`` shard compression stamps
+the current time into every shard; use ``zstd`` or ``br`` for reproducible bytes).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slimdata import __version__
+from slimdata.build.config import BuildConfig
+from slimdata.build.output import SIDECAR_NAME, finalize, prepare_output
+from slimdata.build.stages import COLUMNS
+from slimdata.build.task import (
+    QUARANTINE_NAME,
+    TaskJob,
+    TaskResult,
+    cached_tokenizer,
+    load_result,
+    run_task,
+    task_dir,
+)
+from slimdata.corpus import DEFAULT_CORPUS_SOURCE, corpus_info, default_corpus_config
+from slimdata.cost import CostModel, resolve_cost_model
+from slimdata.errors import ConfigError, InputError, SlimdataError
+from slimdata.readers import ReadTask, plan_inputs
+from slimdata.tokenize import TextTokenizer
+
+__all__ = ["BuildSummary", "build", "plan_build"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildSummary:
+    """What a build did (counts come from the sidecar; timings are informational)."""
+
+    output: Path
+    sidecar: dict[str, Any]
+    tasks_run: int
+    tasks_resumed: int
+    seconds: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.sidecar["counts"]
+
+
+def _check_writer_options(config: BuildConfig) -> None:
+    from streaming.base.compression import get_compressions
+    from streaming.base.hashing import get_hashes
+
+    if config.compression is not None and config.compression not in get_compressions():
+        raise ConfigError(
+            f"compression={config.compression!r} is unknown; use one of zstd, zstd:<1-22>, br, bz2, snappy, gz"
+        )
+    bad = sorted(set(config.hashes) - set(get_hashes()))
+    if bad:
+        raise ConfigError(f"hashes {bad} are unknown; use any of {', '.join(sorted(get_hashes()))}")
+
+
+def plan_build(
+    config: BuildConfig,
+) -> tuple[BuildConfig, TextTokenizer, CostModel, list[ReadTask], dict[str, Any]]:
+    """Resolve the corpus, tokenizer and cost model and plan the tasks (reads no text)."""
+    if not config.inputs:
+        config = config.replace(**default_corpus_config())
+    tokenizer = cached_tokenizer(config.tokenizer, config.eos_token)
+    cost_model = resolve_cost_model(
+        config.model, config.device, config.recompute, config.cost_profile
+    )  # type: ignore[arg-type]
+    tasks = plan_inputs(
+        config.inputs,
+        opts=config.read_options,
+        fmt=config.format,
+        include=config.include,
+        exclude=config.exclude,
+        task_bytes=config.task_bytes,
+        source=config.source,
+    )
+    plan = {
+        "slimdata_build_plan": 1,
+        "config": config.output_dict(),
+        "tokenizer": tokenizer.to_dict(),
+        "cost_model": cost_model.to_dict(),
+        "tasks": [t.to_dict() for t in tasks],
+    }
+    return config, tokenizer, cost_model, tasks, plan
+
+
+def _sidecar(
+    config: BuildConfig,
+    default_corpus: bool,
+    tokenizer: TextTokenizer,
+    cost_model: CostModel,
+    tasks: list[ReadTask],
+) -> dict[str, Any]:
+    return {
+        "slimdata_version": __version__,
+        "format": "slimdata.documents",
+        "format_version": 1,
+        "columns": COLUMNS,
+        "tokenizer": {"spec": config.tokenizer, **tokenizer.to_dict()},
+        "model": config.cost_profile or config.model,
+        "device": config.device,
+        "recompute": config.recompute,
+        "cost_model": cost_model.to_dict(),
+        "slice_tokens": config.slice_tokens,
+        "truncate": config.truncate,
+        "compression": config.compression,
+        "hashes": list(config.hashes),
+        "size_limit": config.size_limit,
+        "sources": sorted({t.source for t in tasks}),
+        "corpus": corpus_info() if default_corpus else None,
+        "quarantine": QUARANTINE_NAME,
+    }
+
+
+def _warm_imports() -> None:
+    """Import the writer stack once in the parent so forked workers inherit it (streaming
+    imports torch; pyarrow imports pandas on first array conversion)."""
+    import numpy as np
+    import pyarrow as pa
+    from streaming import MDSWriter  # noqa: F401
+
+    pa.array(np.zeros(1, dtype=np.int64))
+
+
+def _run_parallel(jobs: list[TaskJob], workers: int, on_done) -> None:
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    try:
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context(method)
+        ) as pool:
+            futures = [pool.submit(run_task, job) for job in jobs]
+            for future in as_completed(futures):
+                on_done(future.result())
+    except BrokenProcessPool as exc:
+        raise SlimdataError(
+            "a build worker died (killed or out of memory); finished tasks are kept: rerun the same command with --resume"
+        ) from exc
+
+
+def build(
+    config: BuildConfig,
+    output: str | Path,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = False,
+) -> BuildSummary:
+    """Tokenize, slice and cost-annotate ``config.inputs`` into document shards at ``output``.
+
+    ``resume`` keeps the finished tasks of an interrupted build with the same plan and redoes
+    the rest; ``overwrite`` discards a previous build. Raises :class:`InputError` when no
+    document survives (the quarantine file says why).
+    """
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    default_corpus = not config.inputs or config.source == DEFAULT_CORPUS_SOURCE
+    _check_writer_options(config)
+    config, tokenizer, cost_model, tasks, plan = plan_build(config)
+    output = Path(output)
+    prepare_output(output, plan, overwrite=overwrite, resume=resume)
+    for stale in list(output.glob("task-*.partial")):
+        shutil.rmtree(stale)
+    results: dict[int, TaskResult] = {}
+    for i in range(len(tasks)):
+        done = load_result(task_dir(output, i))
+        if done is not None:
+            results[i] = done
+    resumed = len(results)
+    jobs = [
+        TaskJob(
+            index=i,
+            task=t,
+            output=str(output),
+            config=config,
+            cost_model=cost_model,
+            single_thread=config.workers > 1,
+        )
+        for i, t in enumerate(tasks)
+        if i not in results
+    ]
+    bar = tqdm(
+        total=sum(t.size for t in tasks),
+        initial=sum(tasks[i].size for i in results),
+        unit="B",
+        unit_scale=True,
+        desc="build",
+        disable=not progress,
+    )
+
+    def on_done(result: TaskResult) -> None:
+        results[result.index] = result
+        bar.update(tasks[result.index].size)
+        bar.set_postfix(
+            docs=sum(r.documents for r in results.values()),
+            tokens=sum(r.tokens for r in results.values()),
+        )
+
+    _warm_imports()
+    with bar:
+        if config.workers > 1 and len(jobs) > 1:
+            _run_parallel(jobs, min(config.workers, len(jobs)), on_done)
+        else:
+            for job in jobs:
+                on_done(run_task(job))
+    ordered = [results[i] for i in range(len(tasks))]
+    sidecar = finalize(
+        output, ordered, _sidecar(config, default_corpus, tokenizer, cost_model, tasks)
+    )
+    if sidecar["counts"]["documents"] == 0:
+        raise InputError(
+            f"no document was written: all {sidecar['counts']['quarantined']} records were rejected; "
+            f"see {output / QUARANTINE_NAME} for the reasons"
+        )
+    assert (output / SIDECAR_NAME).is_file()
+    return BuildSummary(
+        output=output,
+        sidecar=sidecar,
+        tasks_run=len(jobs),
+        tasks_resumed=resumed,
+        seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,222 @@
+"""One build task: read -> stages -> MDS shards in its own sub-directory, then a marker.
+
+A task writes into ``task-NNNNN.partial/`` and, once every shard, its document table,
+its quarantine file and the ``done.json`` marker are on disk, renames the directory to
+``task-NNNNN/`` (an atomic rename). A crash at any point (``kill -9`` included) leaves
+either a finished task directory or a ``.partial`` one that a resumed build deletes and
+redoes from scratch, so no document is lost or written twice.
+
+Testing hook: ``SLIMDATA_FAULT_KILL=<task>:<docs>`` makes the process SIGKILL itself after
+writing ``docs`` documents of task ``task`` (used by the crash-resume tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from slimdata.build.config import BuildConfig
+from slimdata.build.stages import (
+    COLUMNS,
+    Document,
+    append_eos,
+    batch_records,
+    make_sample,
+    token_digest,
+    tokenize_batch,
+    truncate_tokens,
+)
+from slimdata.cost import CostModel
+from slimdata.readers import ReadTask, Rejected, read_task
+from slimdata.tokenize import TextTokenizer, load_tokenizer
+
+__all__ = [
+    "DOCUMENTS_NAME",
+    "DONE_NAME",
+    "QUARANTINE_NAME",
+    "TaskJob",
+    "TaskResult",
+    "run_task",
+    "task_dir",
+]
+
+DONE_NAME = "done.json"
+DOCUMENTS_NAME = "documents.parquet"
+QUARANTINE_NAME = "quarantine.jsonl"
+
+_TOKENIZERS: dict[tuple[str, str | None], TextTokenizer] = {}
+
+
+def task_dir(output: str | Path, index: int, partial: bool = False) -> Path:
+    """``output/task-00007`` (or ``task-00007.partial`` while being written)."""
+    return Path(output) / (f"task-{index:05d}" + (".partial" if partial else ""))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskJob:
+    """Everything a worker needs for one task (picklable)."""
+
+    index: int
+    task: ReadTask
+    output: str
+    config: BuildConfig
+    cost_model: CostModel
+    single_thread: bool = False
+    """Run the tokenizer on one thread (set when several worker processes share the cores)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskResult:
+    """Counts of a finished task (also stored in its ``done.json``)."""
+
+    index: int
+    documents: int
+    tokens: int
+    quarantined: int
+    truncated_documents: int
+    dropped_tokens: int
+    slices: int
+    input_bytes: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def cached_tokenizer(spec: str, eos_token: str | None) -> TextTokenizer:
+    """Load a tokenizer once per process (forked workers inherit the parent's copy)."""
+    key = (spec, eos_token)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = load_tokenizer(*key)
+    return _TOKENIZERS[key]
+
+
+def _tokenizer(config: BuildConfig, single_thread: bool) -> TextTokenizer:
+    if single_thread:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    tok = cached_tokenizer(config.tokenizer, config.eos_token)
+    tok.threads = 1 if single_thread else 0
+    return tok
+
+
+def _fault_point() -> tuple[int, int] | None:
+    spec = os.environ.get("SLIMDATA_FAULT_KILL")
+    if not spec:
+        return None
+    task, docs = spec.split(":")
+    return int(task), int(docs)
+
+
+def _write_documents(path: Path, rows: dict[str, list], source: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cuts = rows["cuts"]
+    offsets = np.cumsum([0] + [len(c) for c in cuts], dtype=np.int32)
+    values = np.concatenate(cuts) if cuts else np.zeros(0, dtype=np.int64)
+    table = pa.table(
+        {
+            "doc_id": pa.array(rows["doc_id"], pa.string()),
+            "source": pa.array([source] * len(cuts), pa.string()),
+            "length": pa.array(np.asarray(rows["length"], dtype=np.int64)),
+            "cuts": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(np.int64))),
+            "digest": pa.array(rows["digest"], pa.binary(32)),
+        }
+    )
+    pq.write_table(table, path)
+
+
+def _drop_empty_shards(directory: Path) -> None:
+    """Remove the 0-sample shard MDSWriter flushes when its first sample exceeds the size
+    limit (a stock StreamingDataset divides by zero on it)."""
+    index_path = directory / "index.json"
+    index = json.loads(index_path.read_text())
+    empty = [s for s in index["shards"] if s["samples"] == 0]
+    if not empty:
+        return
+    for shard in empty:
+        for key in ("raw_data", "zip_data"):
+            if shard.get(key):
+                (directory / shard[key]["basename"]).unlink(missing_ok=True)
+    index["shards"] = [s for s in index["shards"] if s["samples"] > 0]
+    index_path.write_text(json.dumps(index, sort_keys=True))
+
+
+def run_task(job: TaskJob) -> TaskResult:
+    """Process one task into ``task-NNNNN/`` (see the module docstring)."""
+    from streaming import MDSWriter
+
+    cfg = job.config
+    tok = _tokenizer(cfg, job.single_thread)
+    final, partial = task_dir(job.output, job.index), task_dir(job.output, job.index, partial=True)
+    shutil.rmtree(partial, ignore_errors=True)
+    fault = _fault_point()
+    rows: dict[str, list] = {"doc_id": [], "length": [], "cuts": [], "digest": []}
+    quarantined = truncated = dropped = slices = 0
+    writer = MDSWriter(
+        out=str(partial),
+        columns=COLUMNS,
+        compression=cfg.compression,
+        hashes=list(cfg.hashes) or None,
+        size_limit=cfg.size_limit,
+    )
+    with writer, open(partial / QUARANTINE_NAME, "w", encoding="utf-8") as quarantine:
+        for batch in batch_records(read_task(job.task, cfg.read_options), cfg.batch_chars):
+            for item in tokenize_batch(tok, batch):
+                if isinstance(item, Rejected):
+                    entry = {
+                        "doc_id": item.doc_id,
+                        "source": job.task.source,
+                        "reason": item.reason,
+                        "excerpt": item.excerpt,
+                    }
+                    quarantine.write(json.dumps(entry, ensure_ascii=False) + "\n")
+                    quarantined += 1
+                    continue
+                tokens, cut = truncate_tokens(append_eos(item.tokens, tok.eos_id), cfg.truncate)
+                truncated += cut > 0
+                dropped += cut
+                sample, cuts = make_sample(
+                    Document(item.doc_id, tokens), job.task.source, cfg.slice_tokens, job.cost_model
+                )
+                writer.write(sample)
+                rows["doc_id"].append(item.doc_id)
+                rows["length"].append(len(tokens))
+                rows["cuts"].append(cuts)
+                rows["digest"].append(token_digest(item.doc_id, tokens))
+                slices += len(cuts) - 1
+                if fault and fault == (job.index, len(rows["doc_id"])):
+                    os.kill(os.getpid(), signal.SIGKILL)
+    _drop_empty_shards(partial)
+    _write_documents(partial / DOCUMENTS_NAME, rows, job.task.source)
+    result = TaskResult(
+        index=job.index,
+        documents=len(rows["doc_id"]),
+        tokens=int(np.sum(rows["length"], dtype=np.int64)),
+        quarantined=quarantined,
+        truncated_documents=int(truncated),
+        dropped_tokens=int(dropped),
+        slices=slices,
+        input_bytes=job.task.size,
+    )
+    (partial / DONE_NAME).write_text(
+        json.dumps({"task": job.task.to_dict(), **result.to_dict()}, indent=1, sort_keys=True)
+    )
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(partial, final)
+    return result
+
+
+def load_result(directory: Path) -> TaskResult | None:
+    """The result recorded in a finished task directory, or None if it is not finished."""
+    marker = directory / DONE_NAME
+    if not marker.is_file():
+        return None
+    data = json.loads(marker.read_text())
+    data.pop("task")
+    return TaskResult(**data)

@@ -1,0 +1,210 @@
+"""``slimdata build``: parse options into a :class:`BuildConfig` and call :func:`build`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from click.core import ParameterSource
+
+from slimdata.build.config import BuildConfig
+from slimdata.cli.options import cost_model_options
+from slimdata.errors import ConfigError
+from slimdata.readers import FORMATS
+from slimdata.slicing import DEFAULT_SLICE_TOKENS
+from slimdata.tokenize import DEFAULT_TOKENIZER
+
+__all__ = ["command"]
+
+# CLI parameter name -> BuildConfig field, for options that override a --pipeline recipe.
+_FIELDS = {
+    "fmt": "format",
+    "text_field": "text_field",
+    "id_field": "id_field",
+    "source": "source",
+    "include": "include",
+    "exclude": "exclude",
+    "tokenizer": "tokenizer",
+    "eos_token": "eos_token",
+    "slice_tokens": "slice_tokens",
+    "model": "model",
+    "device": "device",
+    "recompute": "recompute",
+    "cost_profile": "cost_profile",
+    "truncate": "truncate",
+    "compression": "compression",
+    "hashes": "hashes",
+    "size_limit": "size_limit",
+    "workers": "workers",
+    "task_bytes": "task_bytes",
+}
+
+
+def _pipeline(name: str | None) -> BuildConfig:
+    if name is None:
+        return BuildConfig()
+    from pipelines import PIPELINES
+
+    if name not in PIPELINES:
+        raise ConfigError(f"unknown pipeline {name!r}; available: {', '.join(PIPELINES)}")
+    return PIPELINES[name]()
+
+
+@click.command("build")
+@click.argument("inputs", nargs=-1)
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Output directory for the MDS shards.",
+)
+@click.option(
+    "--pipeline", default=None, help="Start from a recipe in pipelines/ (stdlib, code, web, books)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="auto",
+    show_default=True,
+    help="Input format (auto: by file suffix).",
+)
+@click.option(
+    "--text-field",
+    default="text",
+    show_default=True,
+    help="JSON key / column holding the text (dots for nested keys).",
+)
+@click.option(
+    "--id-field",
+    default=None,
+    help="JSON key / column holding a document id (default: source/file:line).",
+)
+@click.option(
+    "--source",
+    default=None,
+    help="Source name stored with every document (default: the input's name).",
+)
+@click.option(
+    "--include",
+    multiple=True,
+    help="Keep only files matching this glob when walking directories (repeatable).",
+)
+@click.option(
+    "--exclude", multiple=True, help="Skip files/directories matching this glob (repeatable)."
+)
+@click.option(
+    "--tokenizer",
+    default=DEFAULT_TOKENIZER,
+    show_default=True,
+    help="'deepseek', a tokenizer.json, a local HF tokenizer dir, a tiktoken encoding name or a .tiktoken file.",
+)
+@click.option(
+    "--eos-token", default=None, help="EOS token to append (default: the tokenizer's own)."
+)
+@click.option(
+    "--slice-tokens",
+    type=int,
+    default=DEFAULT_SLICE_TOKENS,
+    show_default=True,
+    help="Slice length (multiple of 128).",
+)
+@cost_model_options
+@click.option(
+    "--truncate",
+    type=int,
+    default=None,
+    help="Opt-in: keep at most N tokens per document (EOS included); dropped tokens are counted.",
+)
+@click.option(
+    "--compression",
+    default=None,
+    help="Shard compression: zstd, zstd:<level>, br, bz2, snappy (gz is not byte-reproducible).",
+)
+@click.option(
+    "--hashes",
+    default="",
+    help="Comma-separated shard hashes recorded in index.json (sha1, xxh64, ...).",
+)
+@click.option(
+    "--size-limit",
+    default="64mb",
+    show_default=True,
+    help="Shard size limit (bytes or 64mb / 1gb).",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Worker processes (output is identical for any value).",
+)
+@click.option(
+    "--task-bytes",
+    type=int,
+    default=None,
+    help="Input bytes per task/sub-directory (default 4 MiB).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing build in OUTPUT.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted build in OUTPUT (same inputs and options).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar and no summary.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the sidecar (counts, fingerprint) as JSON."
+)
+@click.pass_context
+def command(
+    ctx: click.Context,
+    inputs: tuple[str, ...],
+    output: str,
+    pipeline: str | None,
+    overwrite: bool,
+    resume: bool,
+    quiet: bool,
+    as_json: bool,
+    **options,
+) -> None:
+    """Tokenize, slice and cost-annotate INPUTS (files, directories, globs) into MDS shards.
+
+    Without INPUTS the embedded default corpus is used: the running interpreter's
+    standard-library .py sources (PSF-2.0). The cost model defaults to --model
+    llama-8b on --device h100 with selective recompute. Example:
+
+        slimdata build data/*.jsonl.zst -o out/ --workers 8 --compression zstd
+    """
+    from slimdata.build import build
+
+    base = _pipeline(pipeline)
+    options["hashes"] = tuple(h.strip() for h in options["hashes"].split(",") if h.strip())
+    changes = {
+        _FIELDS[name]: value
+        for name, value in options.items()
+        if name in _FIELDS
+        and ctx.get_parameter_source(name) != ParameterSource.DEFAULT
+        and value is not None
+    }
+    if inputs:
+        changes["inputs"] = inputs
+    config = base.replace(**changes)
+    summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
+    if as_json:
+        click.echo(json.dumps(summary.sidecar, indent=1, sort_keys=True))
+    elif not quiet:
+        c = summary.counts
+        click.echo(
+            f"wrote {c['documents']:,} documents, {c['tokens']:,} tokens, {c['slices']:,} slices to {output} "
+            f"({summary.tasks_run} tasks run, {summary.tasks_resumed} resumed, {summary.seconds:.1f}s)"
+        )
+        if c["quarantined"]:
+            click.echo(
+                f"quarantined {c['quarantined']:,} records: see {output}/quarantine.jsonl", err=True
+            )
+        if c["dropped_tokens"]:
+            click.echo(
+                f"--truncate dropped {c['dropped_tokens']:,} tokens from {c['truncated_documents']:,} documents",
+                err=True,
+            )

@@ -1,0 +1,177 @@
+"""``slimdata simulate``: predict the step time of packing strategies on your data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from slimdata.cli.options import cost_model_from_options, cost_model_options
+
+__all__ = ["command"]
+
+
+@click.command("simulate")
+@click.option(
+    "--shards",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Document shards from `slimdata build` (reads manifest.parquet).",
+)
+@click.option(
+    "--lengths",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Lengths file: one int per line or a JSON list (.gz ok).",
+)
+@cost_model_options
+@click.option(
+    "--context",
+    type=int,
+    default=131072,
+    show_default=True,
+    help="Context length (concat row length, pack token cap).",
+)
+@click.option("--dp", type=int, default=8, show_default=True, help="Data-parallel ranks.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
+@click.option(
+    "--ranks-per-node",
+    type=int,
+    default=8,
+    show_default=True,
+    help="Devices per node (intra- vs inter-node bandwidth).",
+)
+@click.option(
+    "--global-batch-tokens",
+    type=int,
+    default=None,
+    help="Tokens per optimizer step [default: dp * context].",
+)
+@click.option(
+    "--memory-gib",
+    type=float,
+    default=40.0,
+    show_default=True,
+    help="Per-device budget for activations and K/V.",
+)
+@click.option(
+    "--parallelism",
+    type=click.Choice(["ddp", "fsdp"]),
+    default="ddp",
+    show_default=True,
+    help="DDP all-reduce at step end, or FSDP/ZeRO-3 lockstep packs.",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(["1f1b", "interleaved"]),
+    default="1f1b",
+    show_default=True,
+    help="Pipeline schedule when --pp > 1.",
+)
+@click.option(
+    "--strategies", default="all", show_default=True, help="Comma list of strategies, or 'all'."
+)
+@click.option(
+    "--steps",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Steps (batches) to simulate; results are means.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the batch shuffle and the solvers.",
+)
+@click.option(
+    "--oversize",
+    type=click.Choice(["split", "truncate", "error"]),
+    default="split",
+    show_default=True,
+    help="Documents longer than --context (applied alike to every strategy).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write config and per-strategy means as JSON.",
+)
+@click.option(
+    "--gantt",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a Gantt chart (PNG) of the first step of every strategy.",
+)
+def command(
+    shards,
+    lengths,
+    model,
+    device,
+    recompute,
+    cost_profile,
+    context,
+    dp,
+    pp,
+    ranks_per_node,
+    global_batch_tokens,
+    memory_gib,
+    parallelism,
+    schedule,
+    strategies,
+    steps,
+    seed,
+    oversize,
+    json_path,
+    gantt,
+) -> None:
+    """Solve and simulate the same batches with every strategy; print a comparison table."""
+    from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
+    from slimdata.errors import ConfigError
+    from slimdata.sim import SimConfig
+    from slimdata.sim.compare import compare_strategies, format_table, parse_strategies
+    from slimdata.solver import STRATEGIES, Layout
+
+    if (shards is None) == (lengths is None):
+        raise ConfigError("give exactly one of --shards DIR or --lengths FILE")
+    docs = load_shard_documents(shards) if shards else documents_from_lengths(load_lengths(lengths))
+    cost = cost_model_from_options(model, device, recompute, cost_profile)
+    mode = "lockstep" if (pp > 1 or parallelism == "fsdp") else "free"
+    layout = Layout(
+        dp=dp,
+        pp=pp,
+        ranks_per_node=ranks_per_node,
+        memory_gib=memory_gib,
+        context=context,
+        mode=mode,
+    )
+    cmp = compare_strategies(
+        docs,
+        layout,
+        cost,
+        strategies=parse_strategies(strategies, list(STRATEGIES)),
+        steps=steps,
+        seed=seed,
+        global_batch_tokens=global_batch_tokens,
+        config=SimConfig(parallelism=parallelism, schedule=schedule),
+        oversize=oversize,
+    )
+    click.echo(
+        f"{len(docs)} documents, {cost.label or cost.source}, dp={dp} pp={pp} context={context}, {cmp.config['global_batch_tokens']} tokens/step, {steps} step(s)"
+    )
+    click.echo(format_table(cmp))
+    if json_path:
+        Path(json_path).write_text(json.dumps(cmp.to_dict(), indent=2, default=float))
+        click.echo(f"wrote {json_path}")
+    if gantt:
+        from slimdata.sim.gantt import draw_gantt
+
+        draw_gantt(
+            {k: r for k, (_p, r) in cmp.first.items()},
+            gantt,
+            title=f"dp={dp} pp={pp} context={context}",
+        )
+        click.echo(f"wrote {gantt}")

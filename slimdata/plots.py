@@ -1,0 +1,64 @@
+"""PNG plots of a build's length distribution (matplotlib, Agg backend, no display needed).
+
+- ``lengths.png``: histogram of document lengths on log-spaced bins, log x axis;
+- ``shares.png``: cumulative share of documents, tokens and attention work (causal pairs) in
+  documents up to a given length: the gap between the token and attention curves is the
+  long tail's outsized compute.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from slimdata.stats import load_lengths_frame
+
+__all__ = ["write_plots"]
+
+
+def write_plots(directory: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write the plots of the build at ``directory`` into ``out_dir``; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = load_lengths_frame(directory)
+    lengths = np.sort(df["length"].to_numpy().astype(np.float64))
+    attention = lengths * (lengths + 1) / 2
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bins = np.logspace(0, np.log10(max(lengths.max(), 2)) + 0.01, 60)
+    ax.hist(lengths, bins=bins, color="#3a6ea5")
+    ax.set_xscale("log")
+    ax.set_xlabel("document length (tokens, log scale)")
+    ax.set_ylabel("documents")
+    ax.set_title(f"Length distribution ({len(lengths):,} documents)")
+    fig.tight_layout()
+    paths.append(out_dir / "lengths.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for values, label in (
+        (np.ones_like(lengths), "documents"),
+        (lengths, "tokens"),
+        (attention, "attention work"),
+    ):
+        ax.plot(lengths, np.cumsum(values) / values.sum(), label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("document length (tokens, log scale)")
+    ax.set_ylabel("cumulative share in documents <= length")
+    ax.set_ylim(0, 1.01)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("Token and compute share by length")
+    fig.tight_layout()
+    paths.append(out_dir / "shares.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,135 @@
+"""Shared types of the readers: read tasks, records and rejections.
+
+A *read task* is a deterministic slice of the input (a byte range of a JSONL file, a group of
+row groups of a Parquet file, a run of plain-text files, ...). Tasks are planned once from
+the inputs alone, never from the number of workers, so a build with ``--workers 1`` and one
+with ``--workers 8`` process exactly the same tasks and write identical shards.
+
+Every record a reader yields is either a :class:`Record` (text to tokenize) or a
+:class:`Rejected` (sent to ``quarantine.jsonl`` with its reason). Nothing is dropped silently
+except blank lines of JSONL files, which are not records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slimdata.errors import InputError
+
+__all__ = [
+    "DEFAULT_TASK_BYTES",
+    "ReadOptions",
+    "ReadResult",
+    "ReadTask",
+    "Record",
+    "Rejected",
+    "check_text",
+    "doc_id_for",
+    "input_error",
+]
+
+DEFAULT_TASK_BYTES = 4 << 20
+"""Target input bytes per read task (4 MiB): enough tasks to keep workers evenly busy to
+the end (50 MB -> ~12 tasks), few enough sub-directories for a tidy output."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadOptions:
+    """What to extract from each record."""
+
+    text_field: str = "text"
+    """Field (JSON key, column) holding the document text; dots address nested JSON keys."""
+    id_field: str | None = None
+    """Optional field with a document id; else the id is ``source/file:row`` (stable)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadTask:
+    """One deterministic piece of the input, processed by one worker into one sub-directory."""
+
+    format: str
+    """Reader name in :data:`slimdata.readers.READERS`."""
+    path: str
+    """File (or, for ``text``, the input root) the task reads."""
+    source: str
+    """Source name written to every document of the task."""
+    rel: str = ""
+    """Path of ``path`` relative to its input root (used in document ids)."""
+    start: int = 0
+    """First byte (``jsonl``) or row (``parquet``, ``arrow``) of the task."""
+    stop: int = -1
+    """End byte or row (exclusive); -1 means to the end."""
+    first_index: int = 0
+    """Index (line number for JSONL, 1-based) of the first record of the task."""
+    files: tuple[str, ...] = field(default_factory=tuple)
+    """For ``text`` tasks: the files (relative to ``path``), one document each."""
+    size: int = 0
+    """Input bytes of the task (for planning and progress)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "path": self.path,
+            "source": self.source,
+            "rel": self.rel,
+            "start": self.start,
+            "stop": self.stop,
+            "first_index": self.first_index,
+            "files": list(self.files),
+            "size": self.size,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReadTask:
+        return cls(**{**data, "files": tuple(data.get("files", ()))})
+
+
+@dataclass(frozen=True)
+class Record:
+    """A document to tokenize."""
+
+    doc_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record that cannot become a document, with the reason (goes to quarantine)."""
+
+    doc_id: str
+    reason: str
+    excerpt: str = ""
+
+
+ReadResult = Record | Rejected
+
+
+def doc_id_for(source: str, rel: str, index: int | None = None) -> str:
+    """Stable id: ``source/rel`` for whole files, ``source/rel:index`` for rows and lines.
+
+    ``doc_id_for("stdlib", "json/decoder.py") == "stdlib/json/decoder.py"``;
+    ``doc_id_for("web", "a.jsonl", 7) == "web/a.jsonl:7"`` (line 7).
+    """
+    base = f"{source}/{rel}" if rel else source
+    return base if index is None else f"{base}:{index}"
+
+
+def check_text(doc_id: str, value: Any, field_name: str) -> ReadResult:
+    """A :class:`Record` if ``value`` is a non-empty string, else a :class:`Rejected`."""
+    if value is None:
+        return Rejected(doc_id, f"text field {field_name!r} is missing or null")
+    if not isinstance(value, str):
+        return Rejected(
+            doc_id,
+            f"text field {field_name!r} is {type(value).__name__}, not a string",
+            repr(value)[:200],
+        )
+    if not value.strip():
+        return Rejected(doc_id, "empty document (no text)", repr(value)[:200])
+    return Record(doc_id, value)
+
+
+def input_error(path: str | Path, what: str) -> InputError:
+    return InputError(f"{path}: {what}")

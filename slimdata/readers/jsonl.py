@@ -1,0 +1,215 @@
+"""JSON Lines and JSON files (plain, ``.gz``, ``.zst``): one record per line or list item.
+
+Plain files are split into byte-range tasks at line boundaries (so one big file still feeds
+several workers); compressed files cannot be seeked and are one task each. A ``.json`` file
+whose first non-blank byte is ``[`` is read as one JSON array of objects.
+
+Document ids are ``source/file:line`` (1-based line number) or ``source/file:item`` (0-based
+list index) unless ``--id-field`` names a field holding an id.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import mmap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from slimdata.readers.base import (
+    ReadOptions,
+    ReadResult,
+    ReadTask,
+    Rejected,
+    check_text,
+    doc_id_for,
+    input_error,
+)
+
+__all__ = ["SUFFIXES", "open_binary", "plan", "read"]
+
+SUFFIXES = (".jsonl", ".ndjson", ".json")
+COMPRESSED = (".gz", ".zst", ".zstd")
+
+
+def _compression(path: str) -> str | None:
+    for suffix in COMPRESSED:
+        if path.endswith(suffix):
+            return suffix
+    return None
+
+
+def open_binary(path: str) -> IO[bytes]:
+    """Open a possibly compressed file for binary reading (streamed, never fully loaded)."""
+    kind = _compression(path)
+    if kind == ".gz":
+        return gzip.open(path, "rb")
+    if kind in (".zst", ".zstd"):
+        import zstandard
+
+        raw = open(path, "rb")  # noqa: SIM115 - closed through the wrapper
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+    return open(path, "rb")
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """Errors of reading or decompressing a damaged file (not of our own code)."""
+    import zlib
+
+    import zstandard
+
+    return (OSError, EOFError, zlib.error, zstandard.ZstdError)
+
+
+def _is_array(path: str) -> bool:
+    """True when a ``.json`` file holds one JSON array (first non-blank byte is ``[``)."""
+    base = path
+    kind = _compression(path)
+    if kind:
+        base = path[: -len(kind)]
+    if not base.endswith(".json"):
+        return False
+    try:
+        with open_binary(path) as fh:
+            head = fh.read(4096).lstrip()
+    except _read_errors() as exc:
+        raise input_error(path, f"cannot read or decompress: {exc}") from exc
+    return head.startswith(b"[")
+
+
+def plan(path: str, rel: str, source: str, task_bytes: int) -> list[ReadTask]:
+    """Tasks of one JSON/JSONL file: byte ranges ending at newlines for plain JSONL."""
+    size = Path(path).stat().st_size
+    if _is_array(path):
+        return [ReadTask(format="json", path=path, rel=rel, source=source, size=size)]
+    if _compression(path) or size <= task_bytes:
+        return [
+            ReadTask(format="jsonl", path=path, rel=rel, source=source, size=size, first_index=1)
+        ]
+    tasks = []
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        start, line = 0, 1
+        while start < size:
+            stop = min(size, start + task_bytes)
+            if stop < size:
+                nl = mm.find(b"\n", stop - 1)
+                stop = size if nl == -1 else nl + 1
+            tasks.append(
+                ReadTask(
+                    format="jsonl",
+                    path=path,
+                    rel=rel,
+                    source=source,
+                    start=start,
+                    stop=stop,
+                    first_index=line,
+                    size=stop - start,
+                )
+            )
+            line += mm[start:stop].count(b"\n")
+            start = stop
+    return tasks
+
+
+def _field(obj: dict[str, Any], name: str) -> Any:
+    """Value of a (dotted) field, or None when absent: ``meta.title`` -> obj["meta"]["title"]."""
+    value: Any = obj
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _record(obj: Any, doc_id: str, opts: ReadOptions) -> ReadResult:
+    if not isinstance(obj, dict):
+        return Rejected(
+            doc_id, f"record is a JSON {type(obj).__name__}, not an object", repr(obj)[:200]
+        )
+    if _field(obj, opts.text_field) is None:
+        fields = ", ".join(sorted(obj)[:10])
+        return Rejected(
+            doc_id, f"missing text field {opts.text_field!r} (fields: {fields}); use --text-field"
+        )
+    if opts.id_field:
+        ident = _field(obj, opts.id_field)
+        if ident is None or isinstance(ident, dict | list):
+            return Rejected(doc_id, f"missing or non-scalar id field {opts.id_field!r}")
+        doc_id = str(ident)
+    return check_text(doc_id, _field(obj, opts.text_field), opts.text_field)
+
+
+def _lines(task: ReadTask) -> Iterator[bytes]:
+    if _compression(task.path):
+        with open_binary(task.path) as fh:
+            yield from fh
+        return
+    with open(task.path, "rb") as fh:
+        fh.seek(task.start)
+        data = fh.read() if task.stop < 0 else fh.read(task.stop - task.start)
+    yield from data.splitlines(keepends=True)
+
+
+def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
+    """Records of a JSONL task; malformed lines become :class:`Rejected` with the reason."""
+    if task.format == "json":
+        yield from _read_array(task, opts)
+        return
+    lineno = task.first_index
+    try:
+        for raw in _lines(task):
+            doc_id = doc_id_for(task.source, task.rel, lineno)
+            lineno += 1
+            if not raw.strip():
+                continue  # blank lines are not records
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield Rejected(
+                    doc_id,
+                    f"undecodable bytes (not UTF-8) at byte {exc.start} of the line",
+                    repr(raw[:200]),
+                )
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield Rejected(
+                    doc_id, f"malformed JSON: {exc.msg} at column {exc.colno}", text[:200]
+                )
+                continue
+            yield _record(obj, doc_id, opts)
+    except _read_errors() as exc:
+        yield Rejected(
+            doc_id_for(task.source, task.rel, lineno),
+            f"unreadable, corrupt or truncated file from here on: {exc}",
+        )
+
+
+def _read_array(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
+    file_id = doc_id_for(task.source, task.rel)
+    try:
+        with open_binary(task.path) as fh:
+            data = json.loads(fh.read())
+    except UnicodeDecodeError as exc:
+        yield Rejected(
+            file_id, f"undecodable bytes (not UTF-8) at byte {exc.start}; whole file rejected"
+        )
+        return
+    except json.JSONDecodeError as exc:
+        yield Rejected(
+            file_id, f"malformed JSON array: {exc.msg} at line {exc.lineno}; whole file rejected"
+        )
+        return
+    except _read_errors() as exc:
+        yield Rejected(file_id, f"unreadable, corrupt or truncated file: {exc}")
+        return
+    if not isinstance(data, list):
+        yield Rejected(
+            file_id, f"JSON file holds a {type(data).__name__}, expected a list of objects"
+        )
+        return
+    for i, obj in enumerate(data):
+        yield _record(obj, doc_id_for(task.source, task.rel, i), opts)

@@ -1,0 +1,112 @@
+"""Parquet files: one record per row, the text in a string column (``--text-field``).
+
+Row groups are grouped into tasks of about ``task_bytes`` (uncompressed size), so one big
+file feeds several workers. Only the text (and id) columns are read. A missing or
+non-string text column is a schema problem of the whole file and raises
+:class:`~slimdata.errors.InputError` naming the available columns; a null value rejects
+that row only. Document ids are ``source/file:row`` (0-based row number).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from slimdata.readers.base import (
+    ReadOptions,
+    ReadResult,
+    ReadTask,
+    check_text,
+    doc_id_for,
+    input_error,
+)
+
+__all__ = ["SUFFIXES", "check_schema", "plan", "read"]
+
+SUFFIXES = (".parquet", ".pq")
+
+
+def check_schema(path: str, schema: pa.Schema, opts: ReadOptions) -> None:
+    """Raise :class:`InputError` unless the text field is a string column."""
+    names = schema.names
+    if opts.text_field not in names:
+        raise input_error(
+            path, f"no column {opts.text_field!r} (columns: {', '.join(names)}); use --text-field"
+        )
+    kind = schema.field(opts.text_field).type
+    if not (
+        pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    ):
+        raise input_error(
+            path, f"column {opts.text_field!r} has type {kind}, not string; use --text-field"
+        )
+    if opts.id_field and opts.id_field not in names:
+        raise input_error(path, f"no id column {opts.id_field!r} (columns: {', '.join(names)})")
+
+
+def plan(path: str, rel: str, source: str, task_bytes: int, opts: ReadOptions) -> list[ReadTask]:
+    """Row ranges made of whole row groups, ~``task_bytes`` each."""
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise input_error(path, f"not a readable Parquet file: {exc}") from exc
+    check_schema(path, meta.schema.to_arrow_schema(), opts)
+    tasks: list[ReadTask] = []
+    start = row = size = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if row > start and size + group.total_byte_size > task_bytes:
+            tasks.append(
+                ReadTask(
+                    format="parquet",
+                    path=path,
+                    rel=rel,
+                    source=source,
+                    start=start,
+                    stop=row,
+                    size=size,
+                )
+            )
+            start, size = row, 0
+        row += group.num_rows
+        size += group.total_byte_size
+    if row > start or not tasks:
+        tasks.append(
+            ReadTask(
+                format="parquet",
+                path=path,
+                rel=rel,
+                source=source,
+                start=start,
+                stop=row,
+                size=size,
+            )
+        )
+    return tasks
+
+
+def iter_table(
+    task: ReadTask, table: pa.Table, opts: ReadOptions, first_row: int
+) -> Iterator[ReadResult]:
+    """Records of an Arrow table holding the text (and id) columns; shared with ``arrow``."""
+    texts = table.column(opts.text_field).to_pylist()
+    ids = table.column(opts.id_field).to_pylist() if opts.id_field else None
+    for i, text in enumerate(texts):
+        doc_id = doc_id_for(task.source, task.rel, first_row + i)
+        if ids is not None and ids[i] is not None:
+            doc_id = str(ids[i])
+        yield check_text(doc_id, text, opts.text_field)
+
+
+def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
+    """Records of the task's row range, read row group by row group."""
+    pf = pq.ParquetFile(task.path)
+    columns = [opts.text_field] + ([opts.id_field] if opts.id_field else [])
+    row = 0
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if task.start <= row < task.stop:
+            yield from iter_table(task, pf.read_row_group(g, columns=columns), opts, row)
+        row += n

@@ -1,0 +1,41 @@
+"""Step-time simulator (design §7): a DAG of forward/backward pack tasks per pipeline chunk
+and DP rank, evaluated by longest path with fixed per-device orders.
+
+The core (this package) has no CLI and no plotting; see :mod:`slimdata.sim.gantt` for the
+chart and ``slimdata simulate`` for the command. Modelling assumptions are stated in
+:mod:`slimdata.sim.step`.
+"""
+
+from __future__ import annotations
+
+from slimdata.sim.config import PARALLELISMS, SCHEDULE_NAMES, SimConfig
+from slimdata.sim.dag import StepDag, build_dag, common_order
+from slimdata.sim.engine import TaskGraph, Timing, evaluate
+from slimdata.sim.memory import MemoryProfile, memory_profile
+from slimdata.sim.packs import PackTimes, chunk_fractions, pack_times
+from slimdata.sim.results import GIB, SimResult, lower_bound
+from slimdata.sim.schedule import SCHEDULES, stage_ops
+from slimdata.sim.step import simulate_step
+
+__all__ = [
+    "GIB",
+    "PARALLELISMS",
+    "SCHEDULES",
+    "SCHEDULE_NAMES",
+    "MemoryProfile",
+    "PackTimes",
+    "SimConfig",
+    "SimResult",
+    "StepDag",
+    "TaskGraph",
+    "Timing",
+    "build_dag",
+    "chunk_fractions",
+    "common_order",
+    "evaluate",
+    "lower_bound",
+    "memory_profile",
+    "pack_times",
+    "simulate_step",
+    "stage_ops",
+]

@@ -1,0 +1,52 @@
+"""Configuration of the step simulator: how a plan's packs are run on the devices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slimdata.cost import Interconnect
+from slimdata.errors import ConfigError
+
+__all__ = ["PARALLELISMS", "SCHEDULE_NAMES", "SimConfig"]
+
+PARALLELISMS: tuple[str, ...] = ("ddp", "fsdp")
+SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "interleaved")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """Execution model of one training step (everything the plan itself does not say)."""
+
+    parallelism: str = "ddp"
+    """``ddp``: replicated parameters, one gradient all-reduce at step end; ``fsdp``
+    (ZeRO-3): per-pack parameter all-gather and gradient reduce-scatter, all DP ranks in
+    lockstep pack by pack."""
+    schedule: str = "1f1b"
+    """Pipeline schedule when ``pp > 1``: ``1f1b`` or ``interleaved`` (1F1B over
+    ``virtual_stages`` model chunks per device)."""
+    virtual_stages: int = 2
+    """Model chunks per device for the interleaved schedule."""
+    interconnect: Interconnect = field(default_factory=Interconnect)
+    """Alpha-beta model of intra- and inter-node links."""
+    overlap_param_comm: bool = True
+    """Parameter/gradient collectives (FSDP all-gather/reduce-scatter, DDP all-reduce) overlap
+    the compute they accompany; only the excess is exposed. ``False`` exposes all of it."""
+    grad_bytes: int = 2
+    """Bytes per gradient/parameter element exchanged by the DP collectives (bf16)."""
+
+    def __post_init__(self) -> None:
+        if self.parallelism not in PARALLELISMS:
+            raise ConfigError(f"parallelism={self.parallelism!r}: use one of {PARALLELISMS}")
+        if self.schedule not in SCHEDULE_NAMES:
+            raise ConfigError(f"schedule={self.schedule!r}: use one of {SCHEDULE_NAMES}")
+        if not isinstance(self.virtual_stages, int) or self.virtual_stages < 1:
+            raise ConfigError(
+                f"virtual_stages={self.virtual_stages!r} must be an int >= 1 (e.g. 2)"
+            )
+        if self.grad_bytes not in (1, 2, 4):
+            raise ConfigError(f"grad_bytes={self.grad_bytes!r}: use 2 (bf16) or 4 (fp32)")
+
+    @property
+    def chunks_per_device(self) -> int:
+        """Model chunks each pipeline device holds (1 unless interleaved)."""
+        return self.virtual_stages if self.schedule == "interleaved" else 1

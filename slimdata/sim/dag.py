@@ -1,0 +1,292 @@
+"""Build the task graph of one step from a plan (design §7).
+
+Tasks: one forward and one backward task per (pack, model chunk, DP rank); packs that run
+together become one group task spanning their devices (DP-Merge packs inside their merge
+group; with FSDP, pack ``i`` of every DP rank of a stage). Per-device orders come from the
+pipeline schedule (:mod:`slimdata.sim.schedule`). Edges:
+
+- slice continuation (design §4) on every chunk: forward of slice ``j`` after slice
+  ``j - 1``; backward of slice ``j`` after slice ``j + 1``; a document's backward after its
+  last forward;
+- pipeline: a pack's forward on chunk ``c`` after chunk ``c - 1`` and its backward on ``c``
+  after ``c + 1``, each lagged by the point-to-point transfer of its hidden states;
+- synchronizing collectives: DDP's gradient all-reduce closes every device's step; FSDP packs
+  and DP-Merge packs are group tasks (all members start together and leave together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slimdata.cost import CostModel
+from slimdata.errors import PlanError
+from slimdata.plan import StepPlan
+from slimdata.sim.comm import kv_exchange_time, p2p_time, param_collective_time
+from slimdata.sim.config import SimConfig
+from slimdata.sim.engine import TaskGraph
+from slimdata.sim.packs import PackTimes, chunk_fractions
+from slimdata.sim.schedule import ready_index, stage_ops
+
+__all__ = ["Durations", "StepDag", "build_dag", "common_order"]
+
+Durations = dict[tuple[int, int, str, int], float]
+"""Measured seconds keyed ``(chunk, rank, pass, pack)`` that replace the cost model's."""
+
+
+@dataclass
+class StepDag:
+    graph: TaskGraph
+    pt: PackTimes
+    dp: int
+    pp: int
+    chunks: int
+    fractions: np.ndarray
+    ftid: np.ndarray
+    """``[chunk, flat forward pack] -> task``."""
+    btid: np.ndarray
+    """``[chunk, flat backward pack] -> task``."""
+    fwork: np.ndarray
+    """``[chunk, flat forward pack] -> seconds`` (what the tasks use)."""
+    bwork: np.ndarray
+    transient: list[tuple[int, int, float]]
+    """``(task, device, bytes)`` held only while a merge task runs (gathered K/V)."""
+    p2p: np.ndarray
+    """Point-to-point seconds sent by each device."""
+
+    def device(self, chunk: int, rank: int) -> int:
+        return (chunk % self.pp) * self.dp + rank
+
+
+def common_order(plan: StepPlan) -> tuple[tuple[str, int], ...]:
+    """One order every rank can follow in lockstep: the most packs of any rank, and backward
+    pack ``j`` after the latest forward any rank needs before it. Equals the ranks' own order
+    when they all share it."""
+    orders = {rs.order for rs in plan.ranks}
+    if len(orders) == 1:
+        return next(iter(orders))
+    nf = max(len(rs.forward) for rs in plan.ranks)
+    nb = max(len(rs.backward) for rs in plan.ranks)
+    ready = [-1] * nb
+    for rs in plan.ranks:
+        for j, r in enumerate(ready_index(rs.order)):
+            ready[j] = max(ready[j], r)
+    for j in range(1, nb):
+        ready[j] = max(ready[j], ready[j - 1])
+    out: list[tuple[str, int]] = []
+    b = 0
+    for i in range(nf):
+        out.append(("F", i))
+        while b < nb and ready[b] <= i:
+            out.append(("B", b))
+            b += 1
+    out.extend(("B", j) for j in range(b, nb))
+    return tuple(out)
+
+
+def _merge_index(plan: StepPlan) -> dict[tuple[int, str], int]:
+    """``(rank, pass) -> index of that rank's merge pack``."""
+    out: dict[tuple[int, str], int] = {}
+    for rs in plan.ranks:
+        for name, packs in (("F", rs.forward), ("B", rs.backward)):
+            for i, p in enumerate(packs):
+                if p.merge is not None:
+                    out[(rs.rank, name)] = i
+    return out
+
+
+def build_dag(
+    plan: StepPlan,
+    cost: CostModel,
+    pt: PackTimes,
+    *,
+    pp: int,
+    ranks_per_node: int,
+    config: SimConfig,
+    durations: Durations | None = None,
+) -> StepDag:
+    dp = plan.dp
+    v = config.chunks_per_device if pp > 1 else 1
+    C = pp * v
+    frac = chunk_fractions(cost.layers, C)
+    net, rpn = config.interconnect, ranks_per_node
+    fsdp = config.parallelism == "fsdp"
+    fwork = frac[:, None] * pt.fwd[None, :]
+    bwork = frac[:, None] * pt.bwd[None, :]
+    if durations:
+        offs = {"F": pt.f_offset, "B": pt.b_offset}
+        for (c, r, kind, i), sec in durations.items():
+            (fwork if kind == "F" else bwork)[c, offs[kind][r] + i] = sec
+    merge_at = _merge_index(plan)
+    g = TaskGraph(n_devices=dp * pp)
+    ftid = np.full((C, len(pt.fwd)), -1, dtype=np.int64)
+    btid = np.full((C, len(pt.bwd)), -1, dtype=np.int64)
+    transient: list[tuple[int, int, float]] = []
+    keyed: dict[tuple, int] = {}
+
+    def dev(c: int, r: int) -> int:
+        return (c % pp) * dp + r
+
+    def n_packs(r: int, kind: str) -> int:
+        rs = plan.ranks[r]
+        return len(rs.forward) if kind == "F" else len(rs.backward)
+
+    def pack_work(c: int, r: int, kind: str, i: int) -> float:
+        if i >= n_packs(r, kind):
+            return 0.0
+        off = (pt.f_offset if kind == "F" else pt.b_offset)[r] + i
+        return float((fwork if kind == "F" else bwork)[c, off])
+
+    def merge_comm(c: int, gi: int) -> tuple[float, float]:
+        m = plan.merges[gi]
+        tokens = sum(plan.docs[d].length for d in m.docs)
+        devs = [dev(c, r) for r in m.ranks]
+        t = kv_exchange_time(net, cost, float(frac[c]), tokens, devs, rpn)
+        return t, cost.kv_bytes_per_token * float(frac[c]) * tokens
+
+    def param_comm(c: int, kind: str) -> float:
+        devs = [dev(c, r) for r in range(dp)]
+        t = param_collective_time(
+            net, cost, float(frac[c]), config.grad_bytes, devs, rpn, "all_gather"
+        )
+        return (
+            t if kind == "F" else 2 * t
+        )  # backward: re-gather parameters, reduce-scatter gradients
+
+    def make(kind: str, c: int, r: int, i: int) -> int:
+        merge = (
+            (plan.ranks[r].forward if kind == "F" else plan.ranks[r].backward)[i].merge
+            if i < n_packs(r, kind)
+            else None
+        )
+        if fsdp:
+            key: tuple = ("fsdp", kind, c, i)
+        elif merge is not None:
+            key = ("merge", kind, c, merge)
+        else:
+            key = (kind, c, r, i)
+        if key in keyed:
+            return keyed[key]
+        if fsdp:
+            members = list(range(dp))
+        elif merge is not None:
+            members = list(plan.merges[merge].ranks)
+        else:
+            members = [r]
+        work, comm, extra = [], [], []
+        for m in members:
+            j = i if merge is None or fsdp else merge_at[(m, kind)]
+            work.append(pack_work(c, m, kind, j))
+            mg = plan.merge_of_rank(m)
+            tagged = j < n_packs(m, kind) and merge_at.get((m, kind)) == j and mg is not None
+            if tagged:
+                t, nbytes = merge_comm(c, mg)
+                comm.append(t)
+                extra.append((dev(c, m), nbytes * (1 if kind == "F" else 2)))  # K/V (+ their grads)
+            else:
+                comm.append(0.0)
+            off = (pt.f_offset if kind == "F" else pt.b_offset)[m]
+            if j < n_packs(m, kind):
+                (ftid if kind == "F" else btid)[c, off + j] = len(g)
+        overlap = 0.0
+        if fsdp and dp > 1:
+            t = param_comm(c, kind)
+            if config.overlap_param_comm:
+                overlap = t
+            else:
+                comm = [x + t for x in comm]
+        t_id = g.add(
+            kind,
+            (r if len(members) == 1 else -1, c, i),
+            tuple(dev(c, m) for m in members),
+            tuple(work),
+            tuple(comm),
+            overlap,
+        )
+        transient.extend((t_id, d, b) for d, b in extra)
+        keyed[key] = t_id
+        return t_id
+
+    order_all = common_order(plan) if fsdp else None
+    if fsdp:
+        for gi, m in enumerate(plan.merges):
+            for kind in ("F", "B"):
+                idx = {merge_at[(r, kind)] for r in m.ranks}
+                if len(idx) != 1:
+                    raise PlanError(
+                        f"FSDP lockstep: merge group {gi} runs its {kind} pack at different indices {sorted(idx)} on its members; align them"
+                    )
+    for r in range(dp):
+        order = order_all or plan.ranks[r].order
+        for s in range(pp):
+            for kind, c, i in stage_ops(config.schedule, order, s, pp, v):
+                g.place(dev(c, r), make(kind, c, r, i))
+
+    # pipeline edges with point-to-point lags
+    p2p = np.zeros(dp * pp)
+    if C > 1:
+        for r in range(dp):
+            fo, bo = int(pt.f_offset[r]), int(pt.b_offset[r])
+            for c in range(1, C):
+                src, dst = dev(c - 1, r), dev(c, r)
+                for i in range(len(plan.ranks[r].forward)):
+                    lag = p2p_time(net, cost, pt.f_tokens[fo + i], src, dst, rpn)
+                    p2p[src] += lag
+                    g.edge(int(ftid[c - 1, fo + i]), int(ftid[c, fo + i]), lag)
+                for j in range(len(plan.ranks[r].backward)):
+                    lag = p2p_time(net, cost, pt.b_tokens[bo + j], dst, src, rpn)
+                    p2p[dst] += lag
+                    g.edge(int(btid[c, bo + j]), int(btid[c - 1, bo + j]), lag)
+
+    # slice continuation (design §4) on every chunk
+    o = np.lexsort((pt.s_start, pt.s_doc))
+    same = pt.s_doc[o][1:] == pt.s_doc[o][:-1]
+    last = np.ones(len(o), dtype=bool)
+    last[:-1] = ~same
+    for c in range(C):
+        sf, sb = ftid[c][pt.s_fpack[o]], btid[c][pt.s_bpack[o]]
+        pairs = np.concatenate(
+            (
+                np.stack((sf[:-1][same], sf[1:][same]), 1),  # F(j-1) -> F(j)
+                np.stack((sb[1:][same], sb[:-1][same]), 1),  # B(j+1) -> B(j)
+                np.stack((sf[last], sb[last]), 1),  # last F -> first B of a document
+            )
+        )
+        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+        for a, b in np.unique(pairs, axis=0).tolist():
+            g.edge(a, b)
+
+    # DDP: gradient all-reduce closes each stage's step. Overlapped: buckets stream out
+    # during the last backward pack of every rank, so it ends no earlier than the latest
+    # last-pack end + latency and no earlier than the latest last-pack start + the all-reduce.
+    if not fsdp and dp > 1 and cost.param_count > 0:
+        for s in range(pp):
+            devs = [s * dp + r for r in range(dp)]
+            share = float(frac[[c for c in range(C) if c % pp == s]].sum())
+            t = param_collective_time(net, cost, share, config.grad_bytes, devs, rpn, "all_reduce")
+            if config.overlap_param_comm:
+                ar = g.add("AR", (-1, s, -1), tuple(devs), (0.0,) * dp)
+                g.hidden[ar] = t
+                for d in devs:
+                    if g.dev_seq[d]:
+                        g.edge(g.dev_seq[d][-1], ar, net.latency_s)
+                        g.start_edge(g.dev_seq[d][-1], ar, t)
+            else:
+                ar = g.add("AR", (-1, s, -1), tuple(devs), (0.0,) * dp, (t,) * dp)
+            for d in devs:
+                g.place(d, ar)
+    return StepDag(
+        graph=g,
+        pt=pt,
+        dp=dp,
+        pp=pp,
+        chunks=C,
+        fractions=frac,
+        ftid=ftid,
+        btid=btid,
+        fwork=fwork,
+        bwork=bwork,
+        transient=transient,
+        p2p=p2p,
+    )

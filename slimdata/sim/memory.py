@@ -1,0 +1,72 @@
+"""Per-device memory over time: activations, retained K/V, transient merge buffers.
+
+Assumptions (model states, i.e. parameters, gradients and optimizer, are excluded, as in
+:attr:`Layout.memory_gib`):
+
+- a slice's activations (``CostModel.act_bytes_per_token`` per token, already shaped by the
+  recompute policy) are allocated when its forward pack starts and freed when its backward
+  pack ends, on the device of every model chunk, scaled by the chunk's share of the layers;
+- with ``recompute="full"`` the per-step K/V store keeps the slice's keys and values over the
+  same interval (with ``none``/``selective`` they are part of the activations already);
+- a DP-Merge pack holds the gathered K/V of its documents while it runs (twice that in the
+  backward: K/V and their gradients);
+- at equal times frees happen before allocations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slimdata.sim.dag import StepDag
+from slimdata.sim.engine import Timing
+
+__all__ = ["MemoryProfile", "memory_profile"]
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Allocation events sorted per device; ``level`` is the bytes in use after each event."""
+
+    device: np.ndarray
+    time: np.ndarray
+    level: np.ndarray
+    peak: np.ndarray
+    """Peak bytes per device."""
+
+    def series(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(times, bytes)`` step function of one device."""
+        m = self.device == device
+        return self.time[m], self.level[m]
+
+
+def memory_profile(dag: StepDag, timing: Timing, *, retain_kv: bool) -> MemoryProfile:
+    pt = dag.pt
+    per_slice = pt.s_act + (pt.s_kv if retain_kv else 0.0)
+    devs, times, deltas = [], [], []
+    for c in range(dag.chunks):
+        nbytes = per_slice * dag.fractions[c]
+        d = (c % dag.pp) * dag.dp + pt.s_rank
+        devs += [d, d]
+        times += [timing.start[dag.ftid[c][pt.s_fpack]], timing.end[dag.btid[c][pt.s_bpack]]]
+        deltas += [nbytes, -nbytes]
+    if dag.transient:
+        t_id, d, b = (np.asarray(x) for x in zip(*dag.transient, strict=True))
+        devs += [d.astype(np.int64), d.astype(np.int64)]
+        times += [timing.start[t_id.astype(np.int64)], timing.end[t_id.astype(np.int64)]]
+        deltas += [b.astype(np.float64), -b.astype(np.float64)]
+    n_dev = dag.dp * dag.pp
+    if not devs:
+        z = np.zeros(0)
+        return MemoryProfile(z.astype(np.int64), z, z, np.zeros(n_dev))
+    dev_a, time_a, delta_a = np.concatenate(devs), np.concatenate(times), np.concatenate(deltas)
+    o = np.lexsort((delta_a, time_a, dev_a))
+    dev_a, time_a, delta_a = dev_a[o], time_a[o], delta_a[o]
+    total = np.cumsum(delta_a)
+    first = np.flatnonzero(np.r_[True, dev_a[1:] != dev_a[:-1]])
+    base = np.repeat(total[first] - delta_a[first], np.diff(np.r_[first, len(dev_a)]))
+    level = total - base
+    peak = np.zeros(n_dev)
+    peak[dev_a[first]] = np.maximum.reduceat(level, first)
+    return MemoryProfile(dev_a, time_a, level, np.maximum(peak, 0.0))

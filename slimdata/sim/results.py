@@ -1,0 +1,132 @@
+"""What one simulated step reports, and the lower bound it is judged against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from slimdata.sim.dag import StepDag
+from slimdata.sim.engine import Timing
+from slimdata.sim.memory import MemoryProfile
+
+__all__ = ["GIB", "SimResult", "lower_bound", "summarize"]
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Simulated outcome of one step of one plan. Times in seconds, memory in bytes."""
+
+    step_time: float
+    lower_bound: float
+    """Total compute / devices plus the pipeline fill and drain every schedule pays."""
+    work: float
+    """Total compute seconds over all devices."""
+    bubble: float
+    """Fraction of device time not spent computing: ``1 - work / (devices * step_time)``."""
+    busy: np.ndarray
+    """Compute seconds per device, shape ``(pp, dp)``."""
+    imbalance: float
+    """``max(busy) * devices / sum(busy)`` (1.0 is perfect balance)."""
+    peak_memory: np.ndarray
+    """Peak activation + K/V bytes per device, shape ``(pp, dp)``."""
+    comm: np.ndarray
+    """Communication seconds per device (collectives, exposed or overlapped, and p2p sends)."""
+    memory_limit: float = float("inf")
+    """The layout's per-device budget, bytes."""
+    timeline: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """Per task and member device: ``device, start, compute_end, end, kind`` (0 F, 1 B, 2 collective)."""
+    memory: MemoryProfile | None = field(default=None, repr=False)
+
+    @property
+    def peak_memory_gib(self) -> float:
+        return float(self.peak_memory.max()) / GIB if self.peak_memory.size else 0.0
+
+    @property
+    def comm_time(self) -> float:
+        return float(self.comm.max()) if self.comm.size else 0.0
+
+    @property
+    def over_memory(self) -> bool:
+        return bool(self.peak_memory.max() > self.memory_limit) if self.peak_memory.size else False
+
+    @property
+    def efficiency(self) -> float:
+        """``lower_bound / step_time`` (1.0: the plan is as fast as any schedule can be)."""
+        return self.lower_bound / self.step_time if self.step_time > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_time": self.step_time,
+            "lower_bound": self.lower_bound,
+            "imbalance": self.imbalance,
+            "bubble": self.bubble,
+            "peak_memory_gib": self.peak_memory_gib,
+            "comm_time": self.comm_time,
+            "over_memory": self.over_memory,
+            "busy": self.busy.tolist(),
+        }
+
+
+def lower_bound(dag: StepDag, busy_total: float) -> float:
+    """``(work + sum over devices of unavoidable idle) / devices``.
+
+    The first compute task of the device holding chunk ``s`` waits for some pack's forward
+    through chunks ``0 .. s - 1``; after its last backward, that pack's backward still runs
+    through chunks ``s - 1 .. 0``. So device ``s`` idles at least
+    ``sum_{c < s} (min forward on c + min backward on c)`` (smallest pack per chunk), for any
+    schedule of these packs; ``pp == 1`` gives ``work / devices``.
+    """
+    n = dag.dp * dag.pp
+    if dag.pp == 1 or n == 0:
+        return busy_total / max(n, 1)
+    min_f = dag.fwork.min(axis=1) if dag.fwork.shape[1] else np.zeros(dag.chunks)
+    min_b = dag.bwork.min(axis=1) if dag.bwork.shape[1] else np.zeros(dag.chunks)
+    per_chunk = np.cumsum(np.r_[0.0, (min_f + min_b)[: dag.pp - 1]])  # device s: chunks < s
+    return (busy_total + dag.dp * float(per_chunk.sum())) / n
+
+
+def summarize(dag: StepDag, timing: Timing, mem: MemoryProfile, memory_limit: float) -> SimResult:
+    g = dag.graph
+    n = g.n_devices
+    busy = np.zeros(n)
+    comm = dag.p2p.copy()
+    dev, st, ce, en, kind = [], [], [], [], []
+    codes = {"F": 0, "B": 1}
+    for t in range(len(g)):
+        s, e = timing.start[t], timing.end[t]
+        for d, w, c in zip(g.devices[t], g.work[t], g.comm[t], strict=True):
+            busy[d] += w
+            comm[d] += c + g.overlap[t] + g.hidden[t]
+            dev.append(d)
+            st.append(s)
+            ce.append(s + c + w)
+            en.append(e)
+            kind.append(codes.get(g.kind[t], 2))
+    total = float(busy.sum())
+    step = timing.makespan
+    return SimResult(
+        step_time=step,
+        lower_bound=lower_bound(dag, total),
+        work=total,
+        bubble=1.0 - total / (n * step) if step > 0 else 0.0,
+        busy=busy.reshape(dag.pp, dag.dp),
+        imbalance=float(busy.max() * n / total) if total > 0 else 1.0,
+        peak_memory=mem.peak.reshape(dag.pp, dag.dp),
+        comm=comm.reshape(dag.pp, dag.dp),
+        memory_limit=memory_limit,
+        timeline={
+            k: np.asarray(v)
+            for k, v in (
+                ("device", dev),
+                ("start", st),
+                ("compute_end", ce),
+                ("end", en),
+                ("kind", kind),
+            )
+        },
+        memory=mem,
+    )

@@ -1,0 +1,70 @@
+"""Simulate one training step of a plan: the entry point of the simulator core.
+
+Modelling assumptions (the simulator's contract, design §7):
+
+- Compute: pack times are recomputed from the cost model (sum over the pack's slices, design
+  §5), never taken from ``MicroPack.cost``; a pipeline chunk with ``k`` of ``L`` layers takes
+  ``k / L`` of the full-model time. Kernels of one device run one at a time; a device's packs
+  run in the order of the pipeline schedule (:mod:`slimdata.sim.schedule`), with ``pp == 1``
+  exactly ``RankStep.order``.
+- Dependencies: slice continuation (design §4), the pipeline (chunk ``c`` after ``c - 1`` in
+  the forward, reversed in the backward) and each device's order. Work never starts early
+  and devices never run ahead of their order (a static schedule, as the runtime executes).
+- Collectives synchronize their members (alpha-beta times, intra- vs inter-node bandwidth by
+  ``Layout.ranks_per_node``): DDP's all-reduce closes the step; its buckets stream out
+  during every rank's last backward pack, so it ends no earlier than the latest last-pack
+  start plus the all-reduce time, nor than the latest last-pack end plus latency; FSDP all-gathers parameters before every pack and
+  reduce-scatters gradients after every backward pack, overlapped with that pack's compute,
+  so all DP ranks advance pack by pack at the slowest rank's pace; a DP-Merge pack's K/V
+  all-gather (forward) and gradient reduce-scatter (backward) are exposed (not overlapped)
+  and its members leave together. Pipeline sends are edge lags on separate streams.
+- Memory: see :mod:`slimdata.sim.memory`. Optimizer step, data loading, and the
+  tensor/context parallelism inside a rank are not modelled.
+"""
+
+from __future__ import annotations
+
+from slimdata.cost import CostModel
+from slimdata.errors import PlanError
+from slimdata.plan import StepPlan
+from slimdata.sim.config import SimConfig
+from slimdata.sim.dag import Durations, build_dag
+from slimdata.sim.engine import evaluate
+from slimdata.sim.memory import memory_profile
+from slimdata.sim.packs import pack_times
+from slimdata.sim.results import SimResult, summarize
+from slimdata.solver.layout import Layout
+
+__all__ = ["simulate_step"]
+
+
+def simulate_step(
+    plan: StepPlan,
+    cost: CostModel,
+    layout: Layout,
+    config: SimConfig | None = None,
+    *,
+    durations: Durations | None = None,
+) -> SimResult:
+    """Simulate ``plan`` on ``layout`` (``layout.dp`` must equal ``plan.dp``).
+
+    ``durations`` replaces predicted pack times by measured ones (``(chunk, rank, pass,
+    pack) -> seconds``), e.g. to replay a step recorded by the runtime.
+    """
+    if layout.dp != plan.dp:
+        raise PlanError(
+            f"plan has {plan.dp} DP ranks but the layout has dp={layout.dp}; solve the plan for this layout"
+        )
+    config = config or SimConfig()
+    dag = build_dag(
+        plan,
+        cost,
+        pack_times(plan, cost),
+        pp=layout.pp,
+        ranks_per_node=layout.ranks_per_node,
+        config=config,
+        durations=durations,
+    )
+    timing = evaluate(dag.graph)
+    mem = memory_profile(dag, timing, retain_kv=cost.label.endswith("/full"))
+    return summarize(dag, timing, mem, layout.memory_bytes)

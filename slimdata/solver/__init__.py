@@ -1,0 +1,26 @@
+"""Packing solver (design §6): per-step plans for a global batch on a training layout.
+
+Public API::
+
+    from slimdata.solver import Layout, solve, STRATEGIES, make_batches
+    plan = solve(batch, Layout(dp=64, memory_gib=60), "slimpack", seed=0)
+"""
+
+from __future__ import annotations
+
+from slimdata.solver.batches import OVERSIZE_POLICIES, apply_oversize, make_batches
+from slimdata.solver.layout import Layout
+from slimdata.solver.memory import plan_peak_memory, rank_memory_trace, rank_peak_memory
+from slimdata.solver.registry import STRATEGIES, solve
+
+__all__ = [
+    "OVERSIZE_POLICIES",
+    "STRATEGIES",
+    "Layout",
+    "apply_oversize",
+    "make_batches",
+    "plan_peak_memory",
+    "rank_memory_trace",
+    "rank_peak_memory",
+    "solve",
+]

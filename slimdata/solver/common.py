@@ -1,0 +1,279 @@
+"""Shared machinery of every packing strategy: a vectorized view of a global batch, pieces of
+documents cut without continuation, and the assembly of a validated :class:`StepPlan`.
+
+A strategy works on slice *indices* into a :class:`BatchView` (flat numpy arrays over all
+slices of the batch) and hands back, per rank, lists of forward and backward packs of slice
+indices; :func:`assemble_plan` fuses consecutive slices of a document that
+share both their forward and their backward pack (equivalent to one larger slice, and one
+fixed per-slice cost less), prices every pack with the cost model, and validates the result.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property, lru_cache
+from typing import Any
+
+import numpy as np
+
+from slimdata.cost import CostModel
+from slimdata.plan.types import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
+from slimdata.solver.layout import Layout
+
+__all__ = [
+    "BatchView",
+    "assemble_plan",
+    "cut_document",
+    "default_cost",
+    "interleaved_order",
+    "split_into_pieces",
+]
+
+
+@lru_cache(maxsize=1)
+def default_cost() -> CostModel:
+    """``CostModel.analytic("llama-8b")``: the cost model used when a caller passes none."""
+    return CostModel.analytic("llama-8b")
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """Flat per-slice arrays of a batch (slice ``i`` belongs to document ``doc[i]``).
+
+    Slices of a document are consecutive and in order: ``off[d]:off[d+1]`` are document d's.
+    """
+
+    docs: tuple[Document, ...]
+    doc: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    fwd: np.ndarray
+    bwd: np.ndarray
+    act: np.ndarray
+    off: np.ndarray
+    doc_fwd: np.ndarray
+    doc_bwd: np.ndarray
+    doc_len: np.ndarray
+    doc_mem: np.ndarray
+    """Peak bytes of a document run alone on one rank: all activations + K/V of its length."""
+    kv_per_token: float
+
+    @classmethod
+    def build(cls, docs: Sequence[Document], cost: CostModel) -> BatchView:
+        docs = tuple(docs)
+        counts = np.fromiter((len(d.cuts) - 1 for d in docs), dtype=np.int64, count=len(docs))
+        off = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(counts, out=off[1:])
+        # cut lists laid end to end: docs (0,4,6) and (0,3) -> 0 4 6 0 3; starts drop each
+        # document's last cut (0 4 0), ends drop its first (4 6 3)
+        allcuts = np.fromiter((c for d in docs for c in d.cuts), dtype=np.int64)
+        pos = off[:-1] + np.arange(len(docs))  # index of each document's first cut in allcuts
+        is_last = np.zeros(len(allcuts), dtype=bool)
+        is_last[pos + counts] = True
+        is_first = np.zeros(len(allcuts), dtype=bool)
+        is_first[pos] = True
+        start = allcuts[~is_last]
+        end = allcuts[~is_first]
+        doc = np.repeat(np.arange(len(docs), dtype=np.int64), counts)
+        sc = cost.slice_costs(start, end)
+        doc_fwd = np.add.reduceat(sc.fwd, off[:-1]) if len(start) else np.zeros(len(docs))
+        doc_bwd = np.add.reduceat(sc.bwd, off[:-1]) if len(start) else np.zeros(len(docs))
+        doc_len = np.fromiter((d.length for d in docs), dtype=np.int64, count=len(docs))
+        doc_act = np.add.reduceat(sc.act_bytes, off[:-1]) if len(start) else np.zeros(len(docs))
+        empty = counts == 0
+        for arr in (doc_fwd, doc_bwd, doc_act):
+            arr[empty] = 0.0
+        return cls(
+            docs=docs,
+            doc=doc,
+            start=start,
+            end=end,
+            fwd=sc.fwd,
+            bwd=sc.bwd,
+            act=sc.act_bytes,
+            off=off,
+            doc_fwd=doc_fwd,
+            doc_bwd=doc_bwd,
+            doc_len=doc_len,
+            doc_mem=doc_act + cost.kv_bytes_per_token * doc_len,
+            kv_per_token=cost.kv_bytes_per_token,
+        )
+
+    @cached_property
+    def lists(self) -> tuple[list[int], list[float], list[float], list[float], list[int]]:
+        """Python lists ``(tokens, fwd, bwd, act, doc)`` per slice, for per-slice loops."""
+        return (
+            (self.end - self.start).tolist(),
+            self.fwd.tolist(),
+            self.bwd.tolist(),
+            self.act.tolist(),
+            self.doc.tolist(),
+        )
+
+    def slices_of(self, d: int) -> range:
+        return range(int(self.off[d]), int(self.off[d + 1]))
+
+
+def split_into_pieces(docs: Sequence[Document], max_tokens: int) -> list[Document]:
+    """Cut every document longer than ``max_tokens`` into independent pieces of at most that.
+
+    Pieces do *not* attend to each other (the behaviour of fixed-length packing, e.g. Megatron
+    rows or Best-fit Packing's split of long documents); each piece is its own
+    :class:`Document` with ``offset`` = its first token in the source sample and the source's
+    ``sample`` and ``doc_id``. Loss tokens: the source's loss tokens are given to its last piece
+    minus what the earlier pieces carry (every piece but the last has all tokens with a next
+    token), so the global count is unchanged.
+    """
+    out: list[Document] = []
+    for d in docs:
+        if d.length <= max_tokens:
+            out.append(d)
+            continue
+        out.extend(cut_document(d, [*range(0, d.length, max_tokens), d.length]))
+    return out
+
+
+def cut_document(d: Document, bounds: Sequence[int]) -> list[Document]:
+    """Pieces ``[bounds[i], bounds[i+1])`` of ``d`` as independent documents (see above)."""
+    pieces = []
+    remaining_loss = d.loss_tokens
+    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+        last = i == len(bounds) - 2
+        loss = remaining_loss if last else min(b - a, remaining_loss)
+        remaining_loss -= loss
+        cuts = tuple(c - a for c in d.cuts if a < c < b)
+        pieces.append(
+            replace(d, length=b - a, loss_tokens=loss, cuts=(0, *cuts, b - a), offset=d.offset + a)
+        )
+    return pieces
+
+
+def interleaved_order(n_fwd: int, n_bwd: int) -> tuple[tuple[str, int], ...]:
+    """``F0 B0 F1 B1 ...`` then any remaining packs: the fixed 1F1B-like order of lockstep plans."""
+    order: list[tuple[str, int]] = []
+    for i in range(max(n_fwd, n_bwd)):
+        if i < n_fwd:
+            order.append(("F", i))
+        if i < n_bwd:
+            order.append(("B", i))
+    return tuple(order)
+
+
+def assemble_plan(
+    *,
+    view: BatchView,
+    layout: Layout,
+    cost: CostModel,
+    strategy: str,
+    step: int,
+    forward: list[list[list[int]]],
+    backward: list[list[list[int]]],
+    merges: Sequence[tuple[tuple[int, ...], tuple[int, ...]]] = (),
+    merge_rank_pack: dict[int, tuple[int, int]] | None = None,
+    mode: str = "free",
+    meta: dict[str, Any] | None = None,
+    t0: float | None = None,
+) -> StepPlan:
+    """Build, price and validate a :class:`StepPlan` from per-rank packs of slice indices.
+
+    ``forward[r][i]`` lists the slice indices (into ``view``) of rank r's forward pack i, in
+    execution order; ``backward`` likewise. Consecutive slices of a document sharing both their
+    forward and their backward pack are fused into one :class:`Slice` (same tokens, one fixed
+    per-slice cost less). ``merge_rank_pack[rank] = (forward index, backward index)`` of a
+    merge member's merge packs. Order: :func:`interleaved_order` in ``lockstep`` mode (identical
+    on every rank), :func:`~slimdata.plan.types.eager_order` in ``free`` mode.
+    """
+    merge_rank_pack = merge_rank_pack or {}
+    rank_merge = {r: g for g, (ranks, _d) in enumerate(merges) for r in ranks}
+    n = len(view.doc)
+    fp = np.full(n, -1, dtype=np.int64)
+    bp = np.full(n, -1, dtype=np.int64)
+    owner = np.full(n, -1, dtype=np.int64)
+    for r in range(layout.dp):
+        for i, pack in enumerate(forward[r]):
+            fp[pack] = i
+            owner[pack] = r
+        for j, pack in enumerate(backward[r]):
+            bp[pack] = j
+    # run ids: a new run starts at a document's first slice or where a pack changes
+    new = np.ones(n, dtype=bool)
+    if n > 1:
+        new[1:] = (
+            (view.doc[1:] != view.doc[:-1])
+            | (fp[1:] != fp[:-1])
+            | (bp[1:] != bp[:-1])
+            | (owner[1:] != owner[:-1])
+        )
+    run = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, n - 1) if n else first
+    r_doc = view.doc[first]
+    r_start = view.start[first]
+    r_end = view.end[last]
+    r_fwd = cost.forward(r_start, r_end) if n else np.zeros(0)
+    r_bwd = cost.backward(r_start, r_end) if n else np.zeros(0)
+    slices = [
+        Slice(int(d), int(a), int(b))
+        for d, a, b in zip(r_doc.tolist(), r_start.tolist(), r_end.tolist(), strict=True)
+    ]
+
+    def packs(
+        lists: list[list[int]], price: np.ndarray, merge_at: int, g: int | None
+    ) -> tuple[MicroPack, ...]:
+        out = []
+        for i, pack in enumerate(lists):
+            ids = (
+                run[np.asarray(pack, dtype=np.int64)] if len(pack) else np.zeros(0, dtype=np.int64)
+            )
+            if len(ids) > 1:
+                ids = ids[np.append(True, ids[1:] != ids[:-1])]
+            out.append(
+                MicroPack(
+                    tuple(slices[k] for k in ids.tolist()),
+                    float(price[ids].sum()),
+                    g if i == merge_at else None,
+                )
+            )
+        return tuple(out)
+
+    ranks: list[RankStep] = []
+    for r in range(layout.dp):
+        mf, mb = merge_rank_pack.get(r, (-1, -1))
+        g = rank_merge.get(r)
+        fpacks = packs(forward[r], r_fwd, mf, g)
+        bpacks = packs(backward[r], r_bwd, mb, g)
+        order = interleaved_order(len(fpacks), len(bpacks)) if mode == "lockstep" else ()
+        ranks.append(RankStep(rank=r, forward=fpacks, backward=bpacks, order=order))
+    meta = dict(meta or {})
+    meta.setdefault("strategy", strategy)
+    meta.update(_balance_meta(ranks))
+    if t0 is not None:
+        meta["solve_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+    plan = StepPlan(
+        step=step,
+        strategy=strategy,
+        docs=view.docs,
+        ranks=tuple(ranks),
+        merges=tuple(MergeGroup(tuple(rk), tuple(ds)) for rk, ds in merges),
+        mode=mode,
+        meta=meta,
+    )
+    return plan.validate()
+
+
+def _balance_meta(ranks: Sequence[RankStep]) -> dict[str, float]:
+    """Imbalance degrees (``max * n / sum``) of per-rank forward, backward and total cost."""
+    f = np.array([sum(p.cost for p in rs.forward) for rs in ranks])
+    b = np.array([sum(p.cost for p in rs.backward) for rs in ranks])
+
+    def deg(x: np.ndarray) -> float:
+        return float(x.max() / x.mean()) if x.sum() > 0 else 1.0
+
+    return {
+        "imbalance_fwd": round(deg(f), 6),
+        "imbalance_bwd": round(deg(b), 6),
+        "imbalance": round(deg(f + b), 6),
+    }

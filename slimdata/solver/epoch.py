@@ -1,0 +1,106 @@
+"""Plan a whole epoch: oversize policy, seeded batches, one solve per step, plan shards.
+
+This is what ``slimdata plan`` and ``slimdata build --plan`` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slimdata.cost import CostModel
+from slimdata.plan.types import Document, StepPlan
+from slimdata.solver.batches import apply_oversize, make_batches
+from slimdata.solver.layout import Layout
+from slimdata.solver.planshards import TokenSource, write_plan_shards
+from slimdata.solver.registry import solve
+
+__all__ = ["plan_epoch", "write_epoch_plan"]
+
+
+def plan_epoch(
+    docs: Sequence[Document],
+    layout: Layout,
+    *,
+    global_batch_tokens: int,
+    strategy: str = "slimpack",
+    seed: int = 0,
+    cost: CostModel | None = None,
+    oversize: str = "error",
+    **options: Any,
+) -> Iterator[StepPlan]:
+    """Yield the plan of every step: ``apply_oversize`` (vs ``layout.context``), then
+    ``make_batches(docs, global_batch_tokens, seed)``, then ``solve`` per batch."""
+    docs = apply_oversize(docs, layout.context, oversize)
+    for step, batch in enumerate(make_batches(docs, global_batch_tokens, seed)):
+        yield solve(batch, layout, strategy, seed, cost, step=step, **options)
+
+
+def write_epoch_plan(
+    docs: Sequence[Document],
+    out: str | Path,
+    *,
+    nodes: int,
+    ranks_per_node: int,
+    global_batch_tokens: int,
+    memory_gib: float,
+    strategy: str = "slimpack",
+    seed: int = 0,
+    cost: CostModel | None = None,
+    context: int = 131072,
+    mode: str = "free",
+    oversize: str = "error",
+    tokens_of: TokenSource | None = None,
+    workers_per_rank: int = 1,
+    **options: Any,
+) -> dict[str, Any]:
+    """Solve an epoch for ``nodes x ranks_per_node`` DP ranks and write plan shards to ``out``.
+
+    Returns the summary also written to ``out/plan.json`` (steps, layout, strategy, mean
+    imbalance, total solve milliseconds).
+    """
+    layout = Layout(
+        dp=nodes * ranks_per_node,
+        ranks_per_node=ranks_per_node,
+        memory_gib=memory_gib,
+        context=context,
+        mode=mode,
+    )
+    plans = list(
+        plan_epoch(
+            docs,
+            layout,
+            global_batch_tokens=global_batch_tokens,
+            strategy=strategy,
+            seed=seed,
+            cost=cost,
+            oversize=oversize,
+            **options,
+        )
+    )
+    extra = {
+        "seed": seed,
+        "global_batch_tokens": global_batch_tokens,
+        "memory_gib": memory_gib,
+        "context": context,
+        "mode": mode,
+        "oversize": oversize,
+        "cost_model": (cost.label if cost is not None else "llama-8b (analytic)"),
+        "mean_imbalance": float(np.mean([p.meta.get("imbalance", 1.0) for p in plans]))
+        if plans
+        else 1.0,
+        "solve_ms_total": float(sum(p.meta.get("solve_ms", 0.0) for p in plans)),
+        "merge_groups": int(sum(len(p.merges) for p in plans)),
+    }
+    return write_plan_shards(
+        plans,
+        out,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        tokens_of=tokens_of,
+        workers_per_rank=workers_per_rank,
+        extra=extra,
+    )

@@ -1,0 +1,168 @@
+"""Phase 2 of SlimPack: asymmetric MicroPacks on one rank.
+
+Input: the rank's documents in execution order (each a run of slice indices) and, for a
+DP-Merge member, the slices of its merge share. Output: forward packs balanced on *forward*
+cost and backward packs balanced on *backward* cost, under the token cap and the memory cap
+(:mod:`slimdata.solver.memory`), obeying design §4:
+
+- forward packs take the slice stream in order (rule 1), cut where the token cap, the memory
+  cap or (lockstep) the next forward-cost quantile is reached;
+- after forward pack ``i`` closes, backward work may run on every document whose forwards are
+  all done (rule 3), slices taken from each document's end backwards (rule 2). In *free* mode
+  every ready slice runs at once (cut at the token cap), which frees memory soonest; in
+  *lockstep* mode backward pack ``i`` stops at the ``(i+1)/m`` quantile of the rank's backward
+  cost, so backward packs are balanced on backward cost independently of the forward cuts;
+- a merge member runs its merge share first, as forward pack 0 and backward pack 0 (the same
+  index on every member, so the group meets in lockstep and in free mode alike).
+
+Example (lockstep, m=2, one 4-slice document with forward costs 1,1,1,1 and backward costs
+2,2,2,4): F0=[s0,s1], F1=[s2,s3]; nothing is ready after F0, so B0 is empty and B1 holds
+[s3,s2,s1,s0]. With two 2-slice documents, F0 completes the first and B0 runs it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slimdata.solver.common import BatchView
+
+__all__ = ["RankPacks", "pack_rank"]
+
+
+@dataclass
+class RankPacks:
+    forward: list[list[int]]
+    backward: list[list[int]]
+    merge_pack: tuple[int, int] | None
+    peak: float
+
+
+def pack_rank(
+    view: BatchView,
+    units: Sequence[Sequence[int] | range],
+    merge_slices: Sequence[int] = (),
+    *,
+    cap: int,
+    mem: float,
+    m: int | None = None,
+    balance_backward: bool = True,
+) -> RankPacks | None:
+    """Pack one rank (see the module docstring); ``m=None`` is free mode.
+
+    Returns ``None`` when ``m`` packs cannot hold the rank's slices under the caps (the caller
+    tries a larger ``m``), or, in free mode, when one document alone exceeds the memory cap.
+    """
+    tok, fwd, bwd, act, docl = view.lists
+    kvp = view.kv_per_token
+    F: list[list[int]] = []
+    B: list[list[int]] = []
+    merge_pack = None
+    if len(merge_slices):
+        F.append(list(merge_slices))
+        B.append(list(merge_slices))
+        merge_pack = (0, 0)
+    base = len(F)
+    lockstep = m is not None
+    if lockstep and base >= m and any(len(u) for u in units):
+        return None
+    rest = (m - base) if lockstep else 1
+    total_f = sum(fwd[i] for u in units for i in u)
+    total_b = sum(bwd[i] for u in units for i in u)
+
+    ready: deque[list[int]] = deque()  # completed documents: slices not yet backwarded
+    held = 0.0  # activation + K/V bytes held now
+    doc_kv: dict[int, float] = {}
+    doc_left: dict[int, int] = {}
+    peak = 0.0
+    cum_f = 0.0
+    cum_b = 0.0
+    cur: list[int] = []
+    cur_tok = 0
+
+    def backward_after_close(final: bool) -> None:
+        nonlocal held, cum_b
+        k = len(F) - base - 1  # index of the closed pack among the stream's packs
+        target = (
+            total_b * (k + 1) / rest
+            if lockstep and balance_backward and not final
+            else float("inf")
+        )
+        pack: list[int] = []
+        pack_tok = 0
+        while ready:
+            doc_slices = ready[0]
+            i = doc_slices[-1]
+            if lockstep and pack and cum_b + bwd[i] / 2 > target:
+                break
+            if pack_tok + tok[i] > cap and pack:
+                if lockstep:
+                    break
+                B.append(pack)
+                pack, pack_tok = [], 0
+            doc_slices.pop()
+            pack.append(i)
+            pack_tok += tok[i]
+            cum_b += bwd[i]
+            held -= act[i]
+            d = docl[i]
+            doc_left[d] -= 1
+            if doc_left[d] == 0:
+                held -= doc_kv.pop(d)
+            if not doc_slices:
+                ready.popleft()
+        if pack or lockstep:
+            B.append(pack)
+
+    for u in units:
+        if not len(u):
+            continue
+        d = docl[u[0]]
+        doc_left[d] = len(u)
+        doc_kv[d] = 0.0
+        for i in u:
+            extra = act[i] + kvp * tok[i]
+            if cur and (
+                cur_tok + tok[i] > cap
+                or held + extra > mem
+                or (
+                    lockstep
+                    and len(F) - base < rest - 1
+                    and cum_f + fwd[i] / 2 > total_f * (len(F) - base + 1) / rest
+                )
+            ):
+                F.append(cur)
+                cur, cur_tok = [], 0
+                backward_after_close(False)
+                if lockstep and len(F) - base >= rest:
+                    return None
+            if held + extra > mem or tok[i] > cap:
+                return None
+            cur.append(i)
+            cur_tok += tok[i]
+            cum_f += fwd[i]
+            held += extra
+            doc_kv[d] += kvp * tok[i]
+            peak = max(peak, held)
+        ready.append(list(u))
+    if cur:
+        F.append(cur)
+        backward_after_close(True)
+    if ready:  # lockstep: whatever the quantiles left behind runs in the last pack
+        if lockstep:
+            B[-1].extend(i for doc_slices in ready for i in reversed(doc_slices))
+        else:  # pragma: no cover - free mode drains everything at each close
+            raise AssertionError("free mode left slices without a backward pack")
+    if lockstep:
+        if len(F) > m:
+            return None
+        if any(sum(tok[i] for i in p) > cap for p in B):
+            return None
+        while len(F) < m:
+            F.append([])
+        while len(B) < m:
+            B.append([])
+    if peak > mem:  # pragma: no cover - guarded above
+        return None
+    return RankPacks(F, B, merge_pack, peak)

@@ -1,0 +1,196 @@
+"""Plan shards (design §8): every step of an epoch solved at build time, one MDS sample per
+(step, rank) payload, ordered so that a stock ``StreamingDataset(shuffle=False, batch_size=1,
+num_canonical_nodes=nodes)`` hands rank ``r`` exactly its payloads in step order.
+
+Columns: ``step`` (int), ``rank`` (int), ``plan`` (str: the full :class:`StepPlan` JSON,
+identical for every rank of a step) and ``tokens`` (``ndarray:uint32``: this rank's tokens,
+concatenated in the order of its forward packs' slices; empty when planned from lengths) and
+``ntokens`` (int: the length of ``tokens``; MDS cannot encode an empty array, so an empty
+payload is stored as one zero token with ``ntokens = 0``; :func:`read_plan_payload` undoes it).
+
+Ordering: :func:`payload_positions` asks mosaicml-streaming's own partitioner
+(``streaming.base.partition.get_partitions``, algorithm ``orig``, the default) which global
+sample index each (node, rank, worker) reads at each position, and places payload
+``(step, rank)`` there. The layout assumes ``num_canonical_nodes == nodes`` (the physical node
+count) and ``workers_per_rank`` DataLoader workers (1 = iterating the dataset directly); the
+sidecar ``plan.json`` records them and the runtime checks every payload's stamp with
+:func:`check_payload`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slimdata.errors import ConfigError, PlanError
+from slimdata.plan.types import StepPlan
+
+__all__ = [
+    "PLAN_COLUMNS",
+    "PLAN_SIDECAR",
+    "check_payload",
+    "payload_positions",
+    "rank_tokens",
+    "read_plan_payload",
+    "write_plan_shards",
+]
+
+PLAN_COLUMNS = {
+    "step": "int",
+    "rank": "int",
+    "plan": "str",
+    "tokens": "ndarray:uint32",
+    "ntokens": "int",
+}
+PLAN_SIDECAR = "plan.json"
+
+TokenSource = Callable[[int], np.ndarray]
+"""``sample index -> token array`` of the document shards (``Document.sample``)."""
+
+
+def payload_positions(
+    steps: int, nodes: int, ranks_per_node: int, workers_per_rank: int = 1
+) -> np.ndarray:
+    """``pos[step, rank]`` = global sample index at which payload (step, rank) must be written."""
+    from streaming.base.partition import get_partitions
+
+    dp = nodes * ranks_per_node
+    n = steps * dp
+    if n == 0:
+        return np.zeros((0, dp), dtype=np.int64)
+    ids = get_partitions("orig", n, nodes, nodes, ranks_per_node, workers_per_rank, 1)
+    pos = np.full((steps, dp), -1, dtype=np.int64)
+    for node in range(nodes):
+        for local in range(ranks_per_node):
+            r = node * ranks_per_node + local
+            # a DataLoader takes batches from its workers round-robin: batch k from worker k % W
+            seq = ids[node, local, :, :, 0].T.reshape(-1)
+            seq = seq[seq >= 0][:steps]
+            if len(seq) < steps:
+                raise PlanError(
+                    f"streaming partition gives rank {r} only {len(seq)} of {steps} samples"
+                )
+            pos[:, r] = seq
+    if len(np.unique(pos)) != n:
+        raise PlanError(
+            "streaming partition repeats samples for this layout; cannot align plan payloads"
+        )
+    return pos
+
+
+def rank_tokens(plan: StepPlan, rank: int, tokens_of: TokenSource | None) -> np.ndarray:
+    """Tokens of ``rank`` in the order of its forward packs' slices (empty without a source)."""
+    if tokens_of is None:
+        return np.zeros(0, dtype=np.uint32)
+    parts = []
+    cache: dict[int, np.ndarray] = {}
+    for pack in plan.ranks[rank].forward:
+        for s in pack.slices:
+            d = plan.docs[s.doc]
+            if d.sample < 0:
+                raise PlanError(
+                    f"document doc_id {d.doc_id!r} has no sample index: plan from shards to carry tokens"
+                )
+            if d.sample not in cache:
+                cache[d.sample] = np.asarray(tokens_of(d.sample), dtype=np.uint32)
+            parts.append(cache[d.sample][d.offset + s.start : d.offset + s.end])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+
+def write_plan_shards(
+    plans: Iterable[StepPlan],
+    out: str | Path,
+    *,
+    nodes: int,
+    ranks_per_node: int,
+    tokens_of: TokenSource | None = None,
+    workers_per_rank: int = 1,
+    compression: str | None = None,
+    size_limit: int | str = 1 << 26,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write plan shards to ``out`` (must be empty or absent); returns the sidecar summary.
+
+    Every plan must have ``nodes * ranks_per_node`` ranks and steps ``0..n-1`` in order.
+    """
+    from streaming import MDSWriter
+
+    plans = list(plans)
+    dp = nodes * ranks_per_node
+    for i, p in enumerate(plans):
+        if p.step != i or p.dp != dp:
+            raise PlanError(
+                f"plan #{i} has step {p.step} and {p.dp} ranks; expected step {i} and {dp} ranks"
+            )
+    if workers_per_rank < 1:
+        raise ConfigError(f"workers_per_rank={workers_per_rank!r} must be >= 1")
+    pos = payload_positions(len(plans), nodes, ranks_per_node, workers_per_rank)
+    by_pos = np.empty(pos.size, dtype=np.int64)
+    by_pos[pos.reshape(-1)] = np.arange(pos.size)
+    out = Path(out)
+    jsons = [p.to_json() for p in plans]
+    with MDSWriter(
+        out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
+    ) as w:
+        for flat in by_pos.tolist():
+            step, rank = divmod(flat, dp)
+            toks = rank_tokens(plans[step], rank, tokens_of)
+            stored = toks if len(toks) else np.zeros(1, dtype=np.uint32)
+            w.write(
+                {
+                    "step": step,
+                    "rank": rank,
+                    "plan": jsons[step],
+                    "tokens": stored,
+                    "ntokens": len(toks),
+                }
+            )
+    summary = {
+        "slimdata_plan_shards": 1,
+        "steps": len(plans),
+        "nodes": nodes,
+        "ranks_per_node": ranks_per_node,
+        "workers_per_rank": workers_per_rank,
+        "num_canonical_nodes": nodes,
+        "strategy": plans[0].strategy if plans else None,
+        "tokens": int(sum(p.tokens for p in plans)),
+        "documents": int(sum(len(p.docs) for p in plans)),
+        **(extra or {}),
+    }
+    (out / PLAN_SIDECAR).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def read_plan_payload(sample: dict[str, Any]) -> tuple[int, int, StepPlan, np.ndarray]:
+    """``(step, rank, plan, tokens)`` of one plan-shard sample."""
+    plan = StepPlan.from_json(sample["plan"])
+    return (
+        int(sample["step"]),
+        int(sample["rank"]),
+        plan,
+        np.asarray(sample["tokens"], dtype=np.uint32),
+    )
+
+
+def check_payload(sample: dict[str, Any], step: int, rank: int) -> tuple[StepPlan, np.ndarray]:
+    """Return ``(plan, tokens)`` if ``sample`` is the payload of (step, rank), else raise
+    :class:`PlanError` (misaligned loader: wrong num_canonical_nodes, shuffle, or workers)."""
+    got_step, got_rank, plan, tokens = read_plan_payload(sample)
+    if (got_step, got_rank) != (step, rank):
+        raise PlanError(
+            f"plan payload misaligned: rank {rank} at step {step} received the payload of step "
+            f"{got_step}, rank {got_rank}; read plan shards with shuffle=False, batch_size=1, "
+            "num_canonical_nodes=<nodes> and the workers_per_rank recorded in plan.json"
+        )
+    if plan.step != step:
+        raise PlanError(f"plan payload stamped step {step} carries the plan of step {plan.step}")
+    expected = sum(s.tokens for p in plan.ranks[rank].forward for s in p.slices)
+    if len(tokens) not in (0, expected):
+        raise PlanError(
+            f"payload (step {step}, rank {rank}) has {len(tokens)} tokens; its plan needs {expected}"
+        )
+    return plan, tokens

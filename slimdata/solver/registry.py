@@ -1,0 +1,53 @@
+"""The strategy registry and the per-step solve API (design §6).
+
+``STRATEGIES`` maps a name to a pure function ``(batch, layout, seed, cost, *, step, **options)
+-> StepPlan``; every strategy sees the same documents and returns a validated plan whose packs
+carry their predicted seconds and whose ``meta`` carries the seed, options and solve time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from slimdata.cost import CostModel
+from slimdata.errors import ConfigError
+from slimdata.plan.types import Document, StepPlan
+from slimdata.solver.layout import Layout
+from slimdata.solver.strategies.bfd import bfd
+from slimdata.solver.strategies.concat import concat
+from slimdata.solver.strategies.multipack import multipack
+from slimdata.solver.strategies.slimpack import slimpack
+from slimdata.solver.strategies.sorted import sorted_batches
+from slimdata.solver.strategies.wlb import wlb
+
+__all__ = ["STRATEGIES", "solve"]
+
+STRATEGIES: dict[str, Callable[..., StepPlan]] = {
+    "concat": concat,
+    "bfd": bfd,
+    "multipack": multipack,
+    "wlb": wlb,
+    "sorted": sorted_batches,
+    "slimpack": slimpack,
+}
+
+
+def solve(
+    batch: Sequence[Document],
+    layout: Layout,
+    strategy: str = "slimpack",
+    seed: int = 0,
+    cost: CostModel | None = None,
+    *,
+    step: int = 0,
+    **options,
+) -> StepPlan:
+    """Plan one step of ``batch`` on ``layout`` with ``strategy``; deterministic for a seed.
+
+    ``cost=None`` means ``CostModel.analytic("llama-8b")``. Raises :class:`ConfigError` for an
+    unknown strategy and :class:`~slimdata.errors.PlanError` for an impossible layout.
+    """
+    fn = STRATEGIES.get(strategy)
+    if fn is None:
+        raise ConfigError(f"strategy={strategy!r}: use one of {', '.join(STRATEGIES)}")
+    return fn(batch, layout, seed, cost, step=step, **options)

@@ -1,0 +1,1 @@
+"""One module per packing strategy; each exposes one pure function returning a StepPlan."""

@@ -1,0 +1,190 @@
+"""Every kind of bad input gets a clear message, and nothing is lost silently."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from build_helpers import TINY_TOKENIZER, read_shards, tiny_config
+from click.testing import CliRunner
+from tokenizers import Tokenizer
+
+from slimdata.build import build
+from slimdata.cli import cli
+from slimdata.errors import InputError, OutputExistsError, TokenizerError
+from slimdata.tokenize import load_tokenizer
+
+
+def quarantine(out):
+    return [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+
+
+def test_bad_records_are_quarantined_with_reasons(tmp_path):
+    src = tmp_path / "mixed.jsonl"
+    lines = [
+        b'{"text": "good one"}',
+        b'{"text": "broken',
+        b'{"title": "no text field"}',
+        b'{"text": 42}',
+        b'{"text": "bad \xff\xfe bytes"}',
+        b'{"text": ""}',
+        b"",
+        b'["not", "an", "object"]',
+        b'{"text": "good two"}',
+    ]
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    (tmp_path / "txt").mkdir()
+    (tmp_path / "txt" / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "txt" / "empty.txt").write_text("")
+    (tmp_path / "txt" / "ok.txt").write_text("fine text")
+    out = tmp_path / "out"
+    summary = build(tiny_config(src, tmp_path / "txt"), out)
+    reasons = {q["doc_id"]: q["reason"] for q in quarantine(out)}
+    assert reasons["mixed/mixed.jsonl:2"].startswith("malformed JSON")
+    assert reasons["mixed/mixed.jsonl:3"].startswith("missing text field 'text' (fields: title)")
+    assert reasons["mixed/mixed.jsonl:4"] == "text field 'text' is int, not a string"
+    assert reasons["mixed/mixed.jsonl:5"].startswith("undecodable bytes (not UTF-8)")
+    assert reasons["mixed/mixed.jsonl:6"] == "empty document (no text)"
+    assert reasons["mixed/mixed.jsonl:8"] == "record is a JSON list, not an object"
+    assert reasons["txt/latin1.txt"] == "undecodable bytes (not UTF-8) at byte 3"
+    assert reasons["txt/empty.txt"] == "empty document (no text)"
+    assert len(reasons) == 8  # the blank line 7 is not a record
+    samples, _ = read_shards(out)
+    assert [s["doc_id"] for s in samples] == [
+        "mixed/mixed.jsonl:1",
+        "mixed/mixed.jsonl:9",
+        "txt/ok.txt",
+    ]
+    assert summary.counts["quarantined"] == 8 and summary.counts["documents"] == 3
+    side = json.loads((out / "slimdata.json").read_text())
+    assert side["counts"]["quarantined"] == 8
+
+
+def test_giant_document_is_sliced_not_dropped(tmp_path):
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), 3)) for _ in range(500)]
+    text = " ".join(rng.choice(words, 1_300_000))
+    (tmp_path / "giant.txt").write_text(text)
+    out = tmp_path / "out"
+    build(tiny_config(tmp_path / "giant.txt", size_limit="1mb"), out)
+    want = [*Tokenizer.from_file(TINY_TOKENIZER).encode(text, add_special_tokens=False).ids, 0]
+    assert len(want) > 4_000_000  # millions of tokens
+    samples, _ = read_shards(out)
+    (doc,) = samples
+    assert doc["length"] == len(want) and np.array_equal(
+        doc["tokens"], np.asarray(want, dtype=np.uint32)
+    )
+    assert len(doc["slices"]) - 1 == -(-len(want) // 128)
+
+
+def test_truncate_is_opt_in_and_counted(tmp_path):
+    (tmp_path / "a.txt").write_text("word " * 500)
+    out = tmp_path / "out"
+    summary = build(tiny_config(tmp_path / "a.txt", truncate=100), out)
+    (doc,) = read_shards(out)[0]
+    full = Tokenizer.from_file(TINY_TOKENIZER).encode("word " * 500, add_special_tokens=False).ids
+    assert doc["tokens"].tolist() == [*full[:99], 0]
+    assert (
+        summary.counts["dropped_tokens"] == len(full) + 1 - 100
+        and summary.counts["truncated_documents"] == 1
+    )
+
+
+def test_all_rejected_is_an_error_naming_the_quarantine(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"x": 1}\n{"y": 2}\n')
+    with pytest.raises(InputError, match=r"all 2 records were rejected.*quarantine.jsonl"):
+        build(tiny_config(tmp_path / "bad.jsonl"), tmp_path / "out")
+
+
+def test_corrupt_gzip_is_quarantined(tmp_path):
+    data = gzip.compress(b'{"text": "one"}\n{"text": "two"}\n' * 200)
+    (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])
+    (tmp_path / "ok.jsonl").write_text('{"text": "fine"}\n')
+    out = tmp_path / "out"
+    build(tiny_config(tmp_path / "cut.jsonl.gz", tmp_path / "ok.jsonl"), out)
+    (entry,) = quarantine(out)
+    assert entry["reason"].startswith("unreadable, corrupt or truncated file")
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (["missing.jsonl"], "input 'missing.jsonl' does not exist"),
+        (["nothing/*.jsonl"], "matches no file"),
+    ],
+)
+def test_missing_inputs(tmp_path, monkeypatch, inputs, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=message):
+        build(tiny_config(*inputs), tmp_path / "out")
+
+
+def test_unknown_tokenizer_and_offline_tiktoken(tmp_path, monkeypatch):
+    with pytest.raises(TokenizerError, match="unknown tokenizer 'no-such-tokenizer'"):
+        load_tokenizer("no-such-tokenizer")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    with pytest.raises(TokenizerError, match=r"not in the offline cache.*never downloads"):
+        load_tokenizer("cl100k_base")
+    (tmp_path / "junk.json").write_text("{not a tokenizer")
+    with pytest.raises(TokenizerError, match="cannot load tokenizer file"):
+        load_tokenizer(tmp_path / "junk.json")
+
+
+def test_existing_output_is_refused_unless_asked(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        build(tiny_config(tmp_path / "a.txt"), out)
+    with pytest.raises(OutputExistsError, match="does not look like a slimdata build"):
+        build(tiny_config(tmp_path / "a.txt"), out, overwrite=True)
+    assert (out / "precious.txt").exists()
+    other = tmp_path / "built"
+    build(tiny_config(tmp_path / "a.txt"), other)
+    build(tiny_config(tmp_path / "a.txt"), other, overwrite=True)
+    assert (other / "slimdata.json").exists()
+
+
+def test_cli_errors_are_messages_not_tracebacks(tmp_path):
+    runner = CliRunner()
+    cases = [
+        [
+            "build",
+            str(tmp_path / "missing"),
+            "-o",
+            str(tmp_path / "o1"),
+            "--tokenizer",
+            TINY_TOKENIZER,
+        ],
+        ["build", str(tmp_path), "-o", str(tmp_path / "o2"), "--tokenizer", "nope"],
+        [
+            "build",
+            str(tmp_path),
+            "-o",
+            str(tmp_path / "o3"),
+            "--tokenizer",
+            TINY_TOKENIZER,
+            "--slice-tokens",
+            "100",
+        ],
+        [
+            "build",
+            str(tmp_path),
+            "-o",
+            str(tmp_path / "o4"),
+            "--tokenizer",
+            TINY_TOKENIZER,
+            "--compression",
+            "lz9",
+        ],
+        ["build", str(tmp_path), "-o", str(tmp_path / "o5"), "--pipeline", "nope"],
+        ["stats", str(tmp_path / "missing")],
+    ]
+    for args in cases:
+        result = runner.invoke(cli, args)
+        assert result.exit_code != 0, args
+        assert isinstance(result.exception, SystemExit), (args, result.exception)
+        assert result.output.startswith("Error: "), (args, result.output)

@@ -1,0 +1,37 @@
+"""(d) DP-Merge over 2 and 4 gloo ranks, and DDP, against the unpacked reference."""
+
+from __future__ import annotations
+
+import pytest
+
+import hooks_workers as W
+from slimdata.hooks.distributed import run_distributed
+
+pytestmark = pytest.mark.timeout(300)
+TOL = 1e-5
+
+
+def _check(results):
+    for step in zip(*results, strict=True):  # per plan, one tuple per rank
+        shares, refs, errs = zip(*step, strict=True)
+        assert sum(shares) == pytest.approx(refs[0], rel=1e-6)
+        assert max(errs) <= TOL, errs
+
+
+def test_merge_two_ranks_and_ddp():
+    _check(run_distributed(W.equivalence, 2, ["merge2", "solver2"], True))
+
+
+def test_merge_four_ranks():
+    _check(run_distributed(W.equivalence, 4, ["merge4", "two_groups4", "solver4"]))
+
+
+def test_ddp_two_ranks_without_merge():
+    res = run_distributed(W.ddp_no_merge, 2)
+    assert sum(r[0] for r in res) == pytest.approx(res[0][1], rel=1e-6)
+    assert max(r[2] for r in res) <= TOL
+
+
+def test_failure_on_a_rank_is_reported():
+    with pytest.raises(RuntimeError, match=r"rank \d failed(.|\n)*KeyError"):
+        run_distributed(W.equivalence, 2, ["no-such-plan"])

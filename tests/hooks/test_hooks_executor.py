@@ -1,0 +1,110 @@
+"""Gradient equivalence of the executor against the unpacked reference (single rank, CPU fp32)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hooks_helpers import TinyLM, doc_tokens, grads_of, make_plan, max_rel_err, random_rank_plan, reference_grads, tiny_forward
+from slimdata.hooks import kept_forward_packs, make_payload, run_step
+
+pytestmark = pytest.mark.timeout(120)
+TOL = 1e-5
+
+
+def check(lengths, fwd, bwd, order=(), seed=0):
+    plan = make_plan(lengths, [(fwd, bwd, order)] if order else [(fwd, bwd)])
+    toks = doc_tokens(lengths, seed)
+    model = TinyLM(seed=seed)
+    ref_loss, ref = reference_grads(model, tiny_forward, toks, plan)
+    model.zero_grad(set_to_none=True)
+    summary = run_step(model, make_payload(plan, 0, toks), forward=tiny_forward)
+    assert summary.loss == pytest.approx(ref_loss, rel=1e-6)
+    err = max_rel_err(grads_of(model), ref)
+    assert err <= TOL, err
+    return plan, summary
+
+
+def test_one_long_doc_sliced_across_packs():
+    # doc of 40 tokens cut [0,10) [10,25) [25,40), one slice per pack, backward reversed
+    fwd = [[(0, 0, 10)], [(0, 10, 25)], [(0, 25, 40)]]
+    bwd = [[(0, 25, 40)], [(0, 10, 25)], [(0, 0, 10)]]
+    plan, summary = check([40], fwd, bwd)
+    assert [(e.pass_, e.pack, e.recomputed) for e in summary.events] == [
+        ("F", 0, False), ("F", 1, False), ("F", 2, False), ("B", 0, False), ("B", 1, False), ("B", 2, False)
+    ]
+
+
+def test_many_short_docs_packed_together():
+    lengths = [5, 9, 3, 12, 7, 2, 11]
+    fwd = [[(0, 0, 5), (1, 0, 9), (2, 0, 3)], [(3, 0, 12), (4, 0, 7)], [(5, 0, 2), (6, 0, 11)]]
+    check(lengths, fwd, fwd)
+
+
+def test_asymmetric_backward_packs_recompute():
+    # forward groups by one split, backward by another: no backward pack is a union
+    lengths = [30, 8, 14]
+    fwd = [[(0, 0, 12), (1, 0, 8)], [(0, 12, 30), (2, 0, 6)], [(2, 6, 14)]]
+    bwd = [[(2, 6, 14), (0, 12, 30)], [(2, 0, 6), (1, 0, 8)], [(0, 0, 12)]]
+    rs = make_plan(lengths, [(fwd, bwd)]).ranks[0]
+    kept, unions = kept_forward_packs(rs.forward, rs.backward)
+    assert kept == set() and unions == {}
+    _plan, summary = check(lengths, fwd, bwd)
+    assert all(e.recomputed for e in summary.events if e.pass_ == "B")
+
+
+def test_mixed_union_and_recompute_and_same_pack_continuation():
+    # slices [0,6) and [6,15) of doc 0 in one forward pack (read in-graph), backward pack 0 is
+    # the union of forward packs 1 and 2, backward pack 1 recomputes
+    lengths = [15, 10, 4]
+    fwd = [[(0, 0, 6), (0, 6, 15)], [(1, 0, 5)], [(1, 5, 10), (2, 0, 4)]]
+    bwd = [[(2, 0, 4), (1, 5, 10), (1, 0, 5)], [(0, 6, 15)], [(0, 0, 6)]]
+    plan = make_plan(lengths, [(fwd, bwd)])
+    kept, unions = kept_forward_packs(plan.ranks[0].forward, plan.ranks[0].backward)
+    assert kept == {1, 2} and unions == {0: [1, 2]}
+    _plan, summary = check(lengths, fwd, bwd)
+    assert [e.recomputed for e in summary.events if e.pass_ == "B"] == [False, True, True]
+
+
+def test_interleaved_order_backward_before_later_forward():
+    lengths = [6, 20]
+    fwd = [[(0, 0, 6)], [(1, 0, 7)], [(1, 7, 20)]]
+    bwd = [[(0, 0, 6)], [(1, 7, 20)], [(1, 0, 7)]]
+    _plan, summary = check(lengths, fwd, bwd, order=[("F", 0), ("B", 0), ("F", 1), ("F", 2), ("B", 1), ("B", 2)])
+    assert [(e.pass_, e.pack) for e in summary.events][:2] == [("F", 0), ("B", 0)]
+
+
+def test_single_token_docs_and_one_token_slices():
+    lengths = [1, 2, 5]
+    fwd = [[(0, 0, 1), (2, 0, 1)], [(1, 0, 1), (2, 1, 2)], [(1, 1, 2), (2, 2, 5)]]
+    bwd = [[(2, 2, 5), (1, 1, 2)], [(2, 1, 2), (1, 0, 1)], [(2, 0, 1), (0, 0, 1)]]
+    check(lengths, fwd, bwd)
+
+
+def test_loss_mask_matches_masked_reference():
+    lengths = [12, 9]
+    toks = doc_tokens(lengths, 3)
+    masks = [torch.tensor([1, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1]).numpy(), torch.tensor([0, 0, 0, 1, 1, 1, 1, 1, 1]).numpy()]
+    counted = [int(m[:-1].sum()) for m in masks]  # the last token never carries a loss
+    plan = make_plan(lengths, [([[(0, 0, 5)], [(0, 5, 12), (1, 0, 9)]], [[(1, 0, 9), (0, 5, 12)], [(0, 0, 5)]])], loss_tokens=counted)
+    model = TinyLM(seed=3)
+    model.zero_grad(set_to_none=True)
+    for d in range(2):
+        ids = torch.as_tensor(toks[d].astype("int64"))
+        logits = tiny_forward(model, ids, torch.arange(len(ids)))
+        m = torch.as_tensor(masks[d][:-1]).bool()
+        torch.nn.functional.cross_entropy(logits[:-1][m], ids[1:][m], reduction="sum").div(plan.loss_tokens).backward()
+    ref = grads_of(model)
+    model.zero_grad(set_to_none=True)
+    run_step(model, make_payload(plan, 0, toks, masks), forward=tiny_forward)
+    assert max_rel_err(grads_of(model), ref) <= TOL
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_plans(seed):
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 24) for _ in range(rng.randint(1, 5))]
+    fwd, bwd = random_rank_plan(rng, lengths)
+    check(lengths, fwd, bwd, seed=seed)

@@ -1,0 +1,64 @@
+"""Tiny hand-built plans and cost models for the simulator tests."""
+
+from __future__ import annotations
+
+from slimdata.cost import CostModel
+from slimdata.plan import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
+
+
+def linear_cost(
+    fwd: float = 1.0,
+    bwd: float = 2.0,
+    att_f: float = 0.0,
+    att_b: float = 0.0,
+    layers: int = 1,
+    act: float = 1.0,
+    params: int = 0,
+) -> CostModel:
+    """Seconds per token ``fwd``/``bwd`` (+ per pair ``att_*``), no constants, 1 byte/token."""
+    return CostModel(
+        fwd_lin=fwd,
+        fwd_att=att_f,
+        fwd_const=0.0,
+        bwd_lin=bwd,
+        bwd_att=att_b,
+        bwd_const=0.0,
+        act_bytes_per_token=act,
+        kv_bytes_per_token=0.0,
+        layers=layers,
+        hidden=1,
+        param_count=params,
+    )
+
+
+def whole_doc_plan(per_rank: list[list[list[int]]], mode: str = "free") -> StepPlan:
+    """``per_rank[r][i]`` lists document lengths in forward pack ``i`` of rank ``r``; each doc is
+    one slice, backward packs mirror the forward packs, eager order."""
+    docs: list[Document] = []
+    ranks = []
+    for r, packs in enumerate(per_rank):
+        fwd = []
+        for lengths in packs:
+            slices = []
+            for n in lengths:
+                slices.append(Slice(len(docs), 0, n))
+                docs.append(Document(doc_id=len(docs), length=n))
+            fwd.append(MicroPack(tuple(slices)))
+        ranks.append(RankStep(rank=r, forward=tuple(fwd), backward=tuple(fwd)))
+    return StepPlan(
+        step=0, strategy="test", docs=tuple(docs), ranks=tuple(ranks), mode=mode
+    ).validate()
+
+
+def merge_plan() -> StepPlan:
+    """A 4-token document shared by ranks 0 ([0, 2)) and 1 ([2, 4)) as one merge group."""
+    doc = Document(doc_id=0, length=4)
+    p0 = MicroPack((Slice(0, 0, 2),), merge=0)
+    p1 = MicroPack((Slice(0, 2, 4),), merge=0)
+    ranks = (
+        RankStep(rank=0, forward=(p0,), backward=(p0,)),
+        RankStep(rank=1, forward=(p1,), backward=(p1,)),
+    )
+    return StepPlan(
+        step=0, strategy="test", docs=(doc,), ranks=ranks, merges=(MergeGroup((0, 1), (0,)),)
+    ).validate()

@@ -1,0 +1,153 @@
+"""`slimdata simulate` end to end on a tiny lengths file, the Gantt chart, and the fidelity hook."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+from sim_helpers import linear_cost, whole_doc_plan
+
+from slimdata.cli import cli
+from slimdata.errors import InputError
+from slimdata.sim import simulate_step
+from slimdata.sim.fidelity import fidelity_report, load_measured_times
+from slimdata.sim.gantt import draw_gantt
+from slimdata.solver.layout import Layout
+
+LENGTHS = [300, 4000, 120, 2500, 7000, 800, 60, 3100, 5000, 900, 1500, 6400, 200, 2200, 3300, 450]
+
+
+@pytest.fixture
+def lengths_file(tmp_path):
+    p = tmp_path / "lengths.txt"
+    p.write_text("\n".join(map(str, LENGTHS)) + "\n")
+    return p
+
+
+def test_cli_table_json_gantt(lengths_file, tmp_path):
+    out_json, out_png = tmp_path / "r.json", tmp_path / "g.png"
+    args = [
+        "simulate",
+        "--lengths",
+        str(lengths_file),
+        "--model",
+        "llama-1b",
+        "--context",
+        "8192",
+        "--dp",
+        "4",
+        "--global-batch-tokens",
+        "16384",
+        "--memory-gib",
+        "200",
+        "--steps",
+        "2",
+        "--strategies",
+        "concat,bfd,slimpack",
+        "--json",
+        str(out_json),
+        "--gantt",
+        str(out_png),
+    ]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "slimpack" in res.output and "vs concat" in res.output
+    data = json.loads(out_json.read_text())
+    assert data["config"]["dp"] == 4 and data["config"]["steps"] == 2
+    assert set(data["results"]) == {"concat", "bfd", "slimpack"}
+    for r in data["results"].values():
+        assert r["steps"] == 2
+        assert 0 < r["lower_bound"] <= r["step_time"]
+        assert r["imbalance"] >= 1.0
+        assert 0 <= r["bubble"] < 1
+        assert r["peak_memory_gib"] > 0 and r["solve_ms"] >= 0
+    assert data["results"]["concat"]["speedup_vs_concat"] == 1.0
+    assert out_png.stat().st_size > 5000
+    assert out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_needs_exactly_one_input(lengths_file):
+    res = CliRunner().invoke(cli, ["simulate"])
+    assert res.exit_code != 0 and "exactly one of --shards" in res.output
+    res = CliRunner().invoke(
+        cli, ["simulate", "--lengths", str(lengths_file), "--strategies", "nope"]
+    )
+    assert res.exit_code != 0 and "unknown ['nope']" in res.output
+
+
+def test_gantt_pipeline(tmp_path):
+    plan = whole_doc_plan([[[2], [2]], [[1], [3]]], mode="lockstep")
+    r = simulate_step(plan, linear_cost(layers=2), Layout(dp=2, pp=2, context=128))
+    out = draw_gantt({"a": r, "b": r}, tmp_path / "p.png", title="t")
+    assert out.stat().st_size > 5000
+
+
+def _records(tmp_path, rows, jsonl=True):
+    p = tmp_path / ("m.jsonl" if jsonl else "m.json")
+    p.write_text("\n".join(json.dumps(r) for r in rows) if jsonl else json.dumps(rows))
+    return p
+
+
+def test_fidelity_exact_model_has_zero_error(tmp_path):
+    # rank 0: pack of 3 tokens (F 3, B 6); rank 1: 5 tokens (F 5, B 10); the model is exact
+    plan = whole_doc_plan([[[3]], [[5]]])
+    rows = [
+        {"step": 0, "rank": 0, "pass": "F", "pack": 0, "seconds": 3.0},
+        {"step": 0, "rank": 0, "pass": "B", "pack": 0, "seconds": 6.0},
+        {"step": 0, "rank": 1, "pass": "F", "pack": 0, "seconds": 5.0},
+        {"step": 0, "rank": 1, "pass": "B", "pack": 0, "seconds": 10.0},
+        {"step": 0, "pass": "step", "seconds": 15.0},
+    ]
+    for jsonl in (True, False):
+        measured = load_measured_times(_records(tmp_path, rows, jsonl))
+        rep = fidelity_report([plan], linear_cost(), Layout(dp=2, context=128), measured)
+        assert rep.packs == 4
+        assert rep.pack_mape == 0.0
+        assert rep.step_error == 0.0
+        assert rep.steps[0]["replayed"] == 15.0
+
+
+def test_fidelity_reports_errors(tmp_path):
+    # measured backward of rank 1 is 20 s, not 10: pack errors 0,0,0,0.5 -> MAPE 0.125;
+    # the replay takes 25 s; measured wall 25 s -> step error |15 - 25| / 25 = 0.4
+    plan = whole_doc_plan([[[3]], [[5]]])
+    rows = [
+        {"step": 0, "rank": 0, "pass": "F", "pack": 0, "seconds": 3.0},
+        {"step": 0, "rank": 0, "pass": "B", "pack": 0, "seconds": 6.0},
+        {"step": 0, "rank": 1, "pass": "F", "pack": 0, "seconds": 5.0},
+        {"step": 0, "rank": 1, "pass": "B", "pack": 0, "seconds": 20.0},
+        {"step": 0, "rank": 0, "pass": "step", "seconds": 25.0},
+    ]
+    rep = fidelity_report(
+        {0: plan},
+        linear_cost(),
+        Layout(dp=2, context=128),
+        load_measured_times(_records(tmp_path, rows)),
+    )
+    assert rep.pack_mape == pytest.approx(0.125)
+    assert rep.steps[0]["replayed"] == 25.0
+    assert rep.step_error == pytest.approx(0.4)
+    rows.pop()  # without a wall time the replay is the reference
+    rep = fidelity_report(
+        {0: plan},
+        linear_cost(),
+        Layout(dp=2, context=128),
+        load_measured_times(_records(tmp_path, rows)),
+    )
+    assert rep.step_error == pytest.approx(0.4)
+    assert not math.isnan(rep.to_dict()["step_error"])
+
+
+def test_fidelity_rejects_bad_records(tmp_path):
+    with pytest.raises(InputError, match="record 1"):
+        load_measured_times(
+            _records(tmp_path, [{"step": 0, "rank": 0, "pass": "X", "pack": 0, "seconds": 1}])
+        )
+    plan = whole_doc_plan([[[3]]])
+    bad = load_measured_times(
+        _records(tmp_path, [{"step": 0, "rank": 0, "pass": "F", "pack": 5, "seconds": 1}])
+    )
+    with pytest.raises(InputError, match="does not have"):
+        fidelity_report([plan], linear_cost(), Layout(dp=1, context=128), bad)

@@ -1,0 +1,275 @@
+"""Hand-computed DAGs: every expected number is worked out in the comment next to it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sim_helpers import linear_cost, merge_plan, whole_doc_plan
+
+from slimdata.cost import Interconnect
+from slimdata.errors import PlanError
+from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
+from slimdata.sim import SimConfig, chunk_fractions, pack_times, simulate_step, stage_ops
+from slimdata.solver.layout import Layout
+
+NO_LATENCY = SimConfig(interconnect=Interconnect(latency_s=0.0))
+
+
+def test_two_packs_two_ranks():
+    # rank 0: doc of 3 tokens -> F 3 s, B 6 s; rank 1: doc of 5 -> F 5, B 10
+    plan = whole_doc_plan([[[3]], [[5]]])
+    r = simulate_step(plan, linear_cost(), Layout(dp=2, context=128))
+    assert r.step_time == 15.0  # the slower rank: 5 + 10
+    assert r.busy.tolist() == [[9.0, 15.0]]
+    assert r.work == 24.0
+    assert r.lower_bound == 12.0  # 24 s of work over 2 devices
+    assert r.imbalance == pytest.approx(15 * 2 / 24)
+    assert r.bubble == pytest.approx(1 - 24 / 30)
+    assert r.peak_memory.tolist() == [[3.0, 5.0]]  # 1 byte per token held F..B
+    assert r.comm_time == 0.0
+
+
+def test_pack_order_and_memory_on_one_rank():
+    # one rank, packs [2] then [4]: F0 [0,2) B0 [2,6) F1 [6,10) B1 [10,18)
+    plan = whole_doc_plan([[[2], [4]]])
+    r = simulate_step(plan, linear_cost(), Layout(dp=1, context=128))
+    assert r.step_time == 18.0
+    tl = r.timeline
+    assert tl["start"].tolist() == [0.0, 2.0, 6.0, 10.0]
+    assert tl["end"].tolist() == [2.0, 6.0, 10.0, 18.0]
+    assert r.peak_memory.tolist() == [[4.0]]  # eager order frees pack 0 before pack 1 starts
+
+
+def test_pack_times_recomputed_not_trusted():
+    doc = Document(doc_id=0, length=6)
+    lying = MicroPack((Slice(0, 0, 6),), cost=123.0)
+    plan = StepPlan(
+        step=0,
+        strategy="t",
+        docs=(doc,),
+        ranks=(RankStep(rank=0, forward=(lying,), backward=(lying,)),),
+    )
+    pt = pack_times(plan, linear_cost(att_f=1.0, att_b=1.0))
+    assert pt.fwd.tolist() == [6 + 21]  # 6 tokens + 21 causal pairs
+    assert pt.bwd.tolist() == [12 + 21]
+
+
+def test_continuation_pairs_count_the_prefix():
+    # slices [0,4) and [4,6) of one 6-token doc: pairs 10 and 2*4 + 3 = 11, 21 in total
+    doc = Document(doc_id=0, length=6, cuts=(0, 4, 6))
+    a, b = MicroPack((Slice(0, 0, 4),)), MicroPack((Slice(0, 4, 6),))
+    plan = StepPlan(
+        step=0,
+        strategy="t",
+        docs=(doc,),
+        ranks=(RankStep(rank=0, forward=(a, b), backward=(b, a)),),
+    ).validate()
+    pt = pack_times(plan, linear_cost(fwd=0.0, bwd=0.0, att_f=1.0, att_b=1.0))
+    assert pt.fwd.tolist() == [10.0, 11.0]
+    assert pt.bwd.tolist() == [11.0, 10.0]
+    r = simulate_step(
+        plan, linear_cost(fwd=0.0, bwd=0.0, att_f=1.0, att_b=1.0), Layout(dp=1, context=128)
+    )
+    assert r.step_time == 42.0
+    assert r.peak_memory.tolist() == [[6.0]]  # both slices in flight after the second forward
+
+
+def test_two_stage_1f1b_known_bubble():
+    # pp=2, two equal packs of 2 tokens, 2 layers -> per stage F = 1 s, B = 2 s.
+    # stage 0: F0 F1 B0 B1   stage 1: F0 B0 F1 B1
+    # S0F0 [0,1] S0F1 [1,2] S1F0 [1,2] S1B0 [2,4] S1F1 [4,5] S0B0 [4,6] S1B1 [5,7] S0B1 [7,9]
+    plan = whole_doc_plan([[[2], [2]]], mode="lockstep")
+    r = simulate_step(plan, linear_cost(layers=2), Layout(dp=1, pp=2, context=128), NO_LATENCY)
+    assert r.step_time == pytest.approx(9.0)
+    assert r.work == 12.0
+    assert r.bubble == pytest.approx(1 / 3)  # (p - 1) / (m + p - 1) for equal packs
+    assert r.lower_bound == pytest.approx((12 + 3) / 2)  # stage 1 waits >= F + B of stage 0
+    assert r.busy.tolist() == [[6.0], [6.0]]
+    assert r.peak_memory.tolist() == [[2.0], [1.0]]  # stage 0 holds both packs (1 byte each)
+
+
+def test_stage_orders_are_megatron_1f1b():
+    order = (("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3))
+    s0 = stage_ops("1f1b", order, 0, 3)
+    assert [f"{k}{i}" for k, _c, i in s0] == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
+    s2 = stage_ops("1f1b", order, 2, 3)
+    assert [f"{k}{i}" for k, _c, i in s2] == [f"{k}{i}" for k, i in order]
+
+
+def test_interleaved_orders_megatron():
+    # pp=2, v=2, 4 packs; device 0 holds chunks 0 and 2; warm-up (2-0-1)*2 + (2-1)*2 = 4
+    order = tuple(x for i in range(4) for x in (("F", i), ("B", i)))
+    ops = stage_ops("interleaved", order, 0, 2, 2)
+    got = [f"{k}{c}.{i}" for k, c, i in ops]
+    assert got[:4] == ["F0.0", "F0.1", "F2.0", "F2.1"]
+    assert got[4:6] == ["F0.2", "B2.0"]
+    assert sorted(got) == sorted(
+        [f"F{c}.{i}" for c in (0, 2) for i in range(4)]
+        + [f"B{c}.{i}" for c in (0, 2) for i in range(4)]
+    )
+
+
+def test_interleaved_beats_1f1b_bubble():
+    plan = whole_doc_plan([[[2]] * 4], mode="lockstep")
+    lay = Layout(dp=1, pp=2, context=128)
+    plain = simulate_step(plan, linear_cost(layers=4), lay, NO_LATENCY)
+    inter = simulate_step(
+        plan,
+        linear_cost(layers=4),
+        lay,
+        SimConfig(
+            schedule="interleaved", virtual_stages=2, interconnect=Interconnect(latency_s=0.0)
+        ),
+    )
+    assert plain.step_time == pytest.approx(15.0)  # (m + p - 1) * (F + B) = 5 * 3
+    assert inter.step_time < plain.step_time
+    assert inter.work == plain.work == 24.0
+    assert inter.lower_bound <= inter.step_time
+
+
+def test_merge_group_members_leave_together():
+    # slices [0,2) on rank 0 (pairs 3) and [2,4) on rank 1 (pairs 2*2 + 3 = 7), att = 1 s/pair
+    # F: rank 0 2+3 = 5, rank 1 2+7 = 9 -> both leave at 9; B: 4+6 = 10, 4+14 = 18 -> 27
+    plan = merge_plan()
+    r = simulate_step(
+        plan, linear_cost(att_f=1.0, att_b=2.0), Layout(dp=2, context=128), NO_LATENCY
+    )
+    assert r.step_time == 27.0
+    assert r.busy.tolist() == [[15.0, 27.0]]
+    assert r.lower_bound == 21.0
+
+
+def test_merge_kv_exchange_is_exposed():
+    cost = linear_cost(att_f=1.0, att_b=2.0)
+    cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})  # 1 GB per token
+    net = Interconnect(intra_node_gbps=1.0, latency_s=0.0)  # 1 GB/s
+    r = simulate_step(merge_plan(), cost, Layout(dp=2, context=128), SimConfig(interconnect=net))
+    # all-gather of 4 GB over 2 ranks moves half: 2 s in forward and 2 s in backward
+    assert r.step_time == pytest.approx(27.0 + 4.0)
+    assert r.comm.tolist() == [[4.0, 4.0]]
+    # the gathered K/V (4 GB) is held during the forward, K/V and grads (8 GB) during the backward
+    assert r.peak_memory.max() == pytest.approx(8e9 + 2)
+
+
+def test_fsdp_lockstep_sums_packwise_maxima():
+    # rank 0 packs 1 and 3 tokens, rank 1 packs 3 and 1 -> DDP: each rank 4 F + 8 B = 12
+    # FSDP: F max(1,3) + max(3,1) = 6, B 6 + 6 = 12 -> 18
+    plan = whole_doc_plan([[[1], [3]], [[3], [1]]], mode="lockstep")
+    lay = Layout(dp=2, context=128)
+    ddp = simulate_step(plan, linear_cost(), lay, NO_LATENCY)
+    fsdp = simulate_step(
+        plan,
+        linear_cost(),
+        lay,
+        SimConfig(parallelism="fsdp", interconnect=Interconnect(latency_s=0.0)),
+    )
+    assert ddp.step_time == 12.0
+    assert fsdp.step_time == 18.0
+    assert fsdp.lower_bound == ddp.lower_bound == 12.0
+
+
+def test_fsdp_comm_longer_than_compute_is_exposed():
+    # 1e9 params * 2 bytes = 2 GB; all-gather over 2 ranks at 1 GB/s = 1 s per forward pack,
+    # 2 s per backward pack (re-gather + reduce-scatter); compute 1 s F and 2 s B per pack
+    plan = whole_doc_plan([[[1]], [[1]]], mode="lockstep")
+    net = Interconnect(intra_node_gbps=1.0, latency_s=0.0)
+    r = simulate_step(
+        plan,
+        linear_cost(fwd=0.5, bwd=1.0, params=10**9),
+        Layout(dp=2, context=128),
+        SimConfig(parallelism="fsdp", interconnect=net),
+    )
+    assert r.step_time == pytest.approx(1.0 + 2.0)
+    off = simulate_step(
+        plan,
+        linear_cost(fwd=0.5, bwd=1.0, params=10**9),
+        Layout(dp=2, context=128),
+        SimConfig(parallelism="fsdp", interconnect=net, overlap_param_comm=False),
+    )
+    assert off.step_time == pytest.approx(0.5 + 1 + 1 + 2)
+
+
+def test_ddp_all_reduce_overlaps_last_backward():
+    # 2 GB of gradients, ring all-reduce over 2 ranks at 1 GB/s: 2 * 2 * 1/2 = 2 s.
+    # rank 0: F 1, B 2 (last B starts at 1); rank 1: F 3, B 6 (starts at 3) -> ends max(9, 3 + 2)
+    plan = whole_doc_plan([[[1]], [[3]]])
+    net = Interconnect(intra_node_gbps=1.0, latency_s=0.0)
+    cost = linear_cost(params=10**9)
+    r = simulate_step(plan, cost, Layout(dp=2, context=128), SimConfig(interconnect=net))
+    assert r.step_time == pytest.approx(9.0)
+    slow = simulate_step(
+        plan,
+        linear_cost(fwd=0.1, bwd=0.2, params=10**9),
+        Layout(dp=2, context=128),
+        SimConfig(interconnect=net),
+    )
+    assert slow.step_time == pytest.approx(
+        0.3 + 2.0
+    )  # last B starts at 0.3, then 2 s of all-reduce
+    exposed = simulate_step(
+        plan, cost, Layout(dp=2, context=128), SimConfig(interconnect=net, overlap_param_comm=False)
+    )
+    assert exposed.step_time == pytest.approx(11.0)
+    assert exposed.comm.tolist() == [[2.0, 2.0]]
+
+
+def test_inter_node_groups_use_inter_node_bandwidth():
+    plan = whole_doc_plan([[[1]], [[1]]])
+    net = Interconnect(intra_node_gbps=4.0, inter_node_gbps=1.0, latency_s=0.0)
+    kw = dict(parallelism="ddp", overlap_param_comm=False, interconnect=net)
+    intra = simulate_step(
+        plan,
+        linear_cost(params=10**9),
+        Layout(dp=2, context=128, ranks_per_node=8),
+        SimConfig(**kw),
+    )
+    inter = simulate_step(
+        plan,
+        linear_cost(params=10**9),
+        Layout(dp=2, context=128, ranks_per_node=1),
+        SimConfig(**kw),
+    )
+    assert intra.step_time == pytest.approx(3 + 0.5)
+    assert inter.step_time == pytest.approx(3 + 2.0)
+
+
+def test_pipeline_p2p_lag():
+    # one pack of 1 token, 2 stages of 1 layer each; hidden=1, dtype 2 bytes -> 2 bytes at 1 GB/s
+    plan = whole_doc_plan([[[1]]], mode="lockstep")
+    net = Interconnect(intra_node_gbps=1e-9, latency_s=0.0)  # 1 byte/s
+    r = simulate_step(
+        plan, linear_cost(layers=2), Layout(dp=1, pp=2, context=128), SimConfig(interconnect=net)
+    )
+    # S0F [0,.5] send 2 s, S1F [2.5,3], S1B [3,4], send 2 s, S0B [6,7]
+    assert r.step_time == pytest.approx(7.0)
+    assert r.lower_bound <= r.step_time
+
+
+def test_layout_dp_must_match():
+    with pytest.raises(PlanError, match="dp=3"):
+        simulate_step(whole_doc_plan([[[1]]]), linear_cost(), Layout(dp=3, context=128))
+
+
+def test_chunk_fractions():
+    assert chunk_fractions(10, 4).tolist() == [0.3, 0.3, 0.2, 0.2]
+    assert chunk_fractions(1, 4).tolist() == [0.25] * 4
+    assert np.isclose(chunk_fractions(32, 8).sum(), 1.0)
+
+
+def test_empty_rank_and_single_item_edges():
+    # one rank with nothing to do next to a rank with one doc: no crash, imbalance = n
+    docs = (Document(doc_id=0, length=4),)
+    p = MicroPack((Slice(0, 0, 4),))
+    plan = StepPlan(
+        step=0,
+        strategy="t",
+        docs=docs,
+        ranks=(
+            RankStep(rank=0, forward=(p,), backward=(p,)),
+            RankStep(rank=1, forward=(), backward=()),
+        ),
+    ).validate()
+    r = simulate_step(plan, linear_cost(), Layout(dp=2, context=128))
+    assert r.step_time == 12.0
+    assert r.imbalance == 2.0
+    assert r.busy.tolist() == [[12.0, 0.0]]

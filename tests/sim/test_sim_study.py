@@ -1,0 +1,30 @@
+"""The strategy study example runs end to end in its small (CI) setting."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT.parent / "shared" / "data" / "lengths"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (DATA / "wlb128k.json.gz").is_file(), reason="shared length samples not present"
+)
+def test_strategy_study_small(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "strategy_study", ROOT / "examples" / "strategy_study.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.run(False, tmp_path, DATA)
+    assert len(rows) == 2 * 3 * 2 * 6  # datasets x contexts x pp x strategies
+    for name in ("strategy_study.csv", "strategy_study.md", "strategy_study.png", "targets.md"):
+        assert (tmp_path / name).stat().st_size > 100
+    ok = [r for r in rows if not r["error"]]
+    assert ok and all(r["lower_bound"] <= r["step_time"] for r in ok)
+    assert {r["strategy"] for r in ok} >= {"concat", "slimpack"}

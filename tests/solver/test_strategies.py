@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+
+from slimdata.errors import ConfigError, PlanError
+from slimdata.plan.types import Slice
+from slimdata.solver import STRATEGIES, Layout, plan_peak_memory, solve
+from slimdata.solver.common import BatchView
+from slimdata.solver.micropack import pack_rank
+from slimdata.solver.strategies.bfd import best_fit_decreasing
+from slimdata.solver.strategies.multipack import ffd
+from slimdata.solver.strategies.wlb import wlb_pack
+
+from .conftest import docs_of, unit_cost
+
+
+def rank_tokens(plan):
+    return [rs.tokens for rs in plan.ranks]
+
+
+def test_registry_names_and_unknown():
+    assert list(STRATEGIES) == ["concat", "bfd", "multipack", "wlb", "sorted", "slimpack"]
+    with pytest.raises(ConfigError, match="strategy='nope'"):
+        solve(docs_of([10]), Layout(dp=1), "nope")
+
+
+def test_concat_rows_cut_documents_into_independent_pieces(ucost):
+    docs = docs_of([100, 50, 90])
+    plan = solve(docs, Layout(dp=2, context=128), "concat", cost=ucost)
+    # rows of 128: [d0 100, d1 0:28] and [d1 28:50, d2 90]; row j -> rank j % 2
+    assert [(d.doc_id, d.offset, d.length) for d in plan.docs] == [(0, 0, 100), (1, 0, 28), (1, 28, 22), (2, 0, 90)]
+    assert rank_tokens(plan) == [128, 112]
+    assert [[s for s in p.slices] for p in plan.ranks[0].forward] == [[Slice(0, 0, 100), Slice(1, 0, 28)]]
+    assert plan.meta["rows"] == 2
+    # every pack priced: forward 1 s/token
+    assert plan.ranks[1].forward[0].cost == 112.0 and plan.ranks[1].backward[0].cost == 224.0
+
+
+def test_best_fit_decreasing_by_hand():
+    # 100 -> bin0 (28 left); 60 -> bin1 (68); 50 -> bin1, the tightest fit (18); 30 -> bin2
+    assert best_fit_decreasing(np.array([30, 100, 50, 60]), 128) == [[1], [3, 2], [0]]
+
+
+def test_ffd_by_hand():
+    assert ffd(np.array([70, 60, 50, 40]), 128, 2) == [[0, 2], [1, 3]]
+    assert ffd(np.array([100, 100, 100]), 128, 2) is None
+
+
+def test_wlb_pack_by_hand():
+    # workloads equal to length: 100 -> mb0, 60 -> mb1, 50 -> mb1 (least load 60 < 100), 30 -> mb0
+    bins = wlb_pack(np.array([100, 60, 50, 30]), np.array([100.0, 60, 50, 30]), 2, 140)
+    assert bins == [[0, 3], [1, 2]]
+    assert wlb_pack(np.array([100, 100, 100]), np.ones(3), 2, 128) is None
+
+
+def test_sorted_groups_similar_lengths(ucost):
+    plan = solve(docs_of([10, 120, 20, 110, 30]), Layout(dp=1, context=128), "sorted", cost=ucost)
+    packs = sorted(tuple(sorted(plan.docs[s.doc].length for s in p.slices)) for p in plan.ranks[0].forward)
+    assert packs == [(10, 20, 30), (110,), (120,)]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_every_strategy_small_batch(strategy, ucost):
+    docs = docs_of([300, 100, 50, 20, 200, 128, 7])
+    for mode in ("free", "lockstep"):
+        plan = solve(docs, Layout(dp=3, context=256, memory_gib=100, mode=mode), strategy, seed=1, cost=ucost)
+        assert sum(rank_tokens(plan)) == 805
+        assert plan.meta["seed"] == 1 and "solve_ms" in plan.meta
+        assert all(p.cost >= 0 for rs in plan.ranks for p in rs.forward)
+        if mode == "lockstep":
+            assert len({(len(rs.forward), len(rs.backward), rs.order) for rs in plan.ranks}) == 1
+
+
+def test_slimpack_balances_time_by_hand(ucost):
+    # 512 tokens over 2 ranks: the 256-token document alone, the two 128s together
+    plan = solve(docs_of([128, 256, 128]), Layout(dp=2, memory_gib=100), "slimpack", cost=ucost)
+    assert sorted(rank_tokens(plan)) == [256, 256]
+    assert plan.merges == () and plan.meta["imbalance"] == 1.0
+
+
+def test_slimpack_merges_document_that_does_not_fit_memory():
+    cost = unit_cost(act_tokens_per_gib=100)  # 2 GiB = 200 tokens of activations
+    docs = docs_of([384, 64, 64, 64])  # 384 = 3 slices of 128: two members would hold 256 > 200
+    plan = solve(docs, Layout(dp=4, memory_gib=2.0), "slimpack", cost=cost)
+    assert len(plan.merges) == 1
+    (g,) = plan.merges
+    assert g.docs == (0,) and len(g.ranks) == 3
+    assert (plan_peak_memory(plan, cost) <= 2 * (1 << 30)).all()
+    for r in g.ranks:
+        (mp,) = [p for p in plan.ranks[r].forward if p.merge is not None]
+        assert mp.tokens == 128
+
+
+def test_slimpack_impossible_layouts_name_the_document():
+    cost = unit_cost(act_tokens_per_gib=100)
+    with pytest.raises(PlanError, match=r"doc_id 0 .*1000 tokens"):
+        solve(docs_of([1000]), Layout(dp=2, memory_gib=2.0), "slimpack", cost=cost)
+    with pytest.raises(PlanError, match="memory cap"):
+        solve(docs_of([512], slice_tokens=512), Layout(dp=4, memory_gib=1.0), "slimpack", cost=cost)
+    with pytest.raises(PlanError, match="token cap"):
+        solve(docs_of([512], slice_tokens=512), Layout(dp=1, pack_tokens=256), "slimpack", cost=cost)
+    with pytest.raises(ConfigError):
+        Layout(dp=0)
+
+
+def test_pack_rank_lockstep_docstring_example():
+    from slimdata.cost import CostModel
+
+    cost = CostModel(fwd_lin=1.0, fwd_att=0.0, fwd_const=0.0, bwd_lin=2.0, bwd_att=0.0, bwd_const=0.0, act_bytes_per_token=1.0, kv_bytes_per_token=0.0)
+    view = BatchView.build(docs_of([512]), cost)  # 4 slices of 128
+    p = pack_rank(view, [range(4)], cap=512, mem=1e9, m=2)
+    assert p.forward == [[0, 1], [2, 3]]
+    assert p.backward == [[], [3, 2, 1, 0]]
+    view2 = BatchView.build(docs_of([256, 256]), cost)
+    p2 = pack_rank(view2, [range(2), range(2, 4)], cap=512, mem=1e9, m=2)
+    assert p2.forward == [[0, 1], [2, 3]] and p2.backward == [[1, 0], [3, 2]]
+
+
+def test_slimpack_respects_memory_with_continuation():
+    cost = unit_cost(act_tokens_per_gib=100)
+    plan = solve(docs_of([180, 90, 90, 30]), Layout(dp=1, memory_gib=2.0), "slimpack", cost=cost)
+    assert plan_peak_memory(plan, cost)[0] <= 2 * (1 << 30)
+    assert len(plan.ranks[0].forward) >= 2
