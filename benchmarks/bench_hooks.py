@@ -19,22 +19,27 @@ import time
 
 import numpy as np
 import torch
-
-from slimdata.cost import CostModel, ModelConfig
-from slimdata.docsource import documents_from_lengths
 from slimdata.hooks import make_payload, run_step
-from slimdata.hooks.attention import VarlenBatch, sdpa_varlen, varlen_mask
+from slimdata.hooks.attention import VarlenBatch, sdpa_varlen
 from slimdata.hooks.profile import ProfileConfig, profile_cost_model, tiny_llama
+
+from slimdata.cost import ModelConfig
+from slimdata.docsource import documents_from_lengths
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 from slimdata.solver import Layout, solve
 
-MODEL = ModelConfig(name="bench-tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=512, dtype_bytes=4)
+MODEL = ModelConfig(
+    name="bench-tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=512, dtype_bytes=4
+)
 _PLAIN: dict = {}
+DEBUG = False
 
 
 def plain_attention(module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kw):
     """Plain packed varlen attention (whole documents, mask from _PLAIN)."""
-    out = sdpa_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), _PLAIN["batch"], scaling, mask=_PLAIN["mask"])
+    out = sdpa_varlen(
+        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), _PLAIN["batch"], scaling
+    )
     return out[None], None
 
 
@@ -48,7 +53,12 @@ def whole_doc_plan(lengths, pack_tokens):
         cur.append(Slice(i, 0, n))
         used += n
     packs.append(MicroPack(tuple(cur)))
-    rs = RankStep(rank=0, forward=tuple(packs), backward=tuple(packs), order=tuple([("F", i) for i in range(len(packs))] + [("B", i) for i in range(len(packs))]))
+    rs = RankStep(
+        rank=0,
+        forward=tuple(packs),
+        backward=tuple(packs),
+        order=tuple([("F", i) for i in range(len(packs))] + [("B", i) for i in range(len(packs))]),
+    )
     return StepPlan(step=0, strategy="whole", docs=docs, ranks=(rs,)).validate()
 
 
@@ -56,12 +66,19 @@ def plain_step(model, plan, toks):
     for pack in plan.ranks[0].forward:
         lens = [s.tokens for s in pack.slices]
         _PLAIN["batch"] = VarlenBatch.from_lengths(lens, lens)
-        _PLAIN["mask"] = varlen_mask(_PLAIN["batch"])
         ids = torch.cat([torch.as_tensor(toks[s.doc].astype(np.int64)) for s in pack.slices])
         pos = torch.cat([torch.arange(s.tokens) for s in pack.slices])
-        labels = torch.cat([torch.cat([torch.as_tensor(toks[s.doc][1:].astype(np.int64)), torch.tensor([-100])]) for s in pack.slices])
+        labels = torch.cat(
+            [
+                torch.cat([torch.as_tensor(toks[s.doc][1:].astype(np.int64)), torch.tensor([-100])])
+                for s in pack.slices
+            ]
+        )
         logits = model(input_ids=ids[None], position_ids=pos[None], use_cache=False).logits[0]
-        (torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum") / plan.loss_tokens).backward()
+        (
+            torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            / plan.loss_tokens
+        ).backward()
 
 
 def bench_overhead(repeats: int) -> dict:
@@ -79,7 +96,10 @@ def bench_overhead(repeats: int) -> dict:
     payload = make_payload(plan, 0, toks)
     t_ours, t_plain = [], []
     for rep in range(repeats + 2):  # alternate, first two are warm-up
-        for fn, acc, m in ((lambda: run_step(ours, payload), t_ours, ours), (lambda: plain_step(plain, plan, toks), t_plain, plain)):
+        for fn, acc, m in (
+            (lambda: run_step(ours, payload), t_ours, ours),
+            (lambda: plain_step(plain, plan, toks), t_plain, plain),
+        ):
             m.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
             fn()
@@ -88,13 +108,24 @@ def bench_overhead(repeats: int) -> dict:
     a, b = statistics.median(t_ours), statistics.median(t_plain)
     g1 = torch.cat([p.grad.flatten() for p in ours.parameters()])
     g2 = torch.cat([p.grad.flatten() for p in plain.parameters()])
-    return {"tokens": plan.tokens, "packs": len(plan.ranks[0].forward), "executor_s": a, "plain_s": b, "overhead_pct": 100 * (a / b - 1),
-            "grad_max_rel_diff": float((g1 - g2).abs().max() / g2.abs().max())}
+    return {
+        "tokens": plan.tokens,
+        "packs": len(plan.ranks[0].forward),
+        "executor_s": a,
+        "plain_s": b,
+        "overhead_pct": 100 * (a / b - 1),
+        "grad_max_rel_diff": float((g1 - g2).abs().max() / g2.abs().max()),
+    }
 
 
 def bench_mape(repeats: int, profile_repeats: int) -> dict:
     t0 = time.perf_counter()
-    cm, meas = profile_cost_model(MODEL, ProfileConfig(slice_tokens=(32, 64, 128, 256, 512), prefixes=(0, 256, 1024), repeats=profile_repeats))
+    cm, meas = profile_cost_model(
+        MODEL,
+        ProfileConfig(
+            slice_tokens=(32, 64, 128, 256, 512), prefixes=(0, 256, 1024), repeats=profile_repeats
+        ),
+    )
     t_profile = time.perf_counter() - t0
     model = tiny_llama(MODEL)
     rng = np.random.default_rng(1)
@@ -102,7 +133,13 @@ def bench_mape(repeats: int, profile_repeats: int) -> dict:
     for seed in range(3):
         lengths = np.clip(rng.lognormal(5.0, 1.0, 10).astype(int), 2, 1500).tolist()
         docs = documents_from_lengths(lengths, slice_tokens=128)
-        plan = solve(docs, Layout(dp=1, context=512, pack_tokens=512, memory_gib=1), "slimpack", seed=seed, cost=cm)
+        plan = solve(
+            docs,
+            Layout(dp=1, context=512, pack_tokens=512, memory_gib=1),
+            "slimpack",
+            seed=seed,
+            cost=cm,
+        )
         toks = [rng.integers(0, MODEL.vocab, d.length).astype(np.uint32) for d in plan.docs]
         payload = make_payload(plan, 0, toks)
         times: dict = {}
@@ -123,18 +160,37 @@ def bench_mape(repeats: int, profile_repeats: int) -> dict:
                 lin_att = float((cm.backward(st, en) - cm.bwd_const).sum())
                 if rec:
                     lin_att += float((cm.forward(st, en) - cm.fwd_const).sum())
-                per_slice = lin_att + cm.bwd_const * len(st) + (cm.fwd_const * len(st) if rec else 0)
+                per_slice = (
+                    lin_att + cm.bwd_const * len(st) + (cm.fwd_const * len(st) if rec else 0)
+                )
                 per_pack = lin_att + cm.bwd_const + (cm.fwd_const if rec else 0)
-            rows.append({"pass": p, "slices": len(st), "measured": statistics.median(ts), "per_pack": per_pack, "per_slice": per_slice})
+            rows.append(
+                {
+                    "pass": p,
+                    "slices": len(st),
+                    "tokens": int((en - st).sum()),
+                    "pairs": float(np.sum((en - st) * st + (en - st) * (en - st + 1) / 2)),
+                    "rec": rec,
+                    "measured": statistics.median(ts),
+                    "per_pack": per_pack,
+                    "per_slice": per_slice,
+                }
+            )
 
     def mape(key, sel=lambda r: True):
         v = [abs(r[key] - r["measured"]) / r["measured"] for r in rows if sel(r)]
         return 100 * float(np.mean(v))
 
+    if DEBUG:
+        for r in rows:
+            print(json.dumps(r))
     return {
         "profile_seconds": t_profile,
         "profile_points": len(meas),
-        "coefficients": {k: getattr(cm, k) for k in ("fwd_lin", "fwd_att", "fwd_const", "bwd_lin", "bwd_att", "bwd_const")},
+        "coefficients": {
+            k: getattr(cm, k)
+            for k in ("fwd_lin", "fwd_att", "fwd_const", "bwd_lin", "bwd_att", "bwd_const")
+        },
         "packs": len(rows),
         "mape_pct_const_per_pack": mape("per_pack"),
         "mape_pct_const_per_pack_fwd": mape("per_pack", lambda r: r["pass"] == "F"),
@@ -148,7 +204,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--profile-repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--rows", action="store_true", help="print every pack's measured and predicted time"
+    )
     args = ap.parse_args()
+    global DEBUG
+    DEBUG = args.rows
     torch.set_num_threads(args.threads)
     print(json.dumps({"device": "cpu", "threads": args.threads, "model": MODEL.to_dict()}))
     print(json.dumps({"overhead": bench_overhead(args.repeats)}))

@@ -21,7 +21,6 @@ vocabulary (``id % --vocab``): the demo exercises the mechanics, not language mo
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -32,12 +31,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from slimdata.hooks import BalanceMeter, PackTimeRecorder, hf, hf_forward, run_step
+from slimdata.hooks.loader import DocumentLoader, LoaderConfig, documents_of
 from torch.nn.parallel import DistributedDataParallel
 
 from slimdata.cost import CostModel, ModelConfig
 from slimdata.docsource import load_shard_documents
-from slimdata.hooks import BalanceMeter, PackTimeRecorder, hf, hf_forward, run_step
-from slimdata.hooks.loader import DocumentLoader, LoaderConfig, documents_of
 from slimdata.slicing import slice_cuts
 from slimdata.solver import Layout
 
@@ -47,19 +46,39 @@ def synthetic_shards(out: Path, n_docs: int, seed: int) -> None:
 
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(4.3, 1.4, size=n_docs).astype(int), 2, 1500)
-    cols = {"tokens": "ndarray:uint32", "slices": "ndarray:uint32", "length": "int", "doc_id": "str", "source": "str"}
+    cols = {
+        "tokens": "ndarray:uint32",
+        "slices": "ndarray:uint32",
+        "length": "int",
+        "doc_id": "str",
+        "source": "str",
+    }
     with MDSWriter(out=str(out), columns=cols) as w:
         for i, n in enumerate(lengths.tolist()):
             t = rng.integers(0, 1 << 15, size=n).astype(np.uint32)
-            w.write({"tokens": t, "slices": slice_cuts(n, 128).astype(np.uint32), "length": n, "doc_id": f"syn{i}", "source": "synthetic"})
+            w.write(
+                {
+                    "tokens": t,
+                    "slices": slice_cuts(n, 128).astype(np.uint32),
+                    "length": n,
+                    "doc_id": f"syn{i}",
+                    "source": "synthetic",
+                }
+            )
 
 
 def build_model(vocab: int, attn: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1 << 16, attn_implementation=attn,
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1 << 16,
+        attn_implementation=attn,
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg)
@@ -83,9 +102,13 @@ def reference(model, payload, dataset) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     total = 0.0
     for d in plan.docs:
-        ids = torch.as_tensor(np.asarray(dataset[d.sample]["tokens"][d.offset : d.offset + d.length], dtype=np.int64))
+        ids = torch.as_tensor(
+            np.asarray(dataset[d.sample]["tokens"][d.offset : d.offset + d.length], dtype=np.int64)
+        )
         logits = hf_forward(model, ids, torch.arange(len(ids)))
-        loss = torch.nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="sum") / max(plan.loss_tokens, 1)
+        loss = torch.nn.functional.cross_entropy(
+            logits[:-1].float(), ids[1:], reduction="sum"
+        ) / max(plan.loss_tokens, 1)
         loss.backward()
         total += float(loss.detach())
     return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -93,15 +116,21 @@ def reference(model, payload, dataset) -> tuple[float, dict[str, torch.Tensor]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shards", default=None, help="document shards from `slimdata build` (default: synthetic)")
+    ap.add_argument(
+        "--shards", default=None, help="document shards from `slimdata build` (default: synthetic)"
+    )
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--global-batch-tokens", type=int, default=1536)
     ap.add_argument("--strategy", default="slimpack")
     ap.add_argument("--vocab", type=int, default=512)
-    ap.add_argument("--max-docs", type=int, default=200, help="use the first N documents of the shards")
+    ap.add_argument(
+        "--max-docs", type=int, default=200, help="use the first N documents of the shards"
+    )
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--check", action="store_true", help="compare every step with the unpacked reference")
+    ap.add_argument(
+        "--check", action="store_true", help="compare every step with the unpacked reference"
+    )
     ap.add_argument("--tol", type=float, default=1e-5)
     ap.add_argument("--pack-times", default=None, help="append per-pack JSON lines here")
     args = ap.parse_args(argv)
@@ -123,12 +152,27 @@ def main(argv=None) -> int:
     from streaming import StreamingDataset
 
     ds = Folded(StreamingDataset(local=shards, shuffle=False, batch_size=1), args.vocab)
-    docs = load_shard_documents(shards) if (Path(shards) / "manifest.parquet").exists() else documents_of(ds)
+    docs = (
+        load_shard_documents(shards)
+        if (Path(shards) / "manifest.parquet").exists()
+        else documents_of(ds)
+    )
     docs = docs[: args.max_docs]
-    tiny = ModelConfig(name="tiny-llama", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=args.vocab, dtype_bytes=4)
+    tiny = ModelConfig(
+        name="tiny-llama",
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        ffn=128,
+        vocab=args.vocab,
+        dtype_bytes=4,
+    )
     config = LoaderConfig(
         layout=Layout(dp=world, ranks_per_node=world, context=1024, pack_tokens=512, memory_gib=1),
-        global_batch_tokens=args.global_batch_tokens, strategy=args.strategy, seed=args.seed,
+        global_batch_tokens=args.global_batch_tokens,
+        strategy=args.strategy,
+        seed=args.seed,
         cost=CostModel.analytic(tiny, "h100", "none"),
     )
     loader = DocumentLoader(ds, rank=rank, config=config, documents=docs)
@@ -147,12 +191,20 @@ def main(argv=None) -> int:
         summary = run_step(ddp, payload, callbacks=callbacks)
         loss = torch.tensor([summary.loss])
         dist.all_reduce(loss)
-        line = {"step": payload.plan.step, "loss": round(float(loss), 6), "docs": len(payload.plan.docs), "merges": len(payload.plan.merges)}
+        line = {
+            "step": payload.plan.step,
+            "loss": round(float(loss), 6),
+            "docs": len(payload.plan.docs),
+            "merges": len(payload.plan.merges),
+        }
         line.update({k: meter.history[-1][k] for k in ("tokens", "tokens_per_s", "imbalance")})
         if ref_model is not None:
             ref_model.load_state_dict(model.state_dict())
             ref_loss, ref = reference(ref_model, payload, ds)
-            err = max((p.grad - ref[n]).abs().max().item() / ref[n].abs().max().item() for n, p in model.named_parameters())
+            err = max(
+                (p.grad - ref[n]).abs().max().item() / ref[n].abs().max().item()
+                for n, p in model.named_parameters()
+            )
             line.update(ref_loss=round(ref_loss, 6), max_rel_grad_err=err)
             worst = max(worst, err, abs(float(loss) - ref_loss) / max(abs(ref_loss), 1e-12))
         opt.step()
@@ -160,7 +212,16 @@ def main(argv=None) -> int:
         if rank == 0:
             print(json.dumps(line), flush=True)
     if rank == 0:
-        print(json.dumps({"steps": steps, "seconds": round(time.perf_counter() - t0, 2), "worst_rel_err": worst}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "steps": steps,
+                    "seconds": round(time.perf_counter() - t0, 2),
+                    "worst_rel_err": worst,
+                }
+            ),
+            flush=True,
+        )
     ok = not args.check or worst <= args.tol
     dist.barrier()
     if tmp is not None:
@@ -169,7 +230,9 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     dist.destroy_process_group()
     if not ok:
-        print(f"rank {rank}: check FAILED: relative error {worst:.3e} > {args.tol}", file=sys.stderr)
+        print(
+            f"rank {rank}: check FAILED: relative error {worst:.3e} > {args.tol}", file=sys.stderr
+        )
     return 0 if ok else 1
 
 

@@ -12,9 +12,21 @@ Typical loop::
 
 from __future__ import annotations
 
-from slimdata.hooks.callbacks import BalanceMeter, Callback, PackEvent, PackTimeRecorder, StepSummary
+from slimdata.hooks.callbacks import (
+    BalanceMeter,
+    Callback,
+    PackEvent,
+    PackTimeRecorder,
+    StepSummary,
+)
 from slimdata.hooks.continuation import PackContext, active_context, slice_attention
-from slimdata.hooks.executor import ForwardFn, hf_forward, kept_forward_packs, reduce_gradients, run_step
+from slimdata.hooks.executor import (
+    ForwardFn,
+    hf_forward,
+    kept_forward_packs,
+    reduce_gradients,
+    run_step,
+)
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.loss import packed_loss, slice_labels
 from slimdata.hooks.payload import StepPayload, make_payload

@@ -36,7 +36,14 @@ class PackEvent:
 
     def record(self) -> dict:
         """The JSON-lines record the simulator's fidelity report reads."""
-        return {"step": self.step, "rank": self.rank, "pass": self.pass_, "pack": self.pack, "seconds": self.seconds, "tokens": self.tokens}
+        return {
+            "step": self.step,
+            "rank": self.rank,
+            "pass": self.pass_,
+            "pack": self.pack,
+            "seconds": self.seconds,
+            "tokens": self.tokens,
+        }
 
 
 @dataclass(frozen=True)

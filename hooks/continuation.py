@@ -25,15 +25,17 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-
-from slimdata.hooks.attention import VarlenBatch, get_backend, varlen_mask
+from slimdata.hooks.attention import VarlenBatch, get_backend
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.merge import MergeRuntime
+
 from slimdata.plan import Slice
 
 __all__ = ["PackContext", "active_context", "slice_attention"]
 
-_ACTIVE: contextvars.ContextVar[PackContext | None] = contextvars.ContextVar("slimdata_pack", default=None)
+_ACTIVE: contextvars.ContextVar[PackContext | None] = contextvars.ContextVar(
+    "slimdata_pack", default=None
+)
 
 
 @dataclass
@@ -53,7 +55,6 @@ class PackContext:
     live: dict[tuple[int, Slice], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """(layer, slice) -> in-graph keys/values this pack produced (for the backward)."""
     _batch: VarlenBatch | None = None
-    _mask: torch.Tensor | None = None
 
     def __enter__(self) -> PackContext:
         self._token = _ACTIVE.set(self)
@@ -62,9 +63,13 @@ class PackContext:
     def __exit__(self, *exc) -> None:
         _ACTIVE.reset(self._token)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float
+    ) -> torch.Tensor:
         if q.shape[0] != sum(s.tokens for s in self.slices):
-            raise RuntimeError(f"attention got {q.shape[0]} tokens, the pack has {sum(s.tokens for s in self.slices)}")
+            raise RuntimeError(
+                f"attention got {q.shape[0]} tokens, the pack has {sum(s.tokens for s in self.slices)}"
+            )
         own: dict[Slice, tuple[torch.Tensor, torch.Tensor]] = {}
         off = 0
         for s in self.slices:
@@ -74,7 +79,10 @@ class PackContext:
         if self.merge is not None:
             mine = [s for s in self.slices if s.doc in self.merge.docs]
             merged = self.merge.gather(
-                layer, {s: own[s][0] for s in mine}, {s: own[s][1] for s in mine}, recompute=self.mode == "recompute"
+                layer,
+                {s: own[s][0] for s in mine},
+                {s: own[s][1] for s in mine},
+                recompute=self.mode == "recompute",
             )
         ks, vs, k_lens = [], [], []
         for s in self.slices:
@@ -95,13 +103,11 @@ class PackContext:
             ks.append(own[s][0])
             vs.append(own[s][1])
             k_lens.append(s.end)
-        if self._batch is None:
-            self._batch = VarlenBatch.from_lengths([s.tokens for s in self.slices], k_lens, device=q.device)
-            if self.backend == "sdpa":
-                self._mask = varlen_mask(self._batch)
-        fn = get_backend(self.backend)
-        kwargs = {"mask": self._mask} if self._mask is not None else {}
-        return fn(q, torch.cat(ks), torch.cat(vs), self._batch, scale, **kwargs)
+        if self._batch is None:  # same for every layer of the pack (masks cached inside)
+            self._batch = VarlenBatch.from_lengths(
+                [s.tokens for s in self.slices], k_lens, device=q.device
+            )
+        return get_backend(self.backend)(q, torch.cat(ks), torch.cat(vs), self._batch, scale)
 
 
 def active_context() -> PackContext | None:
@@ -109,7 +115,9 @@ def active_context() -> PackContext | None:
     return _ACTIVE.get()
 
 
-def slice_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float | None = None) -> torch.Tensor:
+def slice_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float | None = None
+) -> torch.Tensor:
     """Attention for custom models: ``q (T, Hq, D)``, ``k, v (T, Hkv, D)`` -> ``(T, Hq, D)``.
 
     Inside the executor, ``T`` is the current pack's tokens and attention follows the plan
@@ -124,5 +132,7 @@ def slice_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale
+    )
     return out.transpose(0, 1)

@@ -30,8 +30,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple, out, threads: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+def _entry(
+    rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple, out, threads: int
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
     torch.set_num_threads(threads)
     try:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=60))
@@ -44,12 +48,24 @@ def _entry(rank: int, world: int, port: int, backend: str, fn: Callable, args: t
             dist.destroy_process_group()
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", timeout_s: float = 180.0, threads: int = 1) -> list[Any]:
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = 180.0,
+    threads: int = 1,
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; results by rank."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, fn, args, out, threads), daemon=True) for r in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_entry, args=(r, world_size, port, backend, fn, args, out, threads), daemon=True
+        )
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -63,7 +79,9 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
                 errors.append(f"rank {rank} failed:\n{value}")
                 break
     except queue.Empty:
-        errors.append(f"ranks {sorted(set(range(world_size)) - set(results))} did not finish within {timeout_s}s (deadlock?)")
+        errors.append(
+            f"ranks {sorted(set(range(world_size)) - set(results))} did not finish within {timeout_s}s (deadlock?)"
+        )
     finally:
         for p in procs:
             p.join(timeout=5 if not errors else 0.1)

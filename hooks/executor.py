@@ -31,14 +31,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from slimdata.hooks.callbacks import Callback, PackEvent, StepSummary
 from slimdata.hooks.continuation import PackContext
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.loss import packed_loss, slice_labels
 from slimdata.hooks.merge import MergeRuntime, ensure_groups
 from slimdata.hooks.payload import StepPayload
+from torch import nn
+
 from slimdata.plan import MicroPack, Slice
 
 __all__ = ["ForwardFn", "hf_forward", "kept_forward_packs", "reduce_gradients", "run_step"]
@@ -47,12 +47,18 @@ ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 """``forward(module, input_ids (T,), position_ids (T,)) -> logits (T, vocab)``."""
 
 
-def hf_forward(module: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+def hf_forward(
+    module: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor:
     """Forward of a Hugging Face causal LM (batch of one packed row, doc-relative positions)."""
-    return module(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False).logits[0]
+    return module(
+        input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False
+    ).logits[0]
 
 
-def kept_forward_packs(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> tuple[set[int], dict[int, list[int]]]:
+def kept_forward_packs(
+    forward: Sequence[MicroPack], backward: Sequence[MicroPack]
+) -> tuple[set[int], dict[int, list[int]]]:
     """Which forward packs keep their graph, and the forward packs of each union backward pack.
 
     Backward pack ``j`` is a union when every slice of every forward pack it touches is in
@@ -63,7 +69,9 @@ def kept_forward_packs(forward: Sequence[MicroPack], backward: Sequence[MicroPac
     unions: dict[int, list[int]] = {}
     for j, p in enumerate(backward):
         fs = sorted({fwd_of[s] for s in p.slices})
-        if sum(forward[i].tokens for i in fs) == p.tokens and all(s in set(p.slices) for i in fs for s in forward[i].slices):
+        if sum(forward[i].tokens for i in fs) == p.tokens and all(
+            s in set(p.slices) for i in fs for s in forward[i].slices
+        ):
             unions[j] = fs
             kept.update(fs)
     return kept, unions
@@ -87,7 +95,9 @@ def reduce_gradients(params: Sequence[nn.Parameter], group=None) -> None:
 class _Step:
     """State of one run_step call."""
 
-    def __init__(self, module, payload: StepPayload, forward: ForwardFn, backend: str, device) -> None:
+    def __init__(
+        self, module, payload: StepPayload, forward: ForwardFn, backend: str, device
+    ) -> None:
         self.module, self.forward, self.backend, self.device = module, forward, backend, device
         self.plan, self.rank = payload.plan, payload.rank
         self.rs = self.plan.ranks[self.rank]
@@ -99,9 +109,16 @@ class _Step:
             g = self.plan.merge_of_rank(self.rank)
             if g is not None:
                 self.merge = MergeRuntime(self.plan, self.rank, g)
-        toks = {s: torch.as_tensor(np.asarray(t, dtype=np.int64)) for s, t in payload.slice_tokens().items()}
+        toks = {
+            s: torch.as_tensor(np.asarray(t, dtype=np.int64))
+            for s, t in payload.slice_tokens().items()
+        }
         masks_np = payload.slice_mask()
-        masks = None if masks_np is None else {s: torch.as_tensor(np.asarray(m, dtype=np.int64)) for s, m in masks_np.items()}
+        masks = (
+            None
+            if masks_np is None
+            else {s: torch.as_tensor(np.asarray(m, dtype=np.int64)) for s, m in masks_np.items()}
+        )
         merged_docs = self.merge.docs if self.merge else set()
         self.doc_slices: dict[int, list[Slice]] = {}
         for s in self.rs.slices():
@@ -109,13 +126,30 @@ class _Step:
                 self.doc_slices.setdefault(s.doc, []).append(s)
         for sl in self.doc_slices.values():
             sl.sort(key=lambda s: s.start)
-        self.doc_tokens = {d: torch.cat([toks[s] for s in sl]).to(device) for d, sl in self.doc_slices.items()}
-        self.doc_masks = None if masks is None else {d: torch.cat([masks[s] for s in sl]).to(device) for d, sl in self.doc_slices.items()}
+        self.doc_tokens = {
+            d: torch.cat([toks[s] for s in sl]).to(device) for d, sl in self.doc_slices.items()
+        }
+        self.doc_masks = (
+            None
+            if masks is None
+            else {
+                d: torch.cat([masks[s] for s in sl]).to(device) for d, sl in self.doc_slices.items()
+            }
+        )
         if self.merge is not None:
             mine = {s: toks[s] for s in self.merge.layout[self.rank]}
-            self.doc_tokens.update({d: t.to(device) for d, t in self.merge.gather_tokens({s: t.to(device) for s, t in mine.items()}).items()})
+            self.doc_tokens.update(
+                {
+                    d: t.to(device)
+                    for d, t in self.merge.gather_tokens(
+                        {s: t.to(device) for s, t in mine.items()}
+                    ).items()
+                }
+            )
             if masks is not None and self.doc_masks is not None:
-                got = self.merge.gather_tokens({s: masks[s].to(device) for s in self.merge.layout[self.rank]})
+                got = self.merge.gather_tokens(
+                    {s: masks[s].to(device) for s in self.merge.layout[self.rank]}
+                )
                 self.doc_masks.update(got)
 
     def run_pack(self, pack: MicroPack, mode: str) -> tuple[torch.Tensor, PackContext]:
@@ -123,9 +157,24 @@ class _Step:
         ids = torch.cat([self.doc_tokens[s.doc][s.start : s.end] for s in sl])
         pos = torch.cat([torch.arange(s.start, s.end, device=self.device) for s in sl])
         labels = torch.cat(
-            [slice_labels(self.doc_tokens[s.doc], s.start, s.end, None if self.doc_masks is None else self.doc_masks[s.doc]) for s in sl]
+            [
+                slice_labels(
+                    self.doc_tokens[s.doc],
+                    s.start,
+                    s.end,
+                    None if self.doc_masks is None else self.doc_masks[s.doc],
+                )
+                for s in sl
+            ]
         )
-        ctx = PackContext(sl, self.doc_slices, self.store, mode=mode, backend=self.backend, merge=self.merge if pack.merge is not None else None)
+        ctx = PackContext(
+            sl,
+            self.doc_slices,
+            self.store,
+            mode=mode,
+            backend=self.backend,
+            merge=self.merge if pack.merge is not None else None,
+        )
         with ctx, torch.set_grad_enabled(mode != "nograd"):
             logits = self.forward(self.module, ids, pos)
             loss = packed_loss(logits, labels, self.norm)
@@ -167,7 +216,7 @@ def run_step(
     """
     t_step = time.perf_counter()
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-    module = model.module if ddp else model
+    module: nn.Module = model.module if ddp else model  # type: ignore[assignment]
     if reduce_grads is None:
         reduce_grads = ddp
     if ddp and group is None:
@@ -184,12 +233,21 @@ def run_step(
 
     def emit(pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool = False) -> None:
         _sync(device)
-        ev = PackEvent(plan.step, st.rank, pass_, i, time.perf_counter() - t0, pack.tokens, pack.cost, recomputed)
+        ev = PackEvent(
+            plan.step,
+            st.rank,
+            pass_,
+            i,
+            time.perf_counter() - t0,
+            pack.tokens,
+            pack.cost,
+            recomputed,
+        )
         events.append(ev)
         for cb in callbacks:
             cb.on_pack_end(ev)
 
-    with model.no_sync() if ddp else _null():
+    with model.no_sync() if ddp else _null():  # type: ignore[operator]
         for kind, i in rs.order:
             t0 = time.perf_counter()
             if kind == "F":
@@ -210,7 +268,9 @@ def run_step(
                     st.store.drop(s)
                 emit("B", i, pack, t0, recomputed=i not in unions)
         if graphs or len(st.store):
-            raise RuntimeError(f"step {plan.step} rank {st.rank}: packs {sorted(graphs)} never ran backward")
+            raise RuntimeError(
+                f"step {plan.step} rank {st.rank}: packs {sorted(graphs)} never ran backward"
+            )
     if reduce_grads and dist.is_initialized() and dist.get_world_size(group) > 1:
         reduce_gradients([p for p in module.parameters() if p.requires_grad], group)
     summary = StepSummary(

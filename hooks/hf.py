@@ -17,9 +17,7 @@ given 4D mask is honoured), so generation and evaluation keep working.
 
 from __future__ import annotations
 
-
 import torch.nn.functional as F
-
 from slimdata.hooks.continuation import active_context
 
 __all__ = ["NAME", "register", "slimdata_attention"]
@@ -27,23 +25,41 @@ __all__ = ["NAME", "register", "slimdata_attention"]
 NAME = "slimdata"
 
 
-def slimdata_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def slimdata_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
     """Attention function with the ``AttentionInterface`` signature."""
     ctx = active_context()
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if ctx is not None:
         if query.shape[0] != 1:
-            raise ValueError(f"slimdata packs run as one packed row; got batch size {query.shape[0]}")
+            raise ValueError(
+                f"slimdata packs run as one packed row; got batch size {query.shape[0]}"
+            )
         if dropout:
-            raise ValueError("slimdata needs a deterministic forward (backward packs may recompute it): set attention_dropout=0")
-        out = ctx.attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), module.layer_idx, scale)
+            raise ValueError(
+                "slimdata needs a deterministic forward (backward packs may recompute it): set attention_dropout=0"
+            )
+        out = ctx.attend(
+            query[0].transpose(0, 1),
+            key[0].transpose(0, 1),
+            value[0].transpose(0, 1),
+            module.layer_idx,
+            scale,
+        )
         return out[None], None
     rep = query.shape[1] // key.shape[1]
     if rep > 1:
         key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
     mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
     out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, is_causal=mask is None and query.shape[2] > 1, scale=scale, dropout_p=dropout
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        is_causal=mask is None and query.shape[2] > 1,
+        scale=scale,
+        dropout_p=dropout,
     )
     return out.transpose(1, 2).contiguous(), None
 
@@ -54,5 +70,3 @@ def register(name: str = NAME) -> str:
 
     AttentionInterface.register(name, slimdata_attention)
     return name
-
-

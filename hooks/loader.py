@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from slimdata.hooks.payload import StepPayload
 
 from slimdata.cost import CostModel
 from slimdata.errors import ConfigError, PlanError
-from slimdata.hooks.payload import StepPayload
 from slimdata.plan import Document
 from slimdata.solver import Layout, make_batches, solve
 from slimdata.solver.planshards import check_payload, payload_positions
@@ -67,41 +67,67 @@ def documents_of(dataset: Any) -> list[Document]:
     for i in range(_num_samples(dataset)):
         s = dataset[i]
         cuts = tuple(int(c) for c in np.asarray(s["slices"]))
-        out.append(Document(doc_id=str(s["doc_id"]), length=int(s["length"]), cuts=cuts or (0, int(s["length"])), sample=i))
+        out.append(
+            Document(
+                doc_id=str(s["doc_id"]),
+                length=int(s["length"]),
+                cuts=cuts or (0, int(s["length"])),
+                sample=i,
+            )
+        )
     return out
 
 
 class DocumentLoader:
     """This rank's payloads over document shards; iterate once per epoch."""
 
-    def __init__(self, dataset: Any, *, rank: int, config: LoaderConfig, documents: Sequence[Document] | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        rank: int,
+        config: LoaderConfig,
+        documents: Sequence[Document] | None = None,
+    ) -> None:
         if not 0 <= rank < config.layout.dp:
             raise ConfigError(f"rank={rank} is outside the layout's {config.layout.dp} ranks")
         self.dataset, self.rank, self.config = dataset, rank, config
         self.documents = list(documents) if documents is not None else documents_of(dataset)
         if any(d.sample < 0 for d in self.documents):
-            raise ConfigError("documents need their sample index (Document.sample) to read tokens by index")
+            raise ConfigError(
+                "documents need their sample index (Document.sample) to read tokens by index"
+            )
         self.epoch, self.consumed, self.step = 0, 0, 0
 
     def batches(self, epoch: int) -> list[list[Document]]:
-        return make_batches(self.documents, self.config.global_batch_tokens, self.config.seed + epoch)
+        return make_batches(
+            self.documents, self.config.global_batch_tokens, self.config.seed + epoch
+        )
 
     def state_dict(self) -> dict[str, int]:
         """``documents``: documents of this epoch already handed out (all ranks agree)."""
         return {"epoch": self.epoch, "documents": self.consumed, "step": self.step}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.consumed, self.step = int(state["epoch"]), int(state["documents"]), int(state["step"])
+        self.epoch, self.consumed, self.step = (
+            int(state["epoch"]),
+            int(state["documents"]),
+            int(state["step"]),
+        )
 
     def __iter__(self) -> Iterator[StepPayload]:
         batches = self.batches(self.epoch)
         bounds = np.cumsum([0] + [len(b) for b in batches])
         start = int(np.searchsorted(bounds, self.consumed))
         if start >= len(bounds) or bounds[start] != self.consumed:
-            raise PlanError(f"resume point of {self.consumed} documents is not a batch boundary of epoch {self.epoch}")
+            raise PlanError(
+                f"resume point of {self.consumed} documents is not a batch boundary of epoch {self.epoch}"
+            )
         cfg = self.config
         for b in range(start, len(batches)):
-            plan = solve(batches[b], cfg.layout, cfg.strategy, seed=cfg.seed, cost=cfg.cost, step=self.step)
+            plan = solve(
+                batches[b], cfg.layout, cfg.strategy, seed=cfg.seed, cost=cfg.cost, step=self.step
+            )
             tokens = self._tokens(plan)
             self.consumed += len(batches[b])
             self.step += 1
@@ -128,7 +154,15 @@ class PlanShardLoader:
     streaming partitions it for this rank. Both check every payload's (step, rank) stamp.
     """
 
-    def __init__(self, dataset: Any, *, rank: int, nodes: int = 1, ranks_per_node: int = 1, mode: str = "index") -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        rank: int,
+        nodes: int = 1,
+        ranks_per_node: int = 1,
+        mode: str = "index",
+    ) -> None:
         if mode not in ("index", "iterate"):
             raise ConfigError(f"mode={mode!r}: use 'index' or 'iterate'")
         self.dataset, self.rank, self.mode = dataset, rank, mode
@@ -142,10 +176,14 @@ class PlanShardLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if self.mode == "iterate" and int(state["step"]):
-            raise ConfigError("resume plan shards with mode='index' (iteration restarts the stream)")
+            raise ConfigError(
+                "resume plan shards with mode='index' (iteration restarts the stream)"
+            )
         self.step = int(state["step"])
 
     def _payload(self, sample: dict, step: int) -> StepPayload:
+        if "ntokens" in sample:  # MDS cannot store an empty array: a 0-token payload holds one pad
+            sample = {**sample, "tokens": np.asarray(sample["tokens"])[: int(sample["ntokens"])]}
         plan, tokens = check_payload(sample, step, self.rank)
         return StepPayload(plan=plan, rank=self.rank, tokens=tokens)
 

@@ -15,7 +15,9 @@ __all__ = ["IGNORE", "packed_loss", "slice_labels"]
 IGNORE = -100
 
 
-def slice_labels(doc_tokens: torch.Tensor, start: int, end: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+def slice_labels(
+    doc_tokens: torch.Tensor, start: int, end: int, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Next-token labels of slice ``[start, end)``: ``doc[start+1 : end+1]``, the document's
     last token labelled :data:`IGNORE`, and tokens whose ``mask`` is 0 too.
 
@@ -35,4 +37,6 @@ def packed_loss(logits: torch.Tensor, labels: torch.Tensor, loss_tokens: int) ->
     """``sum CE(logits, labels) / loss_tokens``, computed in fp32; ``logits (T, V)``."""
     if loss_tokens <= 0:
         return logits.sum() * 0.0
-    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE, reduction="sum") / loss_tokens
+    return (
+        F.cross_entropy(logits.float(), labels, ignore_index=IGNORE, reduction="sum") / loss_tokens
+    )

@@ -69,7 +69,9 @@ class _GatherKV(torch.autograd.Function):
         return grad[ctx.index], None, None, None, None
 
 
-def gather_kv(own: torch.Tensor, group, index: int, world: int, cached: torch.Tensor | None = None) -> torch.Tensor:
+def gather_kv(
+    own: torch.Tensor, group, index: int, world: int, cached: torch.Tensor | None = None
+) -> torch.Tensor:
     return _GatherKV.apply(own, group, index, world, cached)
 
 
@@ -93,17 +95,28 @@ class MergeRuntime:
         docs = set(m.docs)
         for r in self.members:
             rs = self.plan.ranks[r]
-            sl = sorted((s for p in rs.forward if p.merge is not None for s in p.slices if s.doc in docs), key=lambda s: (s.doc, s.start))
+            sl = sorted(
+                (s for p in rs.forward if p.merge is not None for s in p.slices if s.doc in docs),
+                key=lambda s: (s.doc, s.start),
+            )
             for d in docs:
                 if not any(s.doc == d for s in sl):
-                    raise PlanError(f"merge group {self.group_index}: rank {r} holds no slice of document #{d}; every member needs a share")
+                    raise PlanError(
+                        f"merge group {self.group_index}: rank {r} holds no slice of document #{d}; every member needs a share"
+                    )
             self.layout[r] = sl
         self.maxlen = max(sum(s.tokens for s in v) for v in self.layout.values())
         self.group = merge_group(self.members)
         self.index = self.members.index(self.rank)
         self.docs = docs
 
-    def gather(self, layer: int, own_k: dict[Slice, torch.Tensor], own_v: dict[Slice, torch.Tensor], recompute: bool) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    def gather(
+        self,
+        layer: int,
+        own_k: dict[Slice, torch.Tensor],
+        own_v: dict[Slice, torch.Tensor],
+        recompute: bool,
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Full keys/values of every merged document at ``layer``, doc -> (k, v) over ``[0, length)``."""
         mine = self.layout[self.rank]
         kv = torch.stack([torch.cat([own_k[s] for s in mine]), torch.cat([own_v[s] for s in mine])])
@@ -139,4 +152,7 @@ class MergeRuntime:
             for s in self.layout[r]:
                 pieces[s.doc].append((s.start, parts[m_i][off : off + s.tokens]))
                 off += s.tokens
-        return {d: torch.cat([t for _s, t in sorted(ps, key=lambda x: x[0])]) for d, ps in pieces.items()}
+        return {
+            d: torch.cat([t for _s, t in sorted(ps, key=lambda x: x[0])])
+            for d, ps in pieces.items()
+        }

@@ -35,9 +35,13 @@ class StepPayload:
             raise PlanError(f"payload for rank {self.rank} but the plan has {self.plan.dp} ranks")
         want = self.plan.ranks[self.rank].tokens
         if len(self.tokens) != want:
-            raise PlanError(f"step {self.plan.step} rank {self.rank}: payload has {len(self.tokens)} tokens, plan needs {want}")
+            raise PlanError(
+                f"step {self.plan.step} rank {self.rank}: payload has {len(self.tokens)} tokens, plan needs {want}"
+            )
         if self.loss_mask is not None and len(self.loss_mask) != want:
-            raise PlanError(f"step {self.plan.step} rank {self.rank}: loss_mask has {len(self.loss_mask)} entries, plan needs {want}")
+            raise PlanError(
+                f"step {self.plan.step} rank {self.rank}: loss_mask has {len(self.loss_mask)} entries, plan needs {want}"
+            )
 
     def slice_tokens(self) -> dict[Slice, np.ndarray]:
         """Slice -> its token ids (views into ``tokens``)."""

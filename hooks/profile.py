@@ -30,7 +30,14 @@ import numpy as np
 
 from slimdata.cost import CostModel, ModelConfig, load_model_config
 
-__all__ = ["ProfileConfig", "command", "fit_terms", "measure_points", "profile_cost_model", "tiny_llama"]
+__all__ = [
+    "ProfileConfig",
+    "command",
+    "fit_terms",
+    "measure_points",
+    "profile_cost_model",
+    "tiny_llama",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,30 +60,44 @@ class ProfileConfig:
     """Attention backend (``flash`` on GPU when flash-attn is installed)."""
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or not self.slice_tokens or min(self.slice_tokens) < 1 or min(self.prefixes, default=0) < 0:
-            raise ValueError(f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, repeats={self.repeats}: use positive sizes and repeats >= 1")
+        if (
+            self.repeats < 1
+            or not self.slice_tokens
+            or min(self.slice_tokens) < 1
+            or min(self.prefixes, default=0) < 0
+        ):
+            raise ValueError(
+                f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, repeats={self.repeats}: use positive sizes and repeats >= 1"
+            )
 
 
 def tiny_llama(model: ModelConfig, device: str = "cpu", dtype: str = "float32"):
     """A random-init ``LlamaForCausalLM`` of ``model``'s shape using slimdata attention."""
     import torch
+    from slimdata.hooks import hf
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from slimdata.hooks import hf
-
     cfg = LlamaConfig(
-        vocab_size=model.vocab, hidden_size=model.hidden, intermediate_size=model.ffn, num_hidden_layers=model.layers,
-        num_attention_heads=model.heads, num_key_value_heads=model.kv_heads, max_position_embeddings=1 << 20,
+        vocab_size=model.vocab,
+        hidden_size=model.hidden,
+        intermediate_size=model.ffn,
+        num_hidden_layers=model.layers,
+        num_attention_heads=model.heads,
+        num_key_value_heads=model.kv_heads,
+        max_position_embeddings=1 << 20,
         attn_implementation=hf.register(),
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).to(device=device, dtype=getattr(torch, dtype))
+    net = LlamaForCausalLM(cfg)
+    return net.to(device=device, dtype=getattr(torch, dtype))  # type: ignore[call-arg]
 
 
 def _slice_plan(start: int, s: int):
     from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 
     n = start + s
+    fwd: tuple[MicroPack, ...]
+    bwd: tuple[MicroPack, ...]
     if start == 0:
         fwd = bwd = (MicroPack((Slice(0, 0, s),)),)
         pick = (0, 0)
@@ -85,7 +106,12 @@ def _slice_plan(start: int, s: int):
         fwd = (MicroPack((a,)), MicroPack((b,)))
         bwd = (MicroPack((b,)), MicroPack((a,)))
         pick = (1, 0)
-    plan = StepPlan(step=0, strategy="profile", docs=(Document(doc_id=0, length=n),), ranks=(RankStep(rank=0, forward=fwd, backward=bwd),))
+    plan = StepPlan(
+        step=0,
+        strategy="profile",
+        docs=(Document(doc_id=0, length=n),),
+        ranks=(RankStep(rank=0, forward=fwd, backward=bwd),),
+    )
     return plan.validate(), pick
 
 
@@ -99,7 +125,11 @@ def measure_points(model, config: ProfileConfig, points: list[tuple[int, int]]) 
     warm = max(points, key=lambda x: x[0] + x[1])  # first calls pay lazy initialisation
     plan, _ = _slice_plan(warm[1], warm[0])
     for _ in range(3):
-        run_step(model, make_payload(plan, 0, [rng.integers(0, vocab, size=sum(warm)).astype(np.uint32)]), backend=config.backend)
+        run_step(
+            model,
+            make_payload(plan, 0, [rng.integers(0, vocab, size=sum(warm)).astype(np.uint32)]),
+            backend=config.backend,
+        )
     model.zero_grad(set_to_none=True)
     for s, start in points:
         plan, (fi, bi) = _slice_plan(start, s)
@@ -133,7 +163,9 @@ def fit_terms(s: np.ndarray, pairs: np.ndarray, t: np.ndarray) -> tuple[float, f
     return full[0], full[1], full[2]
 
 
-def profile_cost_model(model_cfg: ModelConfig, config: ProfileConfig = ProfileConfig()) -> tuple[CostModel, list[dict]]:
+def profile_cost_model(
+    model_cfg: ModelConfig, config: ProfileConfig = ProfileConfig()
+) -> tuple[CostModel, list[dict]]:
     """Measure and fit; returns the fitted :class:`CostModel` and the raw measurements."""
     import torch
 
@@ -143,15 +175,26 @@ def profile_cost_model(model_cfg: ModelConfig, config: ProfileConfig = ProfileCo
     points = [(s, p) for s in config.slice_tokens for p in config.prefixes]
     meas = measure_points(model, config, points)
     s = np.array([m["s"] for m in meas])
-    pairs = causal_pairs(np.array([m["start"] for m in meas]), s + np.array([m["start"] for m in meas]))
+    pairs = causal_pairs(
+        np.array([m["start"] for m in meas]), s + np.array([m["start"] for m in meas])
+    )
     fl, fa, fc = fit_terms(s, pairs, np.array([m["fwd"] for m in meas]))
     bl, ba, bc = fit_terms(s, pairs, np.array([m["bwd"] for m in meas]))
     dtype_bytes = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
-    analytic = CostModel.analytic(dataclasses.replace(model_cfg, dtype_bytes=dtype_bytes), "h100", "none")
+    analytic = CostModel.analytic(
+        dataclasses.replace(model_cfg, dtype_bytes=dtype_bytes), "h100", "none"
+    )
     dev = torch.cuda.get_device_name() if config.device.startswith("cuda") else "cpu"
     cm = dataclasses.replace(
-        analytic, fwd_lin=fl, fwd_att=fa, fwd_const=fc, bwd_lin=bl, bwd_att=ba, bwd_const=bc,
-        source=f"profile:{dev}", label=f"{model_cfg.name}@{dev}/{config.dtype}",
+        analytic,
+        fwd_lin=fl,
+        fwd_att=fa,
+        fwd_const=fc,
+        bwd_lin=bl,
+        bwd_att=ba,
+        bwd_const=bc,
+        source=f"profile:{dev}",
+        label=f"{model_cfg.name}@{dev}/{config.dtype}",
     )
     return cm, meas
 
@@ -161,18 +204,54 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 @click.command("profile")
-@click.option("--model", "model_spec", required=True, help="Model preset (slimdata.cost) or a JSON config path.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False), required=True, help="Cost profile JSON to write.")
-@click.option("--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
-@click.option("--backend", default="sdpa", show_default=True, help="Attention backend: sdpa, or flash (GPU).")
-@click.option("--slice-tokens", default="32,64,128,256,512", show_default=True, help="Slice lengths to time.")
+@click.option(
+    "--model",
+    "model_spec",
+    required=True,
+    help="Model preset (slimdata.cost) or a JSON config path.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Cost profile JSON to write.",
+)
+@click.option(
+    "--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1)."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default="float32",
+    show_default=True,
+)
+@click.option(
+    "--backend", default="sdpa", show_default=True, help="Attention backend: sdpa, or flash (GPU)."
+)
+@click.option(
+    "--slice-tokens", default="32,64,128,256,512", show_default=True, help="Slice lengths to time."
+)
 @click.option("--prefixes", default="0,256,1024", show_default=True, help="Prefix lengths to time.")
 @click.option("--repeats", default=3, show_default=True, help="Timed runs per point (median).")
-@click.option("--measurements", type=click.Path(dir_okay=False), default=None, help="Also write the raw timings (JSON).")
-def command(model_spec, output, device, dtype, backend, slice_tokens, prefixes, repeats, measurements) -> None:
+@click.option(
+    "--measurements",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the raw timings (JSON).",
+)
+def command(
+    model_spec, output, device, dtype, backend, slice_tokens, prefixes, repeats, measurements
+) -> None:
     """Measure forward/backward time of slices on this device and fit cost-model coefficients."""
-    cfg = ProfileConfig(slice_tokens=_ints(slice_tokens), prefixes=_ints(prefixes), repeats=repeats, device=device, dtype=dtype, backend=backend)
+    cfg = ProfileConfig(
+        slice_tokens=_ints(slice_tokens),
+        prefixes=_ints(prefixes),
+        repeats=repeats,
+        device=device,
+        dtype=dtype,
+        backend=backend,
+    )
     cm, meas = profile_cost_model(load_model_config(model_spec), cfg)
     cm.save(output)
     if measurements:

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from slimdata.hooks.attention import flash, sdpa
-from slimdata.hooks.attention.base import BACKENDS, AttentionBackend, VarlenBatch, get_backend, register_backend
+from slimdata.hooks.attention.base import (
+    BACKENDS,
+    AttentionBackend,
+    VarlenBatch,
+    get_backend,
+    register_backend,
+)
 from slimdata.hooks.attention.sdpa import sdpa_varlen, varlen_mask
 
 __all__ = [

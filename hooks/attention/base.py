@@ -18,7 +18,7 @@ Example: a pack of slice ``[4, 6)`` of doc 0 and slice ``[0, 3)`` of doc 1::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,18 +37,32 @@ class VarlenBatch:
     """Cumulative key counts, ``(n + 1,)``; ``lk_i >= lq_i`` for every sequence."""
     max_q: int
     max_k: int
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
+    """Backend scratch (e.g. masks) reused by every layer of the same pack."""
 
     @classmethod
-    def from_lengths(cls, q_lens: list[int], k_lens: list[int], device: torch.device | str = "cpu") -> VarlenBatch:
-        if len(q_lens) != len(k_lens) or any(lk < lq for lq, lk in zip(q_lens, k_lens, strict=True)):
-            raise ValueError(f"need one key length >= query length per sequence, got q={q_lens} k={k_lens}")
+    def from_lengths(
+        cls, q_lens: list[int], k_lens: list[int], device: torch.device | str = "cpu"
+    ) -> VarlenBatch:
+        if len(q_lens) != len(k_lens) or any(
+            lk < lq for lq, lk in zip(q_lens, k_lens, strict=True)
+        ):
+            raise ValueError(
+                f"need one key length >= query length per sequence, got q={q_lens} k={k_lens}"
+            )
         zero = torch.zeros(1, dtype=torch.int32)
-        cu_q = torch.cat([zero, torch.tensor(q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)])
-        cu_k = torch.cat([zero, torch.tensor(k_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)])
+        cu_q = torch.cat(
+            [zero, torch.tensor(q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)]
+        )
+        cu_k = torch.cat(
+            [zero, torch.tensor(k_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)]
+        )
         return cls(cu_q.to(device), cu_k.to(device), max(q_lens, default=0), max(k_lens, default=0))
 
 
-AttentionBackend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, VarlenBatch, float], torch.Tensor]
+AttentionBackend = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, VarlenBatch, float], torch.Tensor
+]
 """``attend(q, k, v, batch, scale) -> out``: ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)`` with
 ``Hq % Hkv == 0`` (grouped-query attention: query head ``h`` uses key head ``h // (Hq/Hkv)``),
 ``out (Tq, Hq, D)``; bottom-right causal inside every sequence, nothing across sequences."""
@@ -64,5 +78,7 @@ def register_backend(name: str, fn: AttentionBackend) -> AttentionBackend:
 def get_backend(name: str) -> AttentionBackend:
     """Resolve a backend by name; ``flash`` needs the ``flash_attn`` package (GPU extra)."""
     if name not in BACKENDS:
-        raise ConfigError(f"attention backend {name!r} is not available here; use one of {sorted(BACKENDS)}")
+        raise ConfigError(
+            f"attention backend {name!r} is not available here; use one of {sorted(BACKENDS)}"
+        )
     return BACKENDS[name]

@@ -7,7 +7,6 @@ continuation: a slice's queries are the tail of its document's keys ``[0, end)``
 from __future__ import annotations
 
 import torch
-
 from slimdata.hooks.attention.base import VarlenBatch, register_backend
 
 __all__ = ["AVAILABLE", "flash_varlen"]
@@ -25,7 +24,9 @@ def flash_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch, scale: float, mask=None
 ) -> torch.Tensor:  # pragma: no cover - needs a GPU
     if flash_attn_varlen_func is None:
-        raise RuntimeError("flash_attn is not installed: pip install 'slimdata[gpu]' on a CUDA machine")
+        raise RuntimeError(
+            "flash_attn is not installed: pip install 'slimdata[gpu]' on a CUDA machine"
+        )
     return flash_attn_varlen_func(
         q, k, v, batch.cu_q, batch.cu_k, batch.max_q, batch.max_k, softmax_scale=scale, causal=True
     )

@@ -1,14 +1,16 @@
-"""Torch SDPA with an explicit boolean mask: runs anywhere (CPU tests, any GPU), exact in fp32.
+"""Torch SDPA with explicit boolean masks: runs anywhere (CPU tests, any GPU), exact in fp32.
 
-The mask is block-diagonal over sequences and bottom-right causal inside each, built once per
-pack (``O(Tq * Tk)`` booleans) and cached by the caller through :func:`varlen_mask`.
+Two layouts, chosen per pack so that work stays close to the causal pairs the cost model
+counts: one call over the whole pack with a block-diagonal mask (``O(Tq * Tk)``; best for
+one sequence or a few similar ones), or one call per sequence with its own bottom-right
+causal mask (``O(sum lq_i * lk_i)``; best for many sequences). Masks are built once per
+pack and reused by every layer (``VarlenBatch.cache``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from slimdata.hooks.attention.base import VarlenBatch, register_backend
 
 __all__ = ["sdpa_varlen", "varlen_mask"]
@@ -29,6 +31,12 @@ def varlen_mask(batch: VarlenBatch) -> torch.Tensor:
     return (seq_q[:, None] == seq_k[None, :]) & (pos_k[None, :] <= pos_q[:, None])
 
 
+def _attend(q, k, v, mask, scale):
+    return F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+    ).transpose(0, 1)
+
+
 def sdpa_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -37,17 +45,38 @@ def sdpa_varlen(
     scale: float,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Varlen attention through ``scaled_dot_product_attention`` with an explicit mask."""
+    """Varlen attention through ``scaled_dot_product_attention`` with explicit masks.
+
+    ``mask`` forces the single-call layout with that ``(Tq, Tk)`` mask.
+    """
     rep = q.shape[1] // k.shape[1]
     if rep > 1:  # GQA: query head h reads key head h // rep (Hugging Face repeat_kv layout)
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    if mask is None:
-        mask = varlen_mask(batch)
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, scale=scale
-    )
-    return out[0].transpose(0, 1)
+    if mask is not None:
+        return _attend(q, k, v, mask, scale)
+    c = batch.cache
+    if "layout" not in c:
+        cu_q, cu_k = batch.cu_q.tolist(), batch.cu_k.tolist()
+        spans = list(zip(cu_q, cu_q[1:], cu_k, cu_k[1:], strict=False))
+        useful = sum((b - a) * (d - c_) for a, b, c_, d in spans)
+        dense = len(spans) <= 1 or 2 * useful >= cu_q[-1] * cu_k[-1]
+        c["layout"] = "dense" if dense else "split"
+        if dense:
+            c["mask"] = varlen_mask(batch)
+        else:
+            c["spans"] = spans
+            c["masks"] = [
+                torch.ones(b - a, d - c_, dtype=torch.bool, device=q.device).tril(d - c_ - (b - a))
+                for a, b, c_, d in spans
+            ]
+    if c["layout"] == "dense":
+        return _attend(q, k, v, c["mask"], scale)
+    outs = [
+        _attend(q[a:b], k[c_:d], v[c_:d], m, scale)
+        for (a, b, c_, d), m in zip(c["spans"], c["masks"], strict=True)
+    ]
+    return torch.cat(outs)
 
 
 register_backend("sdpa", sdpa_varlen)

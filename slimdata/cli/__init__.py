@@ -27,6 +27,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class UsageFailure(click.ClickException):
+    """A :class:`SlimdataError` shown as ``Error: ...`` with exit code 2, like bad usage."""
+
+    exit_code = 2
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -45,7 +51,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except SlimdataError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise UsageFailure(str(exc)) from exc
 
 
 @click.group(cls=LazyGroup)

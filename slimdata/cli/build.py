@@ -8,7 +8,7 @@ import click
 from click.core import ParameterSource
 
 from slimdata.build.config import BuildConfig
-from slimdata.cli.options import cost_model_options
+from slimdata.cli.options import PLAN_LAYOUT_OPTIONS, cost_model_options, plan_layout_options
 from slimdata.errors import ConfigError
 from slimdata.readers import FORMATS
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
@@ -17,6 +17,8 @@ from slimdata.tokenize import DEFAULT_TOKENIZER
 __all__ = ["command"]
 
 # CLI parameter name -> BuildConfig field, for options that override a --pipeline recipe.
+_PLAN_OPTIONS = (*PLAN_LAYOUT_OPTIONS, "strategy", "context", "seed", "mode", "oversize", "workers_per_rank")
+
 _FIELDS = {
     "fmt": "format",
     "text_field": "text_field",
@@ -152,6 +154,14 @@ def _pipeline(name: str | None) -> BuildConfig:
     is_flag=True,
     help="Continue an interrupted build in OUTPUT (same inputs and options).",
 )
+@click.option(
+    "--plan",
+    "plan_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Also solve an epoch's packing plan for the layout below and write plan shards here.",
+)
+@plan_layout_options(required=False)
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the sidecar (counts, fingerprint) as JSON."
@@ -164,6 +174,7 @@ def command(
     pipeline: str | None,
     overwrite: bool,
     resume: bool,
+    plan_dir: str | None,
     quiet: bool,
     as_json: bool,
     **options,
@@ -178,6 +189,11 @@ def command(
     """
     from slimdata.build import build
 
+    layout = {name: options.pop(name) for name in _PLAN_OPTIONS}
+    if plan_dir is not None:
+        missing = [f"--{n.replace('_', '-')}" for n in PLAN_LAYOUT_OPTIONS if layout[n] is None]
+        if missing:
+            raise ConfigError(f"--plan needs the training layout: give {', '.join(missing)}")
     base = _pipeline(pipeline)
     options["hashes"] = tuple(h.strip() for h in options["hashes"].split(",") if h.strip())
     changes = {
@@ -207,4 +223,13 @@ def command(
             click.echo(
                 f"--truncate dropped {c['dropped_tokens']:,} tokens from {c['truncated_documents']:,} documents",
                 err=True,
+            )
+    if plan_dir is not None:
+        from slimdata.planning import plan_to_shards
+
+        plan = plan_to_shards(plan_dir, shards=output, slice_tokens=config.slice_tokens, **layout)
+        if not quiet:
+            click.echo(
+                f"wrote plan shards for {plan['steps']} steps to {plan_dir} "
+                f"(strategy {layout['strategy']}, mean imbalance {plan['mean_imbalance']:.4f})"
             )

@@ -1,14 +1,28 @@
 """Compare packing strategies on the same batches: what ``slimdata simulate`` runs.
 
-Fairness: every strategy sees the same documents in the same steps (one
-:func:`~slimdata.solver.make_batches` call, one seed, one oversize policy applied before
-batching) and is judged by the same cost model and simulator; every strategy, ``concat``
-included, masks attention at document boundaries (pack times count only within-document
-pairs). The solver is imported lazily, so the simulator core does not depend on it.
+Fairness:
+
+- every strategy sees the same documents in the same steps (one
+  :func:`~slimdata.solver.make_batches` call, one seed, one oversize policy applied before
+  batching) and is judged by the same cost model and simulator;
+- every strategy, ``concat`` included, masks attention at document boundaries (pack times
+  count only within-document pairs);
+- **every strategy respects the memory cap** (``Layout.memory_gib``). The baselines do not
+  enforce memory themselves, so a baseline whose plan does not fit (per-device peak by the
+  solver's rule, :func:`~slimdata.sim.cp.cp_peak_memory`, over all steps) is run the way a
+  Megatron-style job runs rows that do not fit: with **static context parallelism** of the
+  smallest power of two ``k`` that fits, for the whole job: it is re-planned for ``dp / k``
+  DP groups and simulated with ``SimConfig.cp = k`` (:mod:`slimdata.sim.cp`). If even
+  ``k = dp`` does not fit, it is reported as failed with the reason. ``slimpack`` always
+  runs with ``cp = 1`` (its DP-Merge handles the documents that do not fit one rank) and
+  must fit by itself; if it does not, it is reported as failed.
+
+The solver is imported lazily, so the simulator core does not depend on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,13 +34,25 @@ from slimdata.cost import CostModel
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan import Document, StepPlan
 from slimdata.sim.config import SimConfig
+from slimdata.sim.cp import cp_peak_memory
 from slimdata.sim.results import SimResult
 from slimdata.sim.step import simulate_step
 from slimdata.solver.layout import Layout
 
-__all__ = ["Comparison", "StrategyStats", "compare_strategies", "format_table", "parse_strategies"]
+__all__ = [
+    "CP_FREE",
+    "Comparison",
+    "StrategyStats",
+    "compare_strategies",
+    "cp_sizes",
+    "format_table",
+    "parse_strategies",
+]
 
 REFERENCE = "concat"
+CP_FREE: tuple[str, ...] = ("slimpack",)
+"""Strategies that handle memory themselves (DP-Merge) and always run with ``cp = 1``."""
+GIB = float(1 << 30)
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,10 @@ class StrategyStats:
     steps: int
     error: str = ""
     """Why the strategy could not plan (then the numbers are NaN)."""
+    cp: int = 1
+    """Static context-parallel size it ran with (0 when it failed)."""
+    plan_memory_gib: float = float("nan")
+    """Per-device peak by the solver's rule under ``cp`` (what the fit test compares)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -57,6 +87,8 @@ class StrategyStats:
             "comm_time",
             "over_memory_steps",
             "steps",
+            "cp",
+            "plan_memory_gib",
         ):
             x = getattr(self, k)
             out[k] = None if isinstance(x, float) and not np.isfinite(x) else x  # JSON has no NaN
@@ -137,17 +169,17 @@ def compare_strategies(
     batches = [batches[s % len(batches)] for s in range(steps)]
     results: dict[str, StrategyStats] = {}
     first: dict[str, tuple[StepPlan, SimResult]] = {}
+    nan = float("nan")
     for name in strategies:
-        rows, err = [], ""
-        for step, batch in enumerate(batches):
-            t0 = time.perf_counter()
-            try:
-                plan = solve(batch, layout, name, seed, cost, step=step)
-            except PlanError as exc:
-                err = str(exc)
-                break
-            solve_ms = (time.perf_counter() - t0) * 1e3
-            r = simulate_step(plan, cost, layout, config)
+        sizes = [1] if name in CP_FREE else cp_sizes(layout.dp)
+        plans, solve_ms, k, peak, err = _fit(name, batches, layout, cost, seed, sizes, solve)
+        if err:
+            results[name] = StrategyStats(nan, nan, nan, nan, nan, nan, nan, 0, 0, error=err, cp=0)
+            continue
+        cfg_k = dataclasses.replace(config, cp=k)
+        rows = []
+        for step, (plan, ms) in enumerate(zip(plans, solve_ms, strict=True)):
+            r = simulate_step(plan, cost, layout, cfg_k)
             if step == 0:
                 first[name] = (plan, r)
             rows.append(
@@ -157,20 +189,19 @@ def compare_strategies(
                     r.imbalance,
                     r.bubble,
                     r.peak_memory_gib,
-                    solve_ms,
+                    ms,
                     r.comm_time,
                     r.over_memory,
                 )
             )
-        if err:
-            nan = float("nan")
-            results[name] = StrategyStats(nan, nan, nan, nan, nan, nan, nan, 0, 0, error=err)
-            first.pop(name, None)
-            continue
         a = np.array(rows, dtype=np.float64)
         m = a.mean(axis=0)
         results[name] = StrategyStats(
-            *(float(x) for x in m[:7]), over_memory_steps=int(a[:, 7].sum()), steps=len(rows)
+            *(float(x) for x in m[:7]),
+            over_memory_steps=int(a[:, 7].sum()),
+            steps=len(rows),
+            cp=k,
+            plan_memory_gib=peak / GIB,
         )
     cfg = {
         "dp": layout.dp,
@@ -188,14 +219,73 @@ def compare_strategies(
         "parallelism": config.parallelism,
         "schedule": config.schedule,
         "strategies": list(strategies),
+        "cp_overlap": config.cp_overlap,
+        "memory_rule": "baselines over --memory-gib run static CP (smallest power of two that "
+        "fits, re-planned for dp/cp DP groups); slimpack runs cp=1 and must fit",
     }
     return Comparison(config=cfg, results=results, first=first)
+
+
+def cp_sizes(dp: int) -> list[int]:
+    """Static CP sizes a ``dp``-device stage can run: powers of two dividing ``dp``."""
+    out, k = [], 1
+    while k <= dp and dp % k == 0:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def _fit(
+    name: str,
+    batches: Sequence[Sequence[Document]],
+    layout: Layout,
+    cost: CostModel,
+    seed: int,
+    sizes: Sequence[int],
+    solve: Any,
+) -> tuple[list[StepPlan], list[float], int, float, str]:
+    """Plans of every step at the smallest CP size in ``sizes`` whose peak fits the cap.
+
+    Returns ``(plans, solve_ms, cp, peak_bytes, error)``; ``error`` is empty on success.
+    """
+    cap = layout.memory_bytes
+    err, peak = "", 0.0
+    for k in sizes:
+        lay_k = dataclasses.replace(
+            layout, dp=layout.dp // k, ranks_per_node=max(1, layout.ranks_per_node // k)
+        )
+        plans, times, peak = [], [], 0.0
+        try:
+            for step, batch in enumerate(batches):
+                t0 = time.perf_counter()
+                plan = solve(batch, lay_k, name, seed, cost, step=step)
+                times.append((time.perf_counter() - t0) * 1e3)
+                peak = max(peak, float(cp_peak_memory(plan, cost, k).max()))
+                plans.append(plan)
+                if peak > cap:
+                    break
+        except PlanError as exc:
+            err = str(exc)
+            continue
+        if peak <= cap:
+            return plans, times, k, peak, ""
+        err = ""
+    if err:
+        return [], [], 0, peak, err
+    if name in CP_FREE:
+        why = f"its plan needs {peak / GIB:.1f} GiB per device > --memory-gib {layout.memory_gib:g}"
+    else:
+        why = (
+            f"does not fit --memory-gib {layout.memory_gib:g} even with static CP {sizes[-1]} "
+            f"(needs {peak / GIB:.1f} GiB per device)"
+        )
+    return [], [], 0, peak, why
 
 
 def format_table(cmp: Comparison) -> str:
     """A fixed-width comparison table, one row per strategy."""
     sp = cmp.speedups()
-    head = f"{'strategy':<14}{'step s':>10}{'bound s':>10}{'eff':>7}{'imbal':>8}{'bubble':>8}{'mem GiB':>9}{'solve ms':>10}{'vs concat':>11}{'vs best':>9}"
+    head = f"{'strategy':<14}{'cp':>3}{'step s':>10}{'bound s':>10}{'eff':>7}{'imbal':>8}{'bubble':>8}{'mem GiB':>9}{'solve ms':>10}{'vs concat':>11}{'vs best':>9}"
     lines = [head, "-" * len(head)]
     for name, r in cmp.results.items():
         if r.error:
@@ -204,8 +294,13 @@ def format_table(cmp: Comparison) -> str:
         vc, vb = sp.get(name, (float("nan"), float("nan")))
         mem = f"{r.peak_memory_gib:.1f}" + ("!" if r.over_memory_steps else "")
         lines.append(
-            f"{name:<14}{r.step_time:>10.3f}{r.lower_bound:>10.3f}{r.lower_bound / r.step_time:>7.2f}{r.imbalance:>8.3f}{r.bubble:>8.3f}{mem:>9}{r.solve_ms:>10.1f}{vc:>10.2f}x{vb:>8.2f}x"
+            f"{name:<14}{r.cp:>3}{r.step_time:>10.3f}{r.lower_bound:>10.3f}{r.lower_bound / r.step_time:>7.2f}{r.imbalance:>8.3f}{r.bubble:>8.3f}{mem:>9}{r.solve_ms:>10.1f}{vc:>10.2f}x{vb:>8.2f}x"
         )
     if any(r.over_memory_steps for r in cmp.results.values()):
         lines.append(f"! peak memory above --memory-gib {cmp.config['memory_gib']} in some steps")
+    if any(r.cp > 1 for r in cmp.results.values()):
+        lines.append(
+            "cp: static context parallelism a baseline needs to fit --memory-gib "
+            "(re-planned for dp/cp DP groups); slimpack always runs cp=1 (DP-Merge)"
+        )
     return "\n".join(lines)

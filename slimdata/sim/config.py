@@ -33,6 +33,13 @@ class SimConfig:
     the compute they accompany; only the excess is exposed. ``False`` exposes all of it."""
     grad_bytes: int = 2
     """Bytes per gradient/parameter element exchanged by the DP collectives (bf16)."""
+    cp: int = 1
+    """Static context parallelism (:mod:`slimdata.sim.cp`): every pack of the plan is split
+    across a fixed group of ``cp`` devices, so a plan solved for ``dp / cp`` DP groups runs on
+    ``Layout.dp`` devices. ``1``: no CP (the plain model)."""
+    cp_overlap: float = 1.0
+    """Share of the ring-attention overlap window that hides the CP K/V exchange: up to
+    ``cp_overlap * (cp - 1) / cp`` of a device's attention time (0: fully exposed)."""
 
     def __post_init__(self) -> None:
         if self.parallelism not in PARALLELISMS:
@@ -43,6 +50,10 @@ class SimConfig:
             raise ConfigError(
                 f"virtual_stages={self.virtual_stages!r} must be an int >= 1 (e.g. 2)"
             )
+        if not isinstance(self.cp, int) or self.cp < 1:
+            raise ConfigError(f"cp={self.cp!r} must be an int >= 1 (1: no context parallelism)")
+        if not 0.0 <= self.cp_overlap <= 1.0:
+            raise ConfigError(f"cp_overlap={self.cp_overlap!r} must be in [0, 1] (e.g. 1.0)")
         if self.grad_bytes not in (1, 2, 4):
             raise ConfigError(f"grad_bytes={self.grad_bytes!r}: use 2 (bf16) or 4 (fp32)")
 

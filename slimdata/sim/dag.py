@@ -12,6 +12,11 @@ pipeline schedule (:mod:`slimdata.sim.schedule`). Edges:
   after ``c + 1``, each lagged by the point-to-point transfer of its hidden states;
 - synchronizing collectives: DDP's gradient all-reduce closes every device's step; FSDP packs
   and DP-Merge packs are group tasks (all members start together and leave together).
+
+With static context parallelism (``SimConfig.cp = k > 1``, :mod:`slimdata.sim.cp`) every
+task runs on one representative device per CP group: its work is a member's share, its
+exposed K/V exchange is added as communication, and collective volumes and node spans are
+those of the ``k`` real devices it stands for.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from slimdata.errors import PlanError
 from slimdata.plan import StepPlan
 from slimdata.sim.comm import kv_exchange_time, p2p_time, param_collective_time
 from slimdata.sim.config import SimConfig
+from slimdata.sim.cp import cp_packs, real_devices
 from slimdata.sim.engine import TaskGraph
 from slimdata.sim.packs import PackTimes, chunk_fractions
 from slimdata.sim.schedule import ready_index, stage_ops
@@ -54,6 +60,8 @@ class StepDag:
     """``(task, device, bytes)`` held only while a merge task runs (gathered K/V)."""
     p2p: np.ndarray
     """Point-to-point seconds sent by each device."""
+    cp: int = 1
+    """Static CP size: each device of the graph stands for ``cp`` identical devices."""
 
     def device(self, chunk: int, rank: int) -> int:
         return (chunk % self.pp) * self.dp + rank
@@ -112,8 +120,17 @@ def build_dag(
     frac = chunk_fractions(cost.layers, C)
     net, rpn = config.interconnect, ranks_per_node
     fsdp = config.parallelism == "fsdp"
-    fwork = frac[:, None] * pt.fwd[None, :]
-    bwork = frac[:, None] * pt.bwd[None, :]
+    cp = config.cp
+    cpp = cp_packs(
+        pt,
+        cost,
+        cp,
+        net,
+        recompute_full=cost.label.endswith("/full"),
+        overlap=config.cp_overlap,
+    )
+    fwork = frac[:, None] * cpp.fwd[None, :]
+    bwork = frac[:, None] * cpp.bwd[None, :]
     if durations:
         offs = {"F": pt.f_offset, "B": pt.b_offset}
         for (c, r, kind, i), sec in durations.items():
@@ -128,6 +145,30 @@ def build_dag(
     def dev(c: int, r: int) -> int:
         return (c % pp) * dp + r
 
+    def real(devs: list[int]) -> list[int]:
+        return real_devices(devs, dp, cp)
+
+    # [stage, group] -> does the CP group span nodes (row of CpPacks.*_comm)
+    cp_row = np.array(
+        [
+            [int(len({d // rpn for d in real([s * dp + r])}) > 1) for r in range(dp)]
+            for s in range(pp)
+        ]
+    )
+
+    def cp_comm(c: int, r: int, kind: str, i: int) -> float:
+        if cp == 1 or i >= n_packs(r, kind):
+            return 0.0
+        off = (pt.f_offset if kind == "F" else pt.b_offset)[r] + i
+        arr = cpp.f_comm if kind == "F" else cpp.b_comm
+        return float(frac[c] * arr[cp_row[c % pp, r], off])
+
+    def cp_bytes(r: int, kind: str, i: int) -> float:
+        if cp == 1 or i >= n_packs(r, kind):
+            return 0.0
+        off = (pt.f_offset if kind == "F" else pt.b_offset)[r] + i
+        return float(cpp.f_layer_kv[off] if kind == "F" else 2 * cpp.b_layer_kv[off])
+
     def n_packs(r: int, kind: str) -> int:
         rs = plan.ranks[r]
         return len(rs.forward) if kind == "F" else len(rs.backward)
@@ -141,12 +182,12 @@ def build_dag(
     def merge_comm(c: int, gi: int) -> tuple[float, float]:
         m = plan.merges[gi]
         tokens = sum(plan.docs[d].length for d in m.docs)
-        devs = [dev(c, r) for r in m.ranks]
+        devs = real([dev(c, r) for r in m.ranks])
         t = kv_exchange_time(net, cost, float(frac[c]), tokens, devs, rpn)
         return t, cost.kv_bytes_per_token * float(frac[c]) * tokens
 
     def param_comm(c: int, kind: str) -> float:
-        devs = [dev(c, r) for r in range(dp)]
+        devs = real([dev(c, r) for r in range(dp)])
         t = param_collective_time(
             net, cost, float(frac[c]), config.grad_bytes, devs, rpn, "all_gather"
         )
@@ -180,17 +221,20 @@ def build_dag(
             work.append(pack_work(c, m, kind, j))
             mg = plan.merge_of_rank(m)
             tagged = j < n_packs(m, kind) and merge_at.get((m, kind)) == j and mg is not None
+            x = cp_comm(c, m, kind, j)
             if tagged:
                 t, nbytes = merge_comm(c, mg)
-                comm.append(t)
+                comm.append(t + x)
                 extra.append((dev(c, m), nbytes * (1 if kind == "F" else 2)))  # K/V (+ their grads)
             else:
-                comm.append(0.0)
+                comm.append(x)
+            if cp_bytes(m, kind, j) > 0:
+                extra.append((dev(c, m), cp_bytes(m, kind, j)))
             off = (pt.f_offset if kind == "F" else pt.b_offset)[m]
             if j < n_packs(m, kind):
                 (ftid if kind == "F" else btid)[c, off + j] = len(g)
         overlap = 0.0
-        if fsdp and dp > 1:
+        if fsdp and dp * cp > 1:
             t = param_comm(c, kind)
             if config.overlap_param_comm:
                 overlap = t
@@ -230,12 +274,13 @@ def build_dag(
             fo, bo = int(pt.f_offset[r]), int(pt.b_offset[r])
             for c in range(1, C):
                 src, dst = dev(c - 1, r), dev(c, r)
+                rs_, rd_ = real([src])[0], real([dst])[0]
                 for i in range(len(plan.ranks[r].forward)):
-                    lag = p2p_time(net, cost, pt.f_tokens[fo + i], src, dst, rpn)
+                    lag = p2p_time(net, cost, pt.f_tokens[fo + i] / cp, rs_, rd_, rpn)
                     p2p[src] += lag
                     g.edge(int(ftid[c - 1, fo + i]), int(ftid[c, fo + i]), lag)
                 for j in range(len(plan.ranks[r].backward)):
-                    lag = p2p_time(net, cost, pt.b_tokens[bo + j], dst, src, rpn)
+                    lag = p2p_time(net, cost, pt.b_tokens[bo + j] / cp, rd_, rs_, rpn)
                     p2p[dst] += lag
                     g.edge(int(btid[c, bo + j]), int(btid[c - 1, bo + j]), lag)
 
@@ -260,11 +305,13 @@ def build_dag(
     # DDP: gradient all-reduce closes each stage's step. Overlapped: buckets stream out
     # during the last backward pack of every rank, so it ends no earlier than the latest
     # last-pack end + latency and no earlier than the latest last-pack start + the all-reduce.
-    if not fsdp and dp > 1 and cost.param_count > 0:
+    if not fsdp and dp * cp > 1 and cost.param_count > 0:
         for s in range(pp):
             devs = [s * dp + r for r in range(dp)]
             share = float(frac[[c for c in range(C) if c % pp == s]].sum())
-            t = param_collective_time(net, cost, share, config.grad_bytes, devs, rpn, "all_reduce")
+            t = param_collective_time(
+                net, cost, share, config.grad_bytes, real(devs), rpn, "all_reduce"
+            )
             if config.overlap_param_comm:
                 ar = g.add("AR", (-1, s, -1), tuple(devs), (0.0,) * dp)
                 g.hidden[ar] = t
@@ -289,4 +336,5 @@ def build_dag(
         bwork=bwork,
         transient=transient,
         p2p=p2p,
+        cp=cp,
     )

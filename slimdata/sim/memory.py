@@ -10,7 +10,10 @@ Assumptions (model states, i.e. parameters, gradients and optimizer, are exclude
   same interval (with ``none``/``selective`` they are part of the activations already);
 - a DP-Merge pack holds the gathered K/V of its documents while it runs (twice that in the
   backward: K/V and their gradients);
-- at equal times frees happen before allocations.
+- at equal times frees happen before allocations;
+- with static context parallelism (``cp = k``) a device holds ``1 / k`` of every slice's
+  activations and retained K/V, plus the gathered K/V of one layer while a pack runs (twice
+  that in the backward), see :mod:`slimdata.sim.cp`.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class MemoryProfile:
 
 def memory_profile(dag: StepDag, timing: Timing, *, retain_kv: bool) -> MemoryProfile:
     pt = dag.pt
-    per_slice = pt.s_act + (pt.s_kv if retain_kv else 0.0)
+    per_slice = (pt.s_act + (pt.s_kv if retain_kv else 0.0)) / dag.cp
     devs, times, deltas = [], [], []
     for c in range(dag.chunks):
         nbytes = per_slice * dag.fractions[c]

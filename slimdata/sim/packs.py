@@ -37,6 +37,14 @@ class PackTimes:
     """Backward seconds per flat backward pack (full model)."""
     f_tokens: np.ndarray
     b_tokens: np.ndarray
+    f_att: np.ndarray
+    """Attention part of :attr:`fwd` (seconds of causal query-key pairs, full model)."""
+    b_att: np.ndarray
+    """Attention part of :attr:`bwd`."""
+    f_const: np.ndarray
+    """Per-slice fixed part of :attr:`fwd` (``CostModel.fwd_const`` times the slice count)."""
+    b_const: np.ndarray
+    """Per-slice fixed part of :attr:`bwd`."""
     # one entry per slice of the plan
     s_rank: np.ndarray
     s_doc: np.ndarray
@@ -93,6 +101,10 @@ def pack_times(plan: StepPlan, cost: CostModel) -> PackTimes:
         bwd=np.bincount(s_bpack, weights=sc.bwd, minlength=n_b),
         f_tokens=np.bincount(s_fpack, weights=tokens, minlength=n_f),
         b_tokens=np.bincount(s_bpack, weights=tokens, minlength=n_b),
+        f_att=np.bincount(s_fpack, weights=sc.fwd_att, minlength=n_f),
+        b_att=np.bincount(s_bpack, weights=sc.bwd_att, minlength=n_b),
+        f_const=cost.fwd_const * np.bincount(s_fpack, minlength=n_f).astype(np.float64),
+        b_const=cost.bwd_const * np.bincount(s_bpack, minlength=n_b).astype(np.float64),
         s_rank=s_rank,
         s_doc=s_doc,
         s_start=s_start,

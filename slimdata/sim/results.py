@@ -40,6 +40,10 @@ class SimResult:
     timeline: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     """Per task and member device: ``device, start, compute_end, end, kind`` (0 F, 1 B, 2 collective)."""
     memory: MemoryProfile | None = field(default=None, repr=False)
+    """Memory events; with ``cp > 1`` indexed by CP group (one representative device each)."""
+    cp: int = 1
+    """Static context-parallel size: ``busy``, ``peak_memory``, ``comm`` and ``timeline`` list
+    every real device (the ``cp`` members of a group are identical)."""
 
     @property
     def peak_memory_gib(self) -> float:
@@ -67,6 +71,7 @@ class SimResult:
             "peak_memory_gib": self.peak_memory_gib,
             "comm_time": self.comm_time,
             "over_memory": self.over_memory,
+            "cp": self.cp,
             "busy": self.busy.tolist(),
         }
 
@@ -108,25 +113,37 @@ def summarize(dag: StepDag, timing: Timing, mem: MemoryProfile, memory_limit: fl
             kind.append(codes.get(g.kind[t], 2))
     total = float(busy.sum())
     step = timing.makespan
+    k = dag.cp
+
+    def per_device(x: np.ndarray) -> np.ndarray:  # one column per real device
+        return np.repeat(x.reshape(dag.pp, dag.dp), k, axis=1)
+
+    timeline = {
+        name: np.asarray(v)
+        for name, v in (
+            ("device", dev),
+            ("start", st),
+            ("compute_end", ce),
+            ("end", en),
+            ("kind", kind),
+        )
+    }
+    if k > 1:
+        s, grp = np.divmod(timeline["device"].astype(np.int64), dag.dp)
+        base = s * dag.dp * k + grp * k
+        timeline = {name: np.repeat(v, k) for name, v in timeline.items()}
+        timeline["device"] = np.repeat(base, k) + np.tile(np.arange(k), len(base))
     return SimResult(
         step_time=step,
         lower_bound=lower_bound(dag, total),
-        work=total,
+        work=total * k,
         bubble=1.0 - total / (n * step) if step > 0 else 0.0,
-        busy=busy.reshape(dag.pp, dag.dp),
+        busy=per_device(busy),
         imbalance=float(busy.max() * n / total) if total > 0 else 1.0,
-        peak_memory=mem.peak.reshape(dag.pp, dag.dp),
-        comm=comm.reshape(dag.pp, dag.dp),
+        peak_memory=per_device(mem.peak),
+        comm=per_device(comm),
         memory_limit=memory_limit,
-        timeline={
-            k: np.asarray(v)
-            for k, v in (
-                ("device", dev),
-                ("start", st),
-                ("compute_end", ce),
-                ("end", en),
-                ("kind", kind),
-            )
-        },
+        timeline=timeline,
         memory=mem,
+        cp=k,
     )

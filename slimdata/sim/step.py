@@ -18,8 +18,11 @@ Modelling assumptions (the simulator's contract, design §7):
   so all DP ranks advance pack by pack at the slowest rank's pace; a DP-Merge pack's K/V
   all-gather (forward) and gradient reduce-scatter (backward) are exposed (not overlapped)
   and its members leave together. Pipeline sends are edge lags on separate streams.
-- Memory: see :mod:`slimdata.sim.memory`. Optimizer step, data loading, and the
-  tensor/context parallelism inside a rank are not modelled.
+- Memory: see :mod:`slimdata.sim.memory`. Optimizer step, data loading, and tensor
+  parallelism inside a rank are not modelled.
+- Static context parallelism (``SimConfig.cp = k``): a plan solved for ``dp / k`` DP groups
+  runs on ``Layout.dp`` devices, every pack split over ``k`` devices with a per-layer K/V
+  exchange; see :mod:`slimdata.sim.cp`. ``k = 1`` is the plain model.
 """
 
 from __future__ import annotations
@@ -46,16 +49,17 @@ def simulate_step(
     *,
     durations: Durations | None = None,
 ) -> SimResult:
-    """Simulate ``plan`` on ``layout`` (``layout.dp`` must equal ``plan.dp``).
+    """Simulate ``plan`` on ``layout`` (``layout.dp`` must equal ``plan.dp * config.cp``).
 
     ``durations`` replaces predicted pack times by measured ones (``(chunk, rank, pass,
     pack) -> seconds``), e.g. to replay a step recorded by the runtime.
     """
-    if layout.dp != plan.dp:
-        raise PlanError(
-            f"plan has {plan.dp} DP ranks but the layout has dp={layout.dp}; solve the plan for this layout"
-        )
     config = config or SimConfig()
+    if layout.dp != plan.dp * config.cp:
+        raise PlanError(
+            f"plan has {plan.dp} DP ranks x cp={config.cp} but the layout has dp={layout.dp}; "
+            f"solve the plan for dp={layout.dp // config.cp} DP groups of this layout"
+        )
     dag = build_dag(
         plan,
         cost,

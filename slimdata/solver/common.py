@@ -151,14 +151,21 @@ def cut_document(d: Document, bounds: Sequence[int]) -> list[Document]:
     return pieces
 
 
-def interleaved_order(n_fwd: int, n_bwd: int) -> tuple[tuple[str, int], ...]:
-    """``F0 B0 F1 B1 ...`` then any remaining packs: the fixed 1F1B-like order of lockstep plans."""
+def interleaved_order(n_fwd: int, n_bwd: int, lag: int = 0) -> tuple[tuple[str, int], ...]:
+    """The fixed 1F1B-like order of lockstep plans: backward pack ``j`` right after forward
+    pack ``j + lag``, then any remaining packs.
+
+    ``interleaved_order(3, 3) == F0 B0 F1 B1 F2 B2``; ``interleaved_order(3, 3, 1) == F0 F1 B0
+    F2 B1 B2``.
+    """
     order: list[tuple[str, int]] = []
-    for i in range(max(n_fwd, n_bwd)):
-        if i < n_fwd:
-            order.append(("F", i))
-        if i < n_bwd:
-            order.append(("B", i))
+    j = 0
+    for i in range(n_fwd):
+        order.append(("F", i))
+        if i >= lag and j < n_bwd:
+            order.append(("B", j))
+            j += 1
+    order.extend(("B", k) for k in range(j, n_bwd))
     return tuple(order)
 
 
@@ -174,8 +181,10 @@ def assemble_plan(
     merges: Sequence[tuple[tuple[int, ...], tuple[int, ...]]] = (),
     merge_rank_pack: dict[int, tuple[int, int]] | None = None,
     mode: str = "free",
+    lag: int = 0,
     meta: dict[str, Any] | None = None,
     t0: float | None = None,
+    validate: bool = True,
 ) -> StepPlan:
     """Build, price and validate a :class:`StepPlan` from per-rank packs of slice indices.
 
@@ -183,8 +192,10 @@ def assemble_plan(
     execution order; ``backward`` likewise. Consecutive slices of a document sharing both their
     forward and their backward pack are fused into one :class:`Slice` (same tokens, one fixed
     per-slice cost less). ``merge_rank_pack[rank] = (forward index, backward index)`` of a
-    merge member's merge packs. Order: :func:`interleaved_order` in ``lockstep`` mode (identical
-    on every rank), :func:`~slimdata.plan.types.eager_order` in ``free`` mode.
+    merge member's merge packs. Order: :func:`interleaved_order` (with ``lag``) in ``lockstep``
+    mode (identical on every rank), :func:`~slimdata.plan.types.eager_order` in ``free`` mode.
+    ``validate=False`` skips :meth:`StepPlan.validate` (a per-step caller that trusts the
+    solver; tests and plan-shard writing always validate).
     """
     merge_rank_pack = merge_rank_pack or {}
     rank_merge = {r: g for g, (ranks, _d) in enumerate(merges) for r in ranks}
@@ -245,7 +256,7 @@ def assemble_plan(
         g = rank_merge.get(r)
         fpacks = packs(forward[r], r_fwd, mf, g)
         bpacks = packs(backward[r], r_bwd, mb, g)
-        order = interleaved_order(len(fpacks), len(bpacks)) if mode == "lockstep" else ()
+        order = interleaved_order(len(fpacks), len(bpacks), lag) if mode == "lockstep" else ()
         ranks.append(RankStep(rank=r, forward=fpacks, backward=bpacks, order=order))
     meta = dict(meta or {})
     meta.setdefault("strategy", strategy)
@@ -261,7 +272,7 @@ def assemble_plan(
         mode=mode,
         meta=meta,
     )
-    return plan.validate()
+    return plan.validate() if validate else plan
 
 
 def _balance_meta(ranks: Sequence[RankStep]) -> dict[str, float]:

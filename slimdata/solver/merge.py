@@ -103,8 +103,30 @@ def _smallest_k(
     return fallback or (None, None)
 
 
-def plan_merges(view: BatchView, dp: int, mem: float, *, share: float = 1.0) -> MergePlan:
-    """Choose merge groups for one batch (see the module docstring)."""
+def _closest_to_one_pack(view, sl, k, members, mem, balanced, packs):
+    """Between ``k`` members (shares at most one pack) and ``k - 1`` (shares above it), keep
+    the split whose largest pack, merge share or ``(balanced - share) / (packs - 1)``, is
+    smaller."""
+
+    def worst(ms) -> float:
+        s = max(float(view.fwd[m].sum() + view.bwd[m].sum()) for m in ms)
+        return max(s, (balanced - s) / (packs - 1))
+
+    fewer, _loads, peak = split_group(view, sl, k - 1)
+    if peak <= mem and worst(fewer) < worst(members):
+        return k - 1, fewer
+    return k, members
+
+
+def plan_merges(
+    view: BatchView, dp: int, mem: float, *, share: float = 1.0, packs: int = 1
+) -> MergePlan:
+    """Choose merge groups for one batch (see the module docstring).
+
+    ``packs``: micro-batches per rank in lockstep mode; a member's share is then sized to one
+    pack (``1/packs`` of the balanced per-rank time), so the merge pack costs about as much as
+    every other pack of the member (pipeline micro-batches of similar cost).
+    """
     out = MergePlan()
     n_docs = len(view.docs)
     if n_docs == 0:
@@ -120,7 +142,7 @@ def plan_merges(view: BatchView, dp: int, mem: float, *, share: float = 1.0) -> 
         sl = list(view.slices_of(d))
         must = bool(view.doc_mem[d] > mem)
         doc = view.docs[d]
-        k_time = max(2, math.ceil(time[d] / balanced)) if balanced > 0 else 2
+        k_time = max(2, math.ceil(time[d] * packs / balanced)) if balanced > 0 else 2
         k_max = min(len(sl), dp)
         k, members = (None, None)
         if k_max >= 2:
@@ -130,9 +152,12 @@ def plan_merges(view: BatchView, dp: int, mem: float, *, share: float = 1.0) -> 
                 min(k_time, k_max),
                 k_max,
                 mem,
-                float(view.doc_fwd.sum()) / dp,
-                float(view.doc_bwd.sum()) / dp,
+                float(view.doc_fwd.sum()) / (dp * packs),
+                float(view.doc_bwd.sum()) / (dp * packs),
+                fill=0.9 if packs == 1 else 1.0,
             )
+            if k is not None and packs > 1 and k > 2:
+                k, members = _closest_to_one_pack(view, sl, k, members, mem, balanced, packs)
         if k is None:
             if must:
                 raise PlanError(

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slimdata.solver.common import BatchView
+from slimdata.solver.merge import member_peak
 
-__all__ = ["RankPacks", "pack_rank"]
+__all__ = ["RankPacks", "pack_rank", "pack_rank_lockstep"]
 
 
 @dataclass
@@ -164,5 +165,141 @@ def pack_rank(
         while len(B) < m:
             B.append([])
     if peak > mem:  # pragma: no cover - guarded above
+        return None
+    return RankPacks(F, B, merge_pack, peak)
+
+
+def pack_rank_lockstep(
+    view: BatchView,
+    units: Sequence[Sequence[int] | range],
+    merge_slices: Sequence[int] = (),
+    *,
+    cap: int,
+    mem: float,
+    m: int,
+    lag: int = 0,
+) -> RankPacks | None:
+    """Lockstep packing of one rank into exactly ``m`` forward and ``m`` backward packs, run in
+    the order :func:`~slimdata.solver.common.interleaved_order` ``(m, m, lag)``:
+    ``F0 .. F(lag) B0 F(lag+1) B1 ...``.
+
+    Forward packs cut the slice stream at its forward-cost quantiles (and the token and memory
+    caps); backward pack ``j`` runs after forward pack ``j + lag`` and takes, from the end of
+    every document completed by then (oldest first), backward work up to the ``(j+1)/m``
+    quantile of the rank's backward cost, so backward packs are balanced on backward cost. A
+    lag of ``L`` packs lets a document spanning up to ``L + 1`` forward packs feed the backward
+    packs in time, at the price of holding ``L`` packs more activations. Documents longer than
+    one pack's forward share go first (they then start at a pack boundary), the rest keep their
+    order. A merge member runs its merge share as pack 0. Returns ``None`` when the caps do not
+    fit ``m`` packs.
+    """
+    tok, fwd, bwd, act, docl = view.lists
+    kvp = view.kv_per_token
+    F: list[list[int]] = []
+    B: list[list[int]] = []
+    merge_pack = None
+    units = [u for u in units if len(u)]
+    if len(merge_slices):
+        F.append(list(merge_slices))
+        merge_pack = (0, 0)
+    base = len(F)
+    rest = m - base
+    if rest < 1 and units:
+        return None
+    total_f = sum(fwd[i] for u in units for i in u)
+    total_b = sum(bwd[i] for u in units for i in u)
+    fstar = total_f / max(rest, 1)
+    ufwd = [sum(fwd[i] for i in u) for u in units]
+    longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
+    shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
+    stream = [units[k] for k in (*longs, *shorts)]
+
+    ready: deque[list[int]] = deque()  # completed documents: slices not yet backwarded
+    merge_bytes = member_peak(view, sorted(merge_slices)) if base else 0.0
+    held = merge_bytes  # activation + K/V bytes held now (the merge share until its backward)
+    doc_kv: dict[int, float] = {}
+    doc_left: dict[int, int] = {}
+    peak = 0.0
+    cum_f = 0.0
+    cum_b = 0.0
+    cur: list[int] = []
+    cur_tok = 0
+    n_b = 0  # backward packs emitted (merge pack included)
+
+    def emit_backward(final: bool) -> None:
+        nonlocal held, cum_b, n_b
+        if n_b < base:  # the merge pack runs its own backward first
+            B.append(list(merge_slices))
+            held -= merge_bytes
+            n_b += 1
+            return
+        j = n_b - base
+        target = float("inf") if final else total_b * (j + 1) / rest
+        pack: list[int] = []
+        pack_tok = 0
+        while ready:
+            doc_slices = ready[0]
+            i = doc_slices[-1]
+            if pack and (cum_b + bwd[i] / 2 > target or pack_tok + tok[i] > cap):
+                break
+            doc_slices.pop()
+            pack.append(i)
+            pack_tok += tok[i]
+            cum_b += bwd[i]
+            held -= act[i]
+            d = docl[i]
+            doc_left[d] -= 1
+            if doc_left[d] == 0:
+                held -= doc_kv.pop(d)
+            if not doc_slices:
+                ready.popleft()
+        B.append(pack)
+        n_b += 1
+
+    def close_forward() -> None:
+        nonlocal cur, cur_tok
+        F.append(cur)
+        cur, cur_tok = [], 0
+        if len(F) - 1 >= lag:  # B(j) runs after F(j + lag)
+            emit_backward(False)
+
+    if base:
+        peak = merge_bytes
+        if merge_bytes > mem:
+            return None
+        if lag == 0:
+            emit_backward(False)
+    for u in stream:
+        d = docl[u[0]]
+        doc_left[d] = len(u)
+        doc_kv[d] = 0.0
+        for i in u:
+            extra = act[i] + kvp * tok[i]
+            if cur and (
+                cur_tok + tok[i] > cap
+                or held + extra > mem
+                or (
+                    len(F) - base < rest - 1
+                    and cum_f + fwd[i] / 2 > total_f * (len(F) - base + 1) / rest
+                )
+            ):
+                close_forward()
+                if len(F) - base >= rest:
+                    return None
+            if held + extra > mem or tok[i] > cap:
+                return None
+            cur.append(i)
+            cur_tok += tok[i]
+            cum_f += fwd[i]
+            held += extra
+            doc_kv[d] += kvp * tok[i]
+            peak = max(peak, held)
+        ready.append(list(u))
+    while len(F) < m:
+        close_forward()
+        peak = max(peak, held)
+    while n_b < m:
+        emit_backward(n_b == m - 1)
+    if ready or any(sum(tok[i] for i in p) > cap for p in B):
         return None
     return RankPacks(F, B, merge_pack, peak)

@@ -6,9 +6,9 @@ import random
 
 import numpy as np
 import torch
+from slimdata.hooks import slice_attention
 from torch import nn
 
-from slimdata.hooks import slice_attention
 from slimdata.plan import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
 
 VOCAB = 61
@@ -83,7 +83,8 @@ def make_plan(lengths, ranks, merges=(), step=0, merge_packs=None, loss_tokens=N
     """``ranks``: list of (forward spec, backward spec[, order]); a spec is a list of packs, a
     pack a list of (doc, start, end). ``merge_packs``: {rank: (fwd index, bwd index)}."""
     docs = tuple(
-        Document(doc_id=f"d{i}", length=n, loss_tokens=(loss_tokens[i] if loss_tokens else -1)) for i, n in enumerate(lengths)
+        Document(doc_id=f"d{i}", length=n, loss_tokens=(loss_tokens[i] if loss_tokens else -1))
+        for i, n in enumerate(lengths)
     )
     rss = []
     for r, spec in enumerate(ranks):
@@ -95,7 +96,9 @@ def make_plan(lengths, ranks, merges=(), step=0, merge_packs=None, loss_tokens=N
             bwd[bi] = MicroPack(bwd[bi].slices, merge=g)
         order = tuple(spec[2]) if len(spec) > 2 else ()
         rss.append(RankStep(rank=r, forward=tuple(fwd), backward=tuple(bwd), order=order))
-    return StepPlan(step=step, strategy="hand", docs=docs, ranks=tuple(rss), merges=tuple(merges)).validate()
+    return StepPlan(
+        step=step, strategy="hand", docs=docs, ranks=tuple(rss), merges=tuple(merges)
+    ).validate()
 
 
 def random_rank_plan(rng: random.Random, lengths, max_cuts=3, nf=None, nb=None):
@@ -128,10 +131,14 @@ def solver_case(lengths, strategy, dp, seed, context=256):
     from slimdata.docsource import documents_from_lengths
     from slimdata.solver import Layout, solve
 
-    tiny = ModelConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=VOCAB, dtype_bytes=4)
+    tiny = ModelConfig(
+        name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=VOCAB, dtype_bytes=4
+    )
     docs = documents_from_lengths(lengths, slice_tokens=128)
     layout = Layout(dp=dp, context=context, pack_tokens=context, memory_gib=1)
-    plan = solve(docs, layout, strategy, seed=seed, cost=CostModel.analytic(tiny, "h100", "none")).validate()
+    plan = solve(
+        docs, layout, strategy, seed=seed, cost=CostModel.analytic(tiny, "h100", "none")
+    ).validate()
     rng = np.random.default_rng(seed)
     src = {d.doc_id: rng.integers(0, VOCAB, size=d.length).astype(np.uint32) for d in docs}
     return plan, [src[d.doc_id][d.offset : d.offset + d.length] for d in plan.docs]
@@ -141,10 +148,13 @@ def reference_grads(model, forward, tokens, plan):
     """Loss and gradients of the unpacked batch: every document whole, one sequence each."""
     model.zero_grad(set_to_none=True)
     total = 0.0
-    for d, doc in enumerate(plan.docs):
+    for d in range(len(plan.docs)):
         ids = torch.as_tensor(np.asarray(tokens[d], dtype=np.int64))
         logits = forward(model, ids, torch.arange(len(ids)))
-        loss = nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="sum") / plan.loss_tokens
+        loss = (
+            nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="sum")
+            / plan.loss_tokens
+        )
         loss.backward()
         total += float(loss.detach())
     return total, {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -165,4 +175,15 @@ def max_rel_err(got, ref):
     return max(errs)
 
 
-__all__ = ["MergeGroup", "TinyLM", "doc_tokens", "grads_of", "make_plan", "max_rel_err", "random_rank_plan", "reference_grads", "solver_case", "tiny_forward"]
+__all__ = [
+    "MergeGroup",
+    "TinyLM",
+    "doc_tokens",
+    "grads_of",
+    "make_plan",
+    "max_rel_err",
+    "random_rank_plan",
+    "reference_grads",
+    "solver_case",
+    "tiny_forward",
+]

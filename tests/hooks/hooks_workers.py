@@ -3,19 +3,36 @@
 from __future__ import annotations
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
-
-from hooks_helpers import MergeGroup, TinyLM, doc_tokens, grads_of, make_plan, max_rel_err, reference_grads, solver_case, tiny_forward
+from hooks_helpers import (
+    MergeGroup,
+    TinyLM,
+    doc_tokens,
+    grads_of,
+    make_plan,
+    max_rel_err,
+    reference_grads,
+    solver_case,
+    tiny_forward,
+)
 from slimdata.hooks import make_payload, run_step
+from torch.nn.parallel import DistributedDataParallel
 
 
 def plan_merge2():
     # doc 0 (40 tokens) merged over ranks 0 and 1: rank 0 holds [0,12) and [25,33), rank 1
     # holds [12,25) and [33,40); the merge pack runs between ordinary packs on both ranks.
     lengths = [40, 10, 7]
-    r0 = ([[(1, 0, 4)], [(0, 0, 12), (0, 25, 33)], [(1, 4, 10)]], [[(0, 0, 12), (0, 25, 33)], [(1, 4, 10), (1, 0, 4)]])
-    r1 = ([[(2, 0, 3)], [(0, 12, 25), (0, 33, 40)], [(2, 3, 7)]], [[(2, 3, 7)], [(0, 12, 25), (0, 33, 40)], [(2, 0, 3)]])
-    return lengths, make_plan(lengths, [r0, r1], merges=[MergeGroup((0, 1), (0,))], merge_packs={0: (1, 0), 1: (1, 1)})
+    r0 = (
+        [[(1, 0, 4)], [(0, 0, 12), (0, 25, 33)], [(1, 4, 10)]],
+        [[(0, 0, 12), (0, 25, 33)], [(1, 4, 10), (1, 0, 4)]],
+    )
+    r1 = (
+        [[(2, 0, 3)], [(0, 12, 25), (0, 33, 40)], [(2, 3, 7)]],
+        [[(2, 3, 7)], [(0, 12, 25), (0, 33, 40)], [(2, 0, 3)]],
+    )
+    return lengths, make_plan(
+        lengths, [r0, r1], merges=[MergeGroup((0, 1), (0,))], merge_packs={0: (1, 0), 1: (1, 1)}
+    )
 
 
 def plan_merge4():
@@ -28,7 +45,12 @@ def plan_merge4():
         3: ([[(4, 0, 3)], [(4, 3, 8)], [(0, 30, 40)]], [[(4, 3, 8)], [(0, 30, 40)], [(4, 0, 3)]]),
     }
     mp = {0: (1, 0), 1: (0, 1), 2: (1, 0), 3: (2, 1)}
-    return lengths, make_plan(lengths, [spec[r] for r in range(4)], merges=[MergeGroup((0, 1, 2, 3), (0,))], merge_packs=mp)
+    return lengths, make_plan(
+        lengths,
+        [spec[r] for r in range(4)],
+        merges=[MergeGroup((0, 1, 2, 3), (0,))],
+        merge_packs=mp,
+    )
 
 
 def plan_two_groups4():
@@ -57,10 +79,18 @@ def plan_solver4():
     return toks, plan
 
 
-PLANS = {"merge2": plan_merge2, "merge4": plan_merge4, "two_groups4": plan_two_groups4, "solver2": plan_solver2, "solver4": plan_solver4}
+PLANS = {
+    "merge2": plan_merge2,
+    "merge4": plan_merge4,
+    "two_groups4": plan_two_groups4,
+    "solver2": plan_solver2,
+    "solver4": plan_solver4,
+}
 
 
-def equivalence(rank: int, world: int, names: list[str], ddp: bool = False) -> list[tuple[float, float, float]]:
+def equivalence(
+    rank: int, world: int, names: list[str], ddp: bool = False
+) -> list[tuple[float, float, float]]:
     """For each plan: (this rank's loss share, reference loss, max relative gradient error)."""
     out = []
     for name in names:
@@ -70,7 +100,9 @@ def equivalence(rank: int, world: int, names: list[str], ddp: bool = False) -> l
         ref_loss, ref = reference_grads(model, tiny_forward, toks, plan)
         model.zero_grad(set_to_none=True)
         wrapped = DistributedDataParallel(model) if ddp else model
-        summary = run_step(wrapped, make_payload(plan, rank, toks), forward=tiny_forward, reduce_grads=True)
+        summary = run_step(
+            wrapped, make_payload(plan, rank, toks), forward=tiny_forward, reduce_grads=True
+        )
         out.append((summary.loss, ref_loss, max_rel_err(grads_of(model), ref)))
     return out
 

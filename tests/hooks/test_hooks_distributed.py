@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import hooks_workers as W
+import pytest
 from slimdata.hooks.distributed import run_distributed
 
 pytestmark = pytest.mark.timeout(300)

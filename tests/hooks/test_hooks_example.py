@@ -18,8 +18,19 @@ SHM_RACE = "was not registered by local leader"
 
 
 def test_train_tiny_llama_check(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(ROOT / "examples" / "train_tiny_llama.py"),
-           "--steps", "6", "--check", "--pack-times", str(tmp_path / "packs.jsonl")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "examples" / "train_tiny_llama.py"),
+        "--steps",
+        "6",
+        "--check",
+        "--pack-times",
+        str(tmp_path / "packs.jsonl"),
+    ]
     for _attempt in range(2):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=360, cwd=ROOT)
         if proc.returncode == 0 or SHM_RACE not in proc.stderr + proc.stdout:

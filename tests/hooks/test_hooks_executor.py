@@ -6,8 +6,16 @@ import random
 
 import pytest
 import torch
-
-from hooks_helpers import TinyLM, doc_tokens, grads_of, make_plan, max_rel_err, random_rank_plan, reference_grads, tiny_forward
+from hooks_helpers import (
+    TinyLM,
+    doc_tokens,
+    grads_of,
+    make_plan,
+    max_rel_err,
+    random_rank_plan,
+    reference_grads,
+    tiny_forward,
+)
 from slimdata.hooks import kept_forward_packs, make_payload, run_step
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,9 +39,14 @@ def test_one_long_doc_sliced_across_packs():
     # doc of 40 tokens cut [0,10) [10,25) [25,40), one slice per pack, backward reversed
     fwd = [[(0, 0, 10)], [(0, 10, 25)], [(0, 25, 40)]]
     bwd = [[(0, 25, 40)], [(0, 10, 25)], [(0, 0, 10)]]
-    plan, summary = check([40], fwd, bwd)
+    _plan, summary = check([40], fwd, bwd)
     assert [(e.pass_, e.pack, e.recomputed) for e in summary.events] == [
-        ("F", 0, False), ("F", 1, False), ("F", 2, False), ("B", 0, False), ("B", 1, False), ("B", 2, False)
+        ("F", 0, False),
+        ("F", 1, False),
+        ("F", 2, False),
+        ("B", 0, False),
+        ("B", 1, False),
+        ("B", 2, False),
     ]
 
 
@@ -72,7 +85,9 @@ def test_interleaved_order_backward_before_later_forward():
     lengths = [6, 20]
     fwd = [[(0, 0, 6)], [(1, 0, 7)], [(1, 7, 20)]]
     bwd = [[(0, 0, 6)], [(1, 7, 20)], [(1, 0, 7)]]
-    _plan, summary = check(lengths, fwd, bwd, order=[("F", 0), ("B", 0), ("F", 1), ("F", 2), ("B", 1), ("B", 2)])
+    _plan, summary = check(
+        lengths, fwd, bwd, order=[("F", 0), ("B", 0), ("F", 1), ("F", 2), ("B", 1), ("B", 2)]
+    )
     assert [(e.pass_, e.pack) for e in summary.events][:2] == [("F", 0), ("B", 0)]
 
 
@@ -86,16 +101,25 @@ def test_single_token_docs_and_one_token_slices():
 def test_loss_mask_matches_masked_reference():
     lengths = [12, 9]
     toks = doc_tokens(lengths, 3)
-    masks = [torch.tensor([1, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1]).numpy(), torch.tensor([0, 0, 0, 1, 1, 1, 1, 1, 1]).numpy()]
+    masks = [
+        torch.tensor([1, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1]).numpy(),
+        torch.tensor([0, 0, 0, 1, 1, 1, 1, 1, 1]).numpy(),
+    ]
     counted = [int(m[:-1].sum()) for m in masks]  # the last token never carries a loss
-    plan = make_plan(lengths, [([[(0, 0, 5)], [(0, 5, 12), (1, 0, 9)]], [[(1, 0, 9), (0, 5, 12)], [(0, 0, 5)]])], loss_tokens=counted)
+    plan = make_plan(
+        lengths,
+        [([[(0, 0, 5)], [(0, 5, 12), (1, 0, 9)]], [[(1, 0, 9), (0, 5, 12)], [(0, 0, 5)]])],
+        loss_tokens=counted,
+    )
     model = TinyLM(seed=3)
     model.zero_grad(set_to_none=True)
     for d in range(2):
         ids = torch.as_tensor(toks[d].astype("int64"))
         logits = tiny_forward(model, ids, torch.arange(len(ids)))
         m = torch.as_tensor(masks[d][:-1]).bool()
-        torch.nn.functional.cross_entropy(logits[:-1][m], ids[1:][m], reduction="sum").div(plan.loss_tokens).backward()
+        torch.nn.functional.cross_entropy(logits[:-1][m], ids[1:][m], reduction="sum").div(
+            plan.loss_tokens
+        ).backward()
     ref = grads_of(model)
     model.zero_grad(set_to_none=True)
     run_step(model, make_payload(plan, 0, toks, masks), forward=tiny_forward)
@@ -108,3 +132,27 @@ def test_random_plans(seed):
     lengths = [rng.randint(1, 24) for _ in range(rng.randint(1, 5))]
     fwd, bwd = random_rank_plan(rng, lengths)
     check(lengths, fwd, bwd, seed=seed)
+
+
+def test_sdpa_layouts_agree_and_mask_is_bottom_right():
+    from slimdata.hooks.attention import VarlenBatch, sdpa_varlen, varlen_mask
+
+    b = VarlenBatch.from_lengths([2, 3], [4, 3])
+    m = varlen_mask(b)
+    # sequence 0: 2 queries are the tail of 4 keys; sequence 1: plain causal; no cross terms
+    assert m.int().tolist() == [
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 1, 1, 1],
+    ]
+    g = torch.Generator().manual_seed(0)
+    lq, lk = [3, 1, 7, 2, 2], [9, 1, 7, 30, 2]
+    q = torch.randn(sum(lq), 4, 8, generator=g)
+    k, v = torch.randn(2, sum(lk), 2, 8, generator=g)
+    batch = VarlenBatch.from_lengths(lq, lk)
+    split = sdpa_varlen(q, k, v, batch, 0.3)
+    assert batch.cache["layout"] == "split"
+    dense = sdpa_varlen(q, k, v, batch, 0.3, mask=varlen_mask(batch))
+    torch.testing.assert_close(split, dense, rtol=1e-6, atol=1e-6)

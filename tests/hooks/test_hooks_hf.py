@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-
 from hooks_helpers import VOCAB, doc_tokens, grads_of, make_plan, max_rel_err, reference_grads
 from slimdata.hooks import hf, hf_forward, make_payload, run_step
 
@@ -18,8 +17,14 @@ def tiny_llama(attn: str):
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, attn_implementation=attn,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attn_implementation=attn,
     )
     return LlamaForCausalLM(cfg)
 

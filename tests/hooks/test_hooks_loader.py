@@ -6,11 +6,11 @@ import itertools
 
 import numpy as np
 import pytest
+from hooks_helpers import VOCAB
+from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from streaming import MDSWriter, StreamingDataset
 
-from hooks_helpers import VOCAB
 from slimdata.errors import PlanError
-from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from slimdata.slicing import slice_cuts
 from slimdata.solver import Layout, solve
 from slimdata.solver.planshards import PLAN_COLUMNS, write_plan_shards
@@ -24,12 +24,25 @@ def doc_shards(tmp_path_factory):
     out = tmp_path_factory.mktemp("docs") / "shards"
     rng = np.random.default_rng(0)
     toks = [rng.integers(0, VOCAB, size=n).astype(np.uint32) for n in LENGTHS]
-    cols = {"tokens": "ndarray:uint32", "slices": "ndarray:uint32", "length": "int", "doc_id": "str", "source": "str"}
+    cols = {
+        "tokens": "ndarray:uint32",
+        "slices": "ndarray:uint32",
+        "length": "int",
+        "doc_id": "str",
+        "source": "str",
+    }
     with MDSWriter(out=str(out), columns=cols, size_limit=4096) as w:
         for i, t in enumerate(toks):
-            w.write({"tokens": t, "slices": slice_cuts(len(t), 128).astype(np.uint32), "length": len(t), "doc_id": f"doc{i}", "source": "t"})
+            w.write(
+                {
+                    "tokens": t,
+                    "slices": slice_cuts(len(t), 128).astype(np.uint32),
+                    "length": len(t),
+                    "doc_id": f"doc{i}",
+                    "source": "t",
+                }
+            )
     return out, toks
-
 
 
 def _cut(toks, doc, s):
@@ -37,7 +50,9 @@ def _cut(toks, doc, s):
     return toks[doc.sample][doc.offset + s.start : doc.offset + s.end]
 
 
-CFG = LoaderConfig(layout=Layout(dp=2, context=256, memory_gib=1), global_batch_tokens=400, strategy="bfd", seed=3)
+CFG = LoaderConfig(
+    layout=Layout(dp=2, context=256, memory_gib=1), global_batch_tokens=400, strategy="bfd", seed=3
+)
 
 
 def test_document_loader_gives_each_rank_its_tokens(doc_shards):
@@ -69,7 +84,9 @@ def test_document_loader_resumes_exactly(doc_shards):
     it = iter(first)
     head = [next(it), next(it)]
     state = first.state_dict()
-    assert state["documents"] == sum(len({d.sample for d in p.plan.docs}) for p in head)  # documents, not pieces
+    assert state["documents"] == sum(
+        len({d.sample for d in p.plan.docs}) for p in head
+    )  # documents, not pieces
     resumed = DocumentLoader(ds, rank=1, config=CFG)
     resumed.load_state_dict(state)
     rest = [(p.plan, p.tokens.tolist()) for p in resumed]
@@ -106,7 +123,7 @@ def test_plan_shards_index_mode(plan_shards):
 
 
 def test_misaligned_plan_shards_fail_loudly(plan_shards, tmp_path):
-    out, plans, _ = plan_shards
+    out, _plans, _ = plan_shards
     # a 1-process stream of a 2-rank layout hands rank 0 a payload of rank 1 at some step
     ds = StreamingDataset(local=str(out), shuffle=False, batch_size=1)
     with pytest.raises(PlanError, match="misaligned"):

@@ -5,14 +5,16 @@ reference. Plans without merge groups run all their ranks in one process, one af
 from __future__ import annotations
 
 import pytest
+from hooks_helpers import TinyLM, grads_of, max_rel_err, reference_grads, solver_case, tiny_forward
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from hooks_helpers import TinyLM, grads_of, max_rel_err, reference_grads, solver_case, tiny_forward
 from slimdata.hooks import make_payload, run_step
+
 from slimdata.solver import STRATEGIES
 
 pytestmark = pytest.mark.timeout(300)
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     lengths=st.lists(st.integers(1, 200), min_size=1, max_size=6).filter(lambda x: sum(x) > len(x)),
@@ -27,7 +29,10 @@ def test_solver_plans_match_reference(lengths, strategy, dp, seed):
     model = TinyLM(seed=seed)
     ref_loss, ref = reference_grads(model, tiny_forward, toks, plan)
     model.zero_grad(set_to_none=True)
-    loss = sum(run_step(model, make_payload(plan, r, toks), forward=tiny_forward).loss for r in range(plan.dp))
+    loss = sum(
+        run_step(model, make_payload(plan, r, toks), forward=tiny_forward).loss
+        for r in range(plan.dp)
+    )
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     assert max_rel_err(grads_of(model), ref) <= 1e-5
 

@@ -23,20 +23,26 @@ per-step latency target, the MILP does not meet the latter.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.plan.types import Document, StepPlan
-from slimdata.solver.common import BatchView, assemble_plan
+from slimdata.solver.common import BatchView, assemble_plan, interleaved_order
 from slimdata.solver.layout import Layout
-from slimdata.solver.merge import member_peak, plan_merges
-from slimdata.solver.micropack import RankPacks, pack_rank
+from slimdata.solver.merge import MergePlan, member_peak, plan_merges
+from slimdata.solver.micropack import RankPacks, pack_rank, pack_rank_lockstep
+from slimdata.solver.pipeline import pipeline_time
 
 __all__ = ["assign_lpt", "slimpack"]
+
+MAX_LAG = 5
+"""Largest backward lag (in forward packs) a lockstep plan may use."""
 
 
 def assign_lpt(
@@ -223,6 +229,7 @@ def slimpack(
     merge_share: float = 1.0,
     milp_seconds: float = 0.0,
     improve_rounds: int = 200,
+    validate: bool = True,
 ) -> StepPlan:
     """Plan one step with SlimPack (see the module docstring).
 
@@ -236,9 +243,74 @@ def slimpack(
     t0 = time.perf_counter()
     cost = cost or default_cost()
     view = BatchView.build(batch, cost)
-    dp, cap, mem = layout.dp, layout.token_cap, layout.memory_bytes
+    cap, mem = layout.token_cap, layout.memory_bytes
     _check_slices(view, cap, mem)
-    merges = plan_merges(view, dp, mem, share=merge_share)
+    meta: dict = {"seed": seed, "merge_share": merge_share, "layout": _layout_meta(layout)}
+    opts = {"merge_share": merge_share, "improve_rounds": improve_rounds, "milp_seconds": milp_seconds}
+    if layout.mode == "free":
+        p1 = _phase1(view, layout, packs=1, **opts)
+        packs, lag = _free(view, p1.units, p1.member_slices, layout), 0
+    else:
+        best = None
+        for m in _pack_counts(view, layout):
+            p1 = _phase1(view, layout, packs=m, **opts)
+            found = _lockstep(view, p1.units, p1.member_slices, layout, [m])
+            if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
+                best = (found[0], found[1], found[2], p1)
+        if best is None:
+            if layout.microbatches is not None:
+                raise PlanError(
+                    f"lockstep: the ranks' documents do not fit microbatches={layout.microbatches} "
+                    f"packs of <= {cap} tokens and {mem / 2**30:.1f} GiB; raise --microbatches or "
+                    "leave it unset"
+                )
+            p1 = _phase1(view, layout, packs=_packs_estimate(view, layout), **opts)
+            best = (*_lockstep_fallback(view, p1.units, p1.member_slices, layout), p1)
+        _est, packs, lag, p1 = best
+        meta["pipeline_estimate"] = round(_est, 6)
+    meta.update(improve_moves=p1.moves, lag=lag, microbatches=len(packs[0].forward) if packs else 0)
+    if p1.milp is not None:
+        meta["milp"] = p1.milp
+    return assemble_plan(
+        view=view,
+        layout=layout,
+        cost=cost,
+        strategy="slimpack",
+        step=step,
+        forward=[p.forward for p in packs],
+        backward=[p.backward for p in packs],
+        merges=p1.merges.groups,
+        merge_rank_pack={r: p.merge_pack for r, p in enumerate(packs) if p.merge_pack is not None},
+        mode=layout.mode,
+        lag=lag,
+        meta=meta,
+        t0=t0,
+        validate=validate,
+    )
+
+
+@dataclass
+class _Phase1:
+    merges: MergePlan
+    units: list[list[range]]
+    member_slices: dict[int, list[int]]
+    moves: int
+    milp: dict | None
+
+
+def _phase1(
+    view: BatchView,
+    layout: Layout,
+    *,
+    packs: int,
+    merge_share: float,
+    improve_rounds: int,
+    milp_seconds: float,
+) -> _Phase1:
+    """DP-Merge groups (member shares sized to one of ``packs`` packs), two-dimensional LPT,
+    local search, optional MILP."""
+    dp, mem = layout.dp, layout.memory_bytes
+    merges = plan_merges(view, dp, mem, share=merge_share, packs=packs)
     rest = np.asarray(sorted(set(range(len(view.docs))) - merges.merged_docs), dtype=np.int64)
     groups = [
         (ranks, sorted(i for r in ranks for i in merges.member_slices[r]))
@@ -256,82 +328,92 @@ def slimpack(
         if improve_rounds
         else 0
     )
-    meta: dict = {
-        "seed": seed,
-        "merge_share": merge_share,
-        "improve_moves": moves,
-        "layout": _layout_meta(layout),
-    }
+    info = None
     if milp_seconds > 0:
         from slimdata.solver.milp import refine_assignment
 
         assign, info = refine_assignment(
             view, rest, assign, dp, member_slices, seconds=milp_seconds
         )
-        meta["milp"] = info
     units = [[view.slices_of(d) for d in ds] for ds in assign]
-    packs = _phase2(view, units, member_slices, layout)
-    return assemble_plan(
-        view=view,
-        layout=layout,
-        cost=cost,
-        strategy="slimpack",
-        step=step,
-        forward=[p.forward for p in packs],
-        backward=[p.backward for p in packs],
-        merges=merges.groups,
-        merge_rank_pack={r: p.merge_pack for r, p in enumerate(packs) if p.merge_pack is not None},
-        mode=layout.mode,
-        meta=meta,
-        t0=t0,
+    return _Phase1(merges, units, member_slices, moves, info)
+
+
+def _free(view: BatchView, units, member_slices, layout: Layout) -> list[RankPacks]:
+    """Free mode: every rank packed on its own (:func:`pack_rank`)."""
+    dp, cap, mem = layout.dp, layout.token_cap, layout.memory_bytes
+    out = []
+    for r in range(dp):
+        p = pack_rank(view, units[r], member_slices.get(r, ()), cap=cap, mem=mem)
+        if p is None:  # pragma: no cover - phase 1 guarantees every document fits alone
+            raise PlanError(
+                f"rank {r}: cannot pack its documents under the memory cap {mem / 2**30:.1f} GiB"
+            )
+        out.append(p)
+    return out
+
+
+def _pack_counts(view: BatchView, layout: Layout) -> list[int]:
+    """Lockstep pack counts to try: ``layout.microbatches`` when given, else the fewest packs
+    the token cap allows raised to ``pp``, and with ``pp > 1`` also 2x and 3x that (more
+    micro-batches shrink the pipeline bubble)."""
+    if layout.microbatches is not None:
+        return [layout.microbatches]
+    m0 = _packs_estimate(view, layout)
+    return [m0, 2 * m0, 3 * m0] if layout.pp > 1 else [m0]
+
+
+def _lockstep(
+    view: BatchView, units, member_slices, layout: Layout, counts: Sequence[int]
+) -> tuple[float, list[RankPacks], int] | None:
+    """Lockstep packs of every rank for the pack count in ``counts`` and the backward lag
+    (0 to ``MAX_LAG``) with the smallest estimated 1F1B step time
+    (:func:`~slimdata.solver.pipeline.pipeline_time`); ``None`` if none fits the caps.
+    Returns ``(estimate, packs, lag)``; the first candidate wins ties."""
+    dp, cap, mem, pp = layout.dp, layout.token_cap, layout.memory_bytes, layout.pp
+    fwd, bwd = view.fwd, view.bwd
+    best: tuple[float, list[RankPacks], int] | None = None
+    for m in counts:
+        for lag in range(min(MAX_LAG + 1, m)):
+            packs = []
+            for r in range(dp):
+                p = pack_rank_lockstep(
+                    view, units[r], member_slices.get(r, ()), cap=cap, mem=mem, m=m, lag=lag
+                )
+                if p is None:
+                    break
+                packs.append(p)
+            else:
+                fmax = [max(float(fwd[p.forward[i]].sum()) for p in packs) for i in range(m)]
+                bmax = [max(float(bwd[p.backward[i]].sum()) for p in packs) for i in range(m)]
+                est = pipeline_time(fmax, bmax, interleaved_order(m, m, lag), pp)
+                if best is None or est < best[0] * (1 - 1e-9):
+                    best = (est, packs, lag)
+    return best
+
+
+def _lockstep_fallback(
+    view: BatchView, units, member_slices, layout: Layout
+) -> tuple[float, list[RankPacks], int]:
+    """More packs until the caps fit (memory-bound ranks need more, smaller packs)."""
+    start = max(_pack_counts(view, layout)) + 1
+    for m in range(start, start + len(view.doc) + 2):
+        found = _lockstep(view, units, member_slices, layout, [m])
+        if found is not None:
+            return found
+    raise PlanError(  # pragma: no cover - one slice per pack always fits (checked up front)
+        "lockstep: no pack count fits the caps"
     )
 
 
-def _phase2(view: BatchView, units, member_slices, layout: Layout) -> list[RankPacks]:
-    dp, cap, mem = layout.dp, layout.token_cap, layout.memory_bytes
-    if layout.mode == "free":
-        out = []
-        for r in range(dp):
-            p = pack_rank(view, units[r], member_slices.get(r, ()), cap=cap, mem=mem)
-            if p is None:  # pragma: no cover - phase 1 guarantees every document fits alone
-                raise PlanError(
-                    f"rank {r}: cannot pack its documents under the memory cap {mem / 2**30:.1f} GiB"
-                )
-            out.append(p)
-        return out
+def _packs_estimate(view: BatchView, layout: Layout) -> int:
+    """Micro-batches per rank a lockstep plan will have at least (1 in free mode): the merge
+    planner sizes members' shares to one pack."""
+    if layout.mode != "lockstep":
+        return 1
     if layout.microbatches is not None:
-        m = layout.microbatches
-    else:
-        m = max(
-            len(pack_rank(view, units[r], member_slices.get(r, ()), cap=cap, mem=mem).forward)
-            for r in range(dp)
-        )
-    n_slices = len(view.doc)
-    for m_try in range(max(m, 1), max(m, 1) + n_slices + 2):
-        out = []
-        for r in range(dp):
-            p = pack_rank(view, units[r], member_slices.get(r, ()), cap=cap, mem=mem, m=m_try)
-            if p is None:
-                p = pack_rank(
-                    view,
-                    units[r],
-                    member_slices.get(r, ()),
-                    cap=cap,
-                    mem=mem,
-                    m=m_try,
-                    balance_backward=False,
-                )
-            if p is None:
-                break
-            out.append(p)
-        else:
-            return out
-        if layout.microbatches is not None:
-            raise PlanError(
-                f"lockstep: rank {r} cannot fit its documents into microbatches={m} packs of "
-                f"<= {cap} tokens and {mem / 2**30:.1f} GiB; raise --microbatches or leave it unset"
-            )
-    raise PlanError("lockstep: no pack count fits the caps")  # pragma: no cover
+        return layout.microbatches
+    return max(layout.pp, math.ceil(float(view.doc_len.sum()) / layout.dp / layout.token_cap))
 
 
 def _check_slices(view: BatchView, cap: int, mem: float) -> None:

@@ -1,0 +1,96 @@
+"""Plan an epoch from document shards or a lengths file and write plan shards.
+
+The one library call behind ``slimdata plan`` and ``slimdata build --plan``. Planning from
+shards uses the cost model recorded in the build's sidecar unless another is given, so the
+plan balances the same costs that were written next to every slice.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from slimdata.cost import CostModel
+from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
+from slimdata.errors import ConfigError, InputError, OutputExistsError
+from slimdata.slicing import DEFAULT_SLICE_TOKENS
+
+__all__ = ["SIDECAR_NAME", "build_cost_model", "plan_to_shards"]
+
+SIDECAR_NAME = "slimdata.json"
+
+
+def build_cost_model(shards: str | Path) -> CostModel:
+    """The cost model a ``slimdata build`` output was annotated with (from its sidecar)."""
+    sidecar = Path(shards) / SIDECAR_NAME
+    try:
+        data = json.loads(sidecar.read_text())
+        return CostModel.from_dict(data["cost_model"])
+    except FileNotFoundError:
+        raise InputError(f"{shards} has no {SIDECAR_NAME}: was it written by `slimdata build`?") from None
+    except (KeyError, json.JSONDecodeError, TypeError) as exc:
+        raise InputError(f"{sidecar}: no readable cost model ({exc})") from exc
+
+
+def plan_to_shards(
+    out: str | Path,
+    *,
+    shards: str | Path | None = None,
+    lengths: str | Path | None = None,
+    nodes: int,
+    ranks_per_node: int,
+    global_batch_tokens: int,
+    memory_gib: float,
+    strategy: str = "slimpack",
+    seed: int = 0,
+    context: int = 131072,
+    mode: str = "free",
+    oversize: str = "error",
+    slice_tokens: int = DEFAULT_SLICE_TOKENS,
+    workers_per_rank: int = 1,
+    cost: CostModel | None = None,
+) -> dict[str, Any]:
+    """Solve every step of one epoch and write one MDS sample per (step, rank) to ``out``.
+
+    Exactly one of ``shards`` (a ``slimdata build`` output; payloads then carry the tokens)
+    and ``lengths`` (a lengths file; payloads carry no tokens) is needed. Returns the
+    summary that is also written to ``out/plan.json``.
+    """
+    from slimdata.solver.epoch import write_epoch_plan
+
+    if (shards is None) == (lengths is None):
+        raise ConfigError("give either document shards or a lengths file (exactly one)")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise OutputExistsError(f"{out} exists and is not empty; choose a new output directory")
+    tokens_of = None
+    if lengths is not None:
+        docs = documents_from_lengths(load_lengths(lengths), slice_tokens)
+    else:
+        docs = load_shard_documents(shards)
+        if cost is None:
+            cost = build_cost_model(shards)
+        from streaming import LocalDataset
+
+        dataset = LocalDataset(local=str(shards))
+
+        def tokens_of(sample: int):
+            return dataset[sample]["tokens"]
+
+    return write_epoch_plan(
+        docs,
+        out,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        global_batch_tokens=global_batch_tokens,
+        memory_gib=memory_gib,
+        strategy=strategy,
+        seed=seed,
+        cost=cost,
+        context=context,
+        mode=mode,
+        oversize=oversize,
+        tokens_of=tokens_of,
+        workers_per_rank=workers_per_rank,
+    )

@@ -1,0 +1,91 @@
+"""`slimdata build --plan` and `slimdata plan SHARDS`: plan shards from real document shards.
+
+Every payload's tokens must equal the tokens of its rank's slices, read from the document
+shards, and planning from shards must use the cost model recorded by the build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from click.testing import CliRunner
+
+from slimdata.cli import cli
+from slimdata.cost import CostModel
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TOKENIZER = str(FIXTURES / "tiny_tokenizer.json")
+
+
+def _corpus(root: Path) -> Path:
+    corpus = root / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(3)
+    words = ["alpha", "beta", "gamma", "delta", "slice", "pack", "rank", "merge"]
+    for i in range(12):
+        n = int(rng.integers(5, 400))
+        (corpus / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(words, n)))
+    return corpus
+
+
+def _read(directory: Path) -> list[dict]:
+    from streaming import LocalDataset
+
+    ds = LocalDataset(local=str(directory))
+    return [ds[i] for i in range(len(ds))]
+
+
+def test_build_with_plan_payloads_carry_exact_tokens(tmp_path):
+    out, plan_dir = tmp_path / "shards", tmp_path / "plan"
+    args = ["build", str(_corpus(tmp_path)), "-o", str(out), "--tokenizer", TOKENIZER, "--slice-tokens", "128", "--quiet",
+            "--model", "llama-1b", "--plan", str(plan_dir), "--nodes", "1", "--ranks-per-node", "2",
+            "--global-batch-tokens", "1024", "--memory-gib", "8", "--context", "1024", "--oversize", "split"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    docs = {i: s for i, s in enumerate(_read(out))}
+    payloads = _read(plan_dir)
+    summary = json.loads((plan_dir / "plan.json").read_text())
+    assert len(payloads) == 2 * summary["steps"] and summary["steps"] >= 2
+
+    from slimdata.solver.planshards import read_plan_payload
+
+    seen_tokens = 0
+    for sample in payloads:
+        step, rank, plan, tokens = read_plan_payload(sample)
+        plan.validate()
+        expected = [
+            docs[plan.docs[s.doc].sample]["tokens"][plan.docs[s.doc].offset + s.start : plan.docs[s.doc].offset + s.end]
+            for p in plan.ranks[rank].forward
+            for s in p.slices
+        ]
+        expected = np.concatenate(expected) if expected else np.zeros(0, np.uint32)
+        assert np.array_equal(tokens, expected), (step, rank)
+        seen_tokens += len(tokens)
+    # token conservation: the epoch's payloads hold every token of every document once
+    assert seen_tokens == sum(len(s["tokens"]) for s in docs.values())
+    # the plan used the build's cost model (llama-1b), not the CLI default (llama-8b)
+    built = CostModel.from_dict(json.loads((out / "slimdata.json").read_text())["cost_model"])
+    assert built.label.startswith("llama-1b")
+    plan0 = read_plan_payload(payloads[0])[2]
+    first = plan0.ranks[0].forward[0]
+    expected_cost = sum(float(built.forward(s.start, s.end)) for s in first.slices)
+    assert abs(first.cost - expected_cost) <= 1e-9 * max(1.0, expected_cost)
+
+
+def test_plan_from_shards_and_layout_errors(tmp_path):
+    out = tmp_path / "shards"
+    base = ["build", str(_corpus(tmp_path)), "-o", str(out), "--tokenizer", TOKENIZER, "--slice-tokens", "128", "--quiet"]
+    res = CliRunner().invoke(cli, [*base, "--plan", str(tmp_path / "p0"), "--nodes", "1"])
+    assert res.exit_code == 2 and "--plan needs the training layout" in res.output
+    assert "--ranks-per-node" in res.output and "--global-batch-tokens" in res.output
+    assert not (out / "index.json").exists()  # refused before building anything
+    assert CliRunner().invoke(cli, base).exit_code == 0
+    layout = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "2048", "--memory-gib", "8", "--context", "2048"]
+    res = CliRunner().invoke(cli, ["plan", str(out), *layout, "-o", str(tmp_path / "p1")])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["plan", str(out), *layout, "-o", str(tmp_path / "p1")])
+    assert res.exit_code == 2 and "not empty" in res.output
+    res = CliRunner().invoke(cli, ["plan", str(tmp_path), *layout, "-o", str(tmp_path / "p2")])
+    assert res.exit_code == 2 and "no index.json" in res.output

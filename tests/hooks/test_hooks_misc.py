@@ -1,0 +1,157 @@
+"""Callbacks, the profiler's fit and CLI, the flash backend's GPU path, error cases."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from hooks_helpers import TinyLM, doc_tokens, make_plan, tiny_forward
+from slimdata.hooks import BalanceMeter, Callback, PackTimeRecorder, make_payload, run_step
+from slimdata.hooks.attention import flash
+from slimdata.hooks.profile import fit_terms
+
+from slimdata.cost import CostModel, causal_pairs
+from slimdata.errors import PlanError
+
+pytestmark = pytest.mark.timeout(120)
+FWD = [[(0, 0, 6)], [(0, 6, 10), (1, 0, 4)]]
+BWD = [[(1, 0, 4), (0, 6, 10)], [(0, 0, 6)]]
+
+
+def test_callbacks_fire_in_order_and_record_pack_times(tmp_path):
+    calls = []
+
+    class Spy(Callback):
+        def on_step_start(self, plan, rank):
+            calls.append(("start", plan.step, rank))
+
+        def on_pack_end(self, event):
+            calls.append((event.pass_, event.pack, event.tokens))
+
+        def on_step_end(self, summary):
+            calls.append(("end", summary.tokens))
+
+    plan = make_plan([10, 4], [(FWD, BWD)], step=3)
+    rec, meter = PackTimeRecorder(tmp_path / "t.jsonl"), BalanceMeter()
+    summary = run_step(
+        TinyLM(),
+        make_payload(plan, 0, doc_tokens([10, 4])),
+        forward=tiny_forward,
+        callbacks=[Spy(), rec, meter],
+    )
+    rec.close()
+    assert calls == [
+        ("start", 3, 0),
+        ("F", 0, 6),
+        ("F", 1, 8),
+        ("B", 0, 8),
+        ("B", 1, 6),
+        ("end", 14),
+    ]
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["rank"], r["pass"], r["pack"], r["tokens"]) for r in lines] == [
+        (3, 0, "F", 0, 6),
+        (3, 0, "F", 1, 8),
+        (3, 0, "B", 0, 8),
+        (3, 0, "B", 1, 6),
+    ]
+    assert all(r["seconds"] > 0 for r in lines)
+    h = meter.history[-1]
+    assert h["tokens"] == 14 and h["imbalance"] == 1.0 and h["tokens_per_s"] > 0
+    assert summary.busy_seconds == pytest.approx(sum(r["seconds"] for r in lines))
+
+
+def test_fit_terms_recovers_exact_coefficients():
+    s = np.array([32, 64, 128, 256, 32, 64, 128, 256])
+    start = np.array([0, 0, 0, 0, 512, 512, 512, 512])
+    pairs = causal_pairs(start, start + s)
+    t = 2e-6 * s + 3e-9 * pairs + 1e-3
+    lin, att, const = fit_terms(s, pairs, t)
+    assert (lin, att, const) == pytest.approx((2e-6, 3e-9, 1e-3), rel=1e-9)
+    # a term that would come out negative is dropped, the rest refitted
+    lin, att, const = fit_terms(s, pairs, 5e-6 * s + 1e-3)
+    assert att == 0.0 and lin == pytest.approx(5e-6) and const == pytest.approx(1e-3)
+
+
+def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
+    from slimdata.cli import cli
+
+    cfg = tmp_path / "m.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "name": "t",
+                "layers": 1,
+                "hidden": 32,
+                "heads": 4,
+                "kv_heads": 2,
+                "ffn": 48,
+                "vocab": 64,
+                "dtype_bytes": 4,
+            }
+        )
+    )
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(
+        cli,
+        [
+            "profile",
+            "--model",
+            str(cfg),
+            "-o",
+            str(out),
+            "--slice-tokens",
+            "16,48",
+            "--prefixes",
+            "0,32",
+            "--repeats",
+            "1",
+            "--measurements",
+            str(tmp_path / "raw.json"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    cm = CostModel.load(out)
+    assert cm.source == "profile:cpu" and cm.layers == 1
+    assert cm.fwd_lin + cm.fwd_att + cm.fwd_const > 0 and cm.bwd_lin + cm.bwd_att + cm.bwd_const > 0
+    assert len(json.loads((tmp_path / "raw.json").read_text())) == 4
+
+
+def test_payload_with_wrong_token_count_is_rejected():
+    plan = make_plan([10, 4], [(FWD, BWD)])
+    with pytest.raises(PlanError, match="payload has 13 tokens, plan needs 14"):
+        make_payload(plan, 0, [np.zeros(10, np.uint32), np.zeros(3, np.uint32)])
+
+
+def test_unknown_backend_names_the_choices():
+    plan = make_plan([10, 4], [(FWD, BWD)])
+    with pytest.raises(ValueError, match="use one of"):
+        run_step(
+            TinyLM(),
+            make_payload(plan, 0, doc_tokens([10, 4])),
+            forward=tiny_forward,
+            backend="nope",
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and flash.AVAILABLE), reason="needs CUDA and flash-attn"
+)
+def test_flash_backend_matches_sdpa_on_gpu():  # pragma: no cover - GPU only
+    from slimdata.hooks.attention import VarlenBatch, get_backend, sdpa_varlen
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lq, lk = [3, 64, 7], [9, 64, 200]
+    q = torch.randn(sum(lq), 4, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn(2, sum(lk), 2, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+    b = VarlenBatch.from_lengths(lq, lk, device="cuda")
+    torch.testing.assert_close(
+        get_backend("flash")(q, k, v, b, 0.125),
+        sdpa_varlen(q, k, v, b, 0.125),
+        rtol=2e-2,
+        atol=2e-2,
+    )

@@ -1,0 +1,171 @@
+"""Static context parallelism: hand-computed packs, cp=1 identity, invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sim_helpers import linear_cost, whole_doc_plan
+from test_sim_properties import random_plan
+
+from slimdata.cost import CostModel, Interconnect
+from slimdata.errors import ConfigError, PlanError
+from slimdata.sim import SimConfig, simulate_step
+from slimdata.sim.cp import cp_peak_memory, real_devices
+from slimdata.solver.layout import Layout
+
+NET = Interconnect(intra_node_gbps=1.0, inter_node_gbps=0.5, latency_s=0.0)  # 1 GB/s, 0.5 GB/s
+
+
+def kv_cost(label: str = "", params: int = 0) -> CostModel:
+    """4-token doc: F = 2*4 + 0.2*10 = 10 s (8 linear, 2 attention), B = 16 + 4 = 20 s;
+    1 layer, 1 byte of activations and 1 GB of K/V per token."""
+    c = linear_cost(fwd=2.0, bwd=4.0, att_f=0.2, att_b=0.4, params=params)
+    return CostModel(**{**c.to_dict(), "kv_bytes_per_token": 1e9, "label": label})
+
+
+def test_one_pack_cp2_known_time():
+    # members compute F 10/2 = 5 s, B 20/2 = 10 s.
+    # F: gather 4 GB over 2 ranks -> 2 GB at 1 GB/s = 2 s; hidden (k-1)/k * 1 s attention = 0.5
+    #    -> 1.5 s exposed.  B: gather + reduce-scatter = 4 s; hidden 1/2 * 2 s = 1 s -> 3 s.
+    plan = whole_doc_plan([[[4]]])
+    r = simulate_step(plan, kv_cost(), Layout(dp=2, context=128), SimConfig(cp=2, interconnect=NET))
+    assert r.step_time == pytest.approx(5 + 1.5 + 10 + 3)
+    assert r.cp == 2
+    assert r.busy.tolist() == [[15.0, 15.0]]  # both members of the one CP group
+    assert r.work == 30.0
+    assert r.lower_bound == 15.0
+    assert r.comm.tolist() == [[4.5, 4.5]]
+    # 4 bytes of activations / 2, plus the gathered layer K/V: 4 GB in F, 8 GB (+ grads) in B
+    assert r.peak_memory.tolist() == [[8e9 + 2, 8e9 + 2]]
+    assert sorted(set(r.timeline["device"].tolist())) == [0, 1]
+
+
+def test_full_recompute_pays_a_third_backward_gather():
+    # label ".../full": B runs 3 collectives, 6 s, 1 s hidden -> 5 s exposed; retained K/V
+    # (4 GB, halved: 2 GB) is held from F to B on top of the gathered buffers.
+    plan = whole_doc_plan([[[4]]])
+    r = simulate_step(
+        plan, kv_cost("t/full"), Layout(dp=2, context=128), SimConfig(cp=2, interconnect=NET)
+    )
+    assert r.step_time == pytest.approx(5 + 1.5 + 10 + 5)
+    assert r.peak_memory.max() == pytest.approx(2 + 2e9 + 8e9)
+
+
+def test_inter_node_cp_group_and_overlap_off():
+    plan = whole_doc_plan([[[4]]])
+    lay = Layout(dp=2, context=128, ranks_per_node=1)  # the 2 members sit on 2 nodes
+    # F gather 2 GB at 0.5 GB/s = 4 s, 0.5 hidden -> 3.5; B 8 s, 1 hidden -> 7
+    r = simulate_step(plan, kv_cost(), lay, SimConfig(cp=2, interconnect=NET))
+    assert r.step_time == pytest.approx(5 + 3.5 + 10 + 7)
+    # no overlap: everything exposed, 4 + 8
+    r0 = simulate_step(plan, kv_cost(), lay, SimConfig(cp=2, interconnect=NET, cp_overlap=0.0))
+    assert r0.step_time == pytest.approx(5 + 4 + 10 + 8)
+
+
+def test_attention_longer_than_exchange_hides_it():
+    # 1 byte of K/V per token: a 2-byte gather is negligible next to the attention
+    c = kv_cost()
+    c = CostModel(**{**c.to_dict(), "kv_bytes_per_token": 1.0})
+    net = Interconnect(intra_node_gbps=1.0, latency_s=0.0)
+    r = simulate_step(
+        whole_doc_plan([[[4]]]), c, Layout(dp=2, context=128), SimConfig(cp=2, interconnect=net)
+    )
+    assert r.step_time == pytest.approx(15.0)  # compute / 2, nothing exposed
+    assert r.comm_time == 0.0
+
+
+def test_cp1_is_the_plain_model():
+    plan = whole_doc_plan([[[3], [5]], [[4]]])
+    lay = Layout(dp=2, context=128)
+    a = simulate_step(plan, kv_cost(params=10**9), lay, SimConfig(interconnect=NET))
+    b = simulate_step(plan, kv_cost(params=10**9), lay, SimConfig(interconnect=NET, cp=1))
+    assert a.step_time == b.step_time
+    assert a.busy.tolist() == b.busy.tolist()
+    # hand-computed: rank 0 packs 3 (F 6+1.2, B 12+2.4) and 5 (F 10+3, B 20+6); rank 1: 4 (10, 20)
+    assert a.busy.tolist() == [[pytest.approx(7.2 + 14.4 + 13 + 26), 30.0]]
+    assert a.step_time == pytest.approx(7.2 + 14.4 + 13 + 26)  # all-reduce hides in the last B
+
+
+def test_ddp_all_reduce_spans_all_cp_devices():
+    # one DP group of 2 CP members still all-reduces gradients over both devices:
+    # 2 GB, ring over 2 at 1 GB/s = 2 s, streamed during the last backward -> ends at
+    # max(B end, B start + 2). Without CP (dp=1) there is no all-reduce at all.
+    plan = whole_doc_plan([[[4]]])
+    c = kv_cost(params=10**9)
+    c = CostModel(**{**c.to_dict(), "kv_bytes_per_token": 0.0})
+    r = simulate_step(plan, c, Layout(dp=2, context=128), SimConfig(cp=2, interconnect=NET))
+    assert r.step_time == pytest.approx(15.0)  # B [5, 15] hides the 2 s
+    slow = simulate_step(
+        plan,
+        c,
+        Layout(dp=2, context=128),
+        SimConfig(cp=2, interconnect=NET, overlap_param_comm=False),
+    )
+    assert slow.step_time == pytest.approx(17.0)
+
+
+def test_layout_must_hold_dp_times_cp_devices():
+    with pytest.raises(PlanError, match="cp=2"):
+        simulate_step(
+            whole_doc_plan([[[4]]]), kv_cost(), Layout(dp=1, context=128), SimConfig(cp=2)
+        )
+    with pytest.raises(ConfigError, match="cp=0"):
+        SimConfig(cp=0)
+    with pytest.raises(ConfigError, match="cp_overlap"):
+        SimConfig(cp_overlap=1.5)
+
+
+def test_real_devices_and_cp_peak_memory():
+    assert real_devices([1], 2, 4) == [4, 5, 6, 7]
+    assert real_devices([2, 3], 2, 2) == [4, 5, 6, 7]  # stage 1 of 2 groups x 2
+    assert real_devices([0, 1], 2, 1) == [0, 1]
+    plan = whole_doc_plan([[[4]]])
+    c = linear_cost()
+    c = CostModel(**{**c.to_dict(), "kv_bytes_per_token": 2.0})
+    # solver rule: 4 act + 4 * 2 K/V = 12 bytes; cp=2: 6 + 2 * (2 * 4) gathered = 22
+    assert cp_peak_memory(plan, c, 1).tolist() == [12.0]
+    assert cp_peak_memory(plan, c, 2).tolist() == [22.0]
+
+
+def test_cp_pipeline_sends_a_share_of_the_hidden_states():
+    # 1 token, 2 stages of 1 layer; hidden 1, 2 bytes -> 2 bytes; cp=2 sends 1 byte at 1 B/s
+    plan = whole_doc_plan([[[1]]], mode="lockstep")
+    c = linear_cost(layers=2)
+    net = Interconnect(intra_node_gbps=1e-9, latency_s=0.0)
+    r = simulate_step(plan, c, Layout(dp=2, pp=2, context=128), SimConfig(cp=2, interconnect=net))
+    # S0F [0,.25] send 1 s, S1F [1.25,1.5], S1B [1.5,2], send 1 s, S0B [3,3.5]
+    assert r.step_time == pytest.approx(3.5)
+    assert r.busy.shape == (2, 2)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(0, 10**6),
+    st.integers(1, 3),
+    st.booleans(),
+    st.integers(1, 3),
+    st.sampled_from([2, 4]),
+    st.sampled_from(["ddp", "fsdp"]),
+)
+def test_cp_invariants(seed, dp, merge, pp, cp, par):
+    plan = random_plan(seed, dp, merge)
+    cost = CostModel(
+        **{
+            **linear_cost(att_f=0.01, att_b=0.03, layers=6, params=1000).to_dict(),
+            "kv_bytes_per_token": 1e3,
+        }
+    )
+    net = Interconnect(latency_s=0.01, intra_node_gbps=1e-6, inter_node_gbps=1e-7)
+    lay = Layout(dp=dp * cp, pp=pp, ranks_per_node=4, context=128)
+    runs = [
+        simulate_step(
+            plan, cost, lay, SimConfig(cp=cp, parallelism=par, interconnect=net, cp_overlap=o)
+        )
+        for o in (1.0, 0.0)
+    ]
+    for r in runs:
+        assert r.lower_bound <= r.step_time * (1 + 1e-12)
+        assert r.busy.shape == (pp, dp * cp)
+        assert r.work == pytest.approx(r.busy.sum())
+    assert runs[1].step_time >= runs[0].step_time * (1 - 1e-12)  # less overlap never helps
