@@ -2,13 +2,33 @@
 
 Corpus: the interpreter's standard-library ``.py`` files, then the ``.py`` files of the
 active environment's site-packages, copied into a temporary directory until at least
-``--mb`` megabytes (UTF-8 files only). Raw throughput: the same tokenizer's batched encode
-(``encode_batch`` and ``encode_batch_fast``, all cores through rayon; texts already in
-memory) over the same files; the better of the two is the reference. Build throughput:
-``slimdata build`` end to end (read, tokenize, EOS, slice, cost, MDS write, merge, manifest,
-sidecar) on ``--workers`` processes.
+``--mb`` megabytes (UTF-8 files only); several sizes can be given (``--mb 50 200``).
 
-    python benchmarks/bench_build.py --mb 50 --workers 2
+For each size, measured in fresh processes, one after the other, ``--repeat`` times:
+
+- **raw**: the same tokenizer's ``encode_batch_fast`` (``--all-methods`` adds
+  ``encode_batch``) over the same files, texts already in memory, batches of the build's
+  ``batch_chars``, rayon on ``--workers`` threads (``RAYON_NUM_THREADS``). Process start,
+  imports and tokenizer loading are outside its timed region.
+- **end to end**: the ``slimdata build`` command (``--format text --workers N --quiet``) as
+  a subprocess, wall clock from exec to exit: interpreter start, imports (streaming imports
+  torch), planning, tokenizer loading, read, tokenize, EOS, slice, cost, MDS write, merge,
+  manifest, sidecar.
+- **warm**: ``build()`` called in a process that has already imported the writer stack
+  (streaming, pyarrow) and loaded the tokenizer: the build's steady state without the
+  fixed start-up cost (planning, worker start, writing and finalizing are still inside).
+- **marginal** (two or more sizes): the slope of end-to-end time over tokens between the
+  smallest and the largest size, i.e. the end-to-end throughput once fixed costs are
+  amortized.
+
+Ratios are build tokens/s (content tokens, EOS excluded) over raw ``encode_batch_fast``
+tokens/s measured next to it. The load average is printed with each run: this benchmark
+is only meaningful on an otherwise idle machine.
+
+    python benchmarks/bench_build.py --mb 50 200 --workers 2 --repeat 2 [--pycache /tmp/pyc]
+
+CPU seconds (user + sys, workers included) are printed too: on a loaded machine their
+ratio (raw CPU / build CPU) is a steadier measure of the build's overhead than wall time.
 """
 
 from __future__ import annotations
@@ -16,12 +36,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import site
+import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
 from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
 
 
 def make_corpus(target: Path, megabytes: int) -> tuple[int, int]:
@@ -52,38 +77,31 @@ def make_corpus(target: Path, megabytes: int) -> tuple[int, int]:
     return files, total
 
 
-def raw_throughput(corpus: Path, tokenizer: str, batch_chars: int) -> dict[str, float]:
-    """Each method in a fresh process: the tokenizer's word cache must start cold, as it
-    does in the build (a second pass over the same text is several times faster)."""
-    import subprocess
-    import sys
+ENV: dict[str, str] = dict(os.environ)
+"""Environment of every measured subprocess (``--pycache`` changes it)."""
 
-    out: dict[str, float] = {}
-    for method in ("encode_batch", "encode_batch_fast"):
-        here = str(Path(__file__).parent)
-        args = (str(corpus), tokenizer, batch_chars, method)
-        code = (
-            f"import json, sys; sys.path.insert(0, {here!r}); import bench_build as b; "
-            f"print(json.dumps(b.raw_one(*{args!r})))"
-        )
-        res = json.loads(
-            subprocess.run(
-                [sys.executable, "-c", code], capture_output=True, text=True, check=True
-            ).stdout
-        )
-        out.update(res)
-    return out
+
+def _python(code: str, env: dict[str, str] | None = None) -> dict:
+    """Run ``code`` (with this directory importable) in a fresh interpreter; its JSON."""
+    prelude = f"import json, sys; sys.path.insert(0, {HERE!r}); import bench_build as b; "
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        capture_output=True,
+        text=True,
+        env={**ENV, **(env or {})},
+    )
+    if proc.returncode:
+        raise RuntimeError(proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def raw_one(corpus: str, tokenizer: str, batch_chars: int, method: str) -> dict[str, float]:
+    """Tokens/s of ``method`` over the corpus (run in a fresh process: the tokenizer's word
+    cache starts cold, as in the build; a second pass over the same text is much faster)."""
     from slimdata.tokenize import load_tokenizer
 
-    corpus = Path(corpus)
-
     tok = load_tokenizer(tokenizer)
-    texts = [
-        p.read_bytes().decode("utf-8") for p in sorted(corpus.iterdir())
-    ]  # exact bytes, no newline translation
+    texts = [p.read_bytes().decode("utf-8") for p in sorted(Path(corpus).iterdir())]
     batches, batch, chars = [], [], 0
     for t in texts:
         batch.append(t)
@@ -94,54 +112,163 @@ def raw_one(corpus: str, tokenizer: str, batch_chars: int, method: str) -> dict[
     if batch:
         batches.append(batch)
     fn = getattr(tok.backend, method)
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     tokens = sum(len(e.ids) for b in batches for e in fn(b, add_special_tokens=False))
-    return {method: tokens / (time.perf_counter() - start), "tokens": tokens}
+    seconds = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "cpu": cpu}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def warm_one(corpus: str, out: str, tokenizer: str, workers: int) -> dict[str, float]:
+    """``build()`` after the writer stack is imported and the tokenizer loaded."""
+    import pyarrow as pa
+    import streaming  # noqa: F401 - torch import, outside the timed region
+
+    from slimdata.build import BuildConfig, build
+    from slimdata.build.task import cached_tokenizer
+
+    pa.array([0])
+    cached_tokenizer(tokenizer, None)
+    config = BuildConfig(inputs=(corpus,), format="text", tokenizer=tokenizer, workers=workers)
+    cpu, start = time.process_time() + _children_cpu(), time.perf_counter()
+    summary = build(config, out)
+    seconds = time.perf_counter() - start
+    cpu = time.process_time() + _children_cpu() - cpu
+    tokens = summary.counts["tokens"] - summary.counts["documents"]
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "cpu": cpu}
+
+
+def end_to_end(corpus: Path, out: Path, tokenizer: str, workers: int) -> dict[str, float]:
+    cmd = [
+        sys.executable,
+        "-c",
+        "from slimdata.cli import main; main()",
+        "build",
+        str(corpus),
+        "-o",
+        str(out),
+        "--format",
+        "text",
+        "--tokenizer",
+        tokenizer,
+        "--workers",
+        str(workers),
+        "--quiet",
+    ]
+    cpu, start = _children_cpu(), time.perf_counter()
+    subprocess.run(cmd, check=True, env=ENV)
+    seconds = time.perf_counter() - start
+    cpu = _children_cpu() - cpu
+    counts = json.loads((out / "slimdata.json").read_text())["counts"]
+    tokens = counts["tokens"] - counts["documents"]
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "cpu": cpu}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mb", type=int, default=50)
+    parser.add_argument("--mb", type=int, nargs="+", default=[50])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--tokenizer", default="deepseek")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--all-methods", action="store_true", help="also raw encode_batch")
+    parser.add_argument("--no-warm", action="store_true", help="skip the warm in-process build")
+    parser.add_argument(
+        "--pycache",
+        metavar="DIR",
+        help="run the builds with a bytecode cache in DIR (PYTHONPYCACHEPREFIX, filled before "
+        "timing), as an installation with compiled bytecode has; default: this environment as is",
+    )
     args = parser.parse_args()
+    if args.pycache:
+        ENV.pop("PYTHONDONTWRITEBYTECODE", None)
+        ENV["PYTHONPYCACHEPREFIX"] = str(Path(args.pycache).resolve())
+        warm_up = "import streaming, pyarrow.parquet, pandas, slimdata.cli.build, slimdata.build"
+        subprocess.run([sys.executable, "-c", warm_up], check=True, env=ENV)
 
-    import streaming  # noqa: F401 - import once outside the timed region (torch import)
+    from slimdata.build import BuildConfig
 
-    from slimdata.build import BuildConfig, build
-
+    batch_chars = BuildConfig().batch_chars
+    rayon = {"RAYON_NUM_THREADS": str(args.workers)}
+    methods = ["encode_batch_fast"] + (["encode_batch"] if args.all_methods else [])
     work = Path(tempfile.mkdtemp(prefix="slimdata-bench-"))
     try:
-        corpus = work / "corpus"
-        corpus.mkdir()
-        files, nbytes = make_corpus(corpus, args.mb)
-        config = BuildConfig(
-            inputs=(str(corpus),), format="text", tokenizer=args.tokenizer, workers=args.workers
+        corpora = {}
+        for mb in sorted(args.mb):
+            corpora[mb] = work / f"corpus{mb}"
+            corpora[mb].mkdir()
+            files, nbytes = make_corpus(corpora[mb], mb)
+            print(json.dumps({"corpus_mb": round(nbytes / 1e6, 1), "files": files}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "bytecode_cache": ENV.get("PYTHONPYCACHEPREFIX"),
+                    "dont_write_bytecode": ENV.get("PYTHONDONTWRITEBYTECODE"),
+                }
+            ),
+            flush=True,
         )
-        raw = raw_throughput(corpus, args.tokenizer, config.batch_chars)
-        start = time.perf_counter()
-        summary = build(config, work / "out")
-        seconds = time.perf_counter() - start
-        tokens = summary.counts["tokens"]
-        content_tokens = tokens - summary.counts["documents"]  # without the appended EOS
-        build_tps = content_tokens / seconds
-        best_raw = max(raw.get("encode_batch", 0), raw.get("encode_batch_fast", 0))
-        result = {
-            "corpus_files": files,
-            "corpus_mb": round(nbytes / 1e6, 1),
-            "cpus": os.cpu_count(),
-            "workers": args.workers,
-            "tokenizer": args.tokenizer,
-            "tokens_raw": raw["tokens"],
-            "tokens_built_without_eos": content_tokens,
-            "raw_encode_batch_tok_s": round(raw.get("encode_batch", 0)),
-            "raw_encode_batch_fast_tok_s": round(raw.get("encode_batch_fast", 0)),
-            "build_seconds": round(seconds, 2),
-            "build_tok_s": round(build_tps),
-            "ratio_vs_best_raw": round(build_tps / best_raw, 3),
-            "ratio_vs_encode_batch": round(build_tps / raw["encode_batch"], 3),
-        }
-        print(json.dumps(result, indent=1))
+        for rep in range(args.repeat):
+            e2e = {}
+            for mb, corpus in corpora.items():
+                row: dict = {"repeat": rep, "corpus_mb": mb, "workers": args.workers}
+                row["load_before"] = round(os.getloadavg()[0], 2)
+                for method in methods:
+                    raw = _python(
+                        f"print(json.dumps(b.raw_one({str(corpus)!r}, {args.tokenizer!r}, "
+                        f"{batch_chars}, {method!r})))",
+                        rayon,
+                    )
+                    row[f"raw_{method}_tok_s"] = round(raw["tok_s"])
+                    if method == "encode_batch_fast":
+                        ref, ref_cpu = raw["tok_s"], raw["cpu"]
+                        row["raw_cpu_seconds"] = round(ref_cpu, 2)
+                out = work / "out"
+                shutil.rmtree(out, ignore_errors=True)
+                e2e[mb] = end_to_end(corpus, out, args.tokenizer, args.workers)
+                assert e2e[mb]["tokens"] == raw["tokens"], (e2e[mb], raw)
+                row["tokens"] = e2e[mb]["tokens"]
+                row["end_to_end_seconds"] = round(e2e[mb]["seconds"], 2)
+                row["end_to_end_tok_s"] = round(e2e[mb]["tok_s"])
+                row["end_to_end_ratio"] = round(e2e[mb]["tok_s"] / ref, 3)
+                row["end_to_end_cpu_seconds"] = round(e2e[mb]["cpu"], 2)
+                row["end_to_end_cpu_ratio"] = round(ref_cpu / e2e[mb]["cpu"], 3)
+                if not args.no_warm:
+                    shutil.rmtree(out, ignore_errors=True)
+                    warm = _python(
+                        f"print(json.dumps(b.warm_one({str(corpus)!r}, {str(out)!r}, "
+                        f"{args.tokenizer!r}, {args.workers})))"
+                    )
+                    row["warm_seconds"] = round(warm["seconds"], 2)
+                    row["warm_tok_s"] = round(warm["tok_s"])
+                    row["warm_ratio"] = round(warm["tok_s"] / ref, 3)
+                    row["warm_cpu_seconds"] = round(warm["cpu"], 2)
+                    row["warm_cpu_ratio"] = round(ref_cpu / warm["cpu"], 3)
+                shutil.rmtree(out, ignore_errors=True)
+                row["load_after"] = round(os.getloadavg()[0], 2)
+                print(json.dumps(row), flush=True)
+            if len(e2e) > 1:
+                lo, hi = min(e2e), max(e2e)
+                slope = (e2e[hi]["tokens"] - e2e[lo]["tokens"]) / (
+                    e2e[hi]["seconds"] - e2e[lo]["seconds"]
+                )
+                fixed = e2e[lo]["seconds"] - e2e[lo]["tokens"] / slope
+                print(
+                    json.dumps(
+                        {
+                            "repeat": rep,
+                            "marginal_mb": [lo, hi],
+                            "marginal_tok_s": round(slope),
+                            "marginal_ratio_vs_raw_at_largest": round(slope / ref, 3),
+                            "fixed_seconds": round(fixed, 2),
+                        }
+                    ),
+                    flush=True,
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_sim.py [--lengths FILE] [--repeat 5]
 
 Prints, per strategy and layout, the median wall time of ``simulate_step`` (plan solved once,
-outside the timing) and the number of tasks.
+outside the timing) and the number of tasks; the last line is ``concat`` with static CP 4
+(plan for 16 DP groups simulated on 64 devices).
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ def main() -> None:
             print(
                 f"dp=64 pp={pp} {par:<4} {strategy:<9} tokens={plan.tokens:>8} slices={n_slices:>5} median {statistics.median(times) * 1e3:7.1f} ms  max {max(times) * 1e3:7.1f} ms  step {r.step_time:.3f} s"
             )
+    layout = Layout(dp=64, context=131072, memory_gib=400)
+    plan = solve(batch, Layout(dp=16, context=131072, memory_gib=400), "concat", 0, cost)
+    times = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        r = simulate_step(plan, cost, layout, SimConfig(cp=4))
+        times.append(time.perf_counter() - t0)
+    print(
+        f"dp=64 pp=1 ddp  concat cp=4 median {statistics.median(times) * 1e3:7.1f} ms  "
+        f"step {r.step_time:.3f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
 """Solver benchmarks (not collected by pytest): heuristic latency and plan quality.
 
-Run: ``.venv/bin/python benchmarks/bench_solver.py [--quick]``
+Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|quality|pipeline] [--validate]``
 
 1. Latency of ``solve(..., "slimpack")`` (heuristic, MILP off) on one core for a 1M-token
    global batch over 64 DP ranks and a 4M-token batch over 256 ranks from ``wlb128k.json.gz``
-   (median over batches), plus how it grows with batch size.
+   (median over batches), plus how it grows with batch size; ``validate=False`` unless
+   ``--validate`` (the per-step solve; tests and plan shards always validate).
 2. Plan quality from the cost model alone: imbalance degree ``max * n / sum`` of per-rank
    forward, backward and total cost, for every strategy, both length files, contexts 32K /
    128K / 256K (mean over batches). Setting: llama-8b on h100, full recompute, 60 GiB per rank,
    16 DP ranks, global batch = 16 x context tokens (one context-length row per rank for
    ``concat``), documents longer than the context split (``--oversize split``) so that every
    strategy sees the same documents.
+3. Lockstep pipeline plans (``--only pipeline``): simulated step time vs the simulator's lower
+   bound for slimpack with dp=8, pp=4 (the strategy study's small setting).
+4. Memory caps (``--only memory``): slimpack plans for llama-8b under 60 GiB, full and
+   selective recompute, peak per rank or the solver's refusal.
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ def batches(name: str, tokens: int, n: int, context: int, seed: int = 0):
     return make_batches(docs, tokens, seed)[:n]
 
 
-def latency(quick: bool) -> None:
-    print("== slimpack heuristic latency (one core, wlb128k, 128K context, 60 GiB) ==")
+def latency(quick: bool, validate: bool = False) -> None:
+    print(f"== slimpack heuristic latency (one core, wlb128k, 128K context, 60 GiB, validate={validate}) ==")
     print(f"{'tokens':>8} {'dp':>4} {'docs':>6} {'median ms':>10} {'max ms':>8} {'imbalance':>9}")
     settings = [(1 << 18, 16), (1 << 20, 64), (1 << 21, 128), (1 << 22, 256)]
     for tokens, dp in settings:
@@ -51,7 +56,7 @@ def latency(quick: bool) -> None:
         times, imb = [], []
         for b in bs:
             t0 = time.perf_counter()
-            p = solve(b, layout, "slimpack", 0, COST)
+            p = solve(b, layout, "slimpack", 0, COST, validate=validate)
             times.append((time.perf_counter() - t0) * 1e3)
             imb.append(p.meta["imbalance"])
         print(f"{tokens:>8} {dp:>4} {np.mean([len(b) for b in bs]):>6.0f} {np.median(times):>10.1f} {max(times):>8.1f} {np.mean(imb):>9.4f}")
@@ -74,12 +79,63 @@ def quality(quick: bool) -> None:
                 print(f"{name:>10} {ctx // 1024:>4}K {s:>10} {f:>7.3f} {bw:>7.3f} {t:>7.3f} {m:>6.1f} {ms:>7.1f}")
 
 
+def pipeline(quick: bool) -> None:
+    """Lockstep slimpack plans on a 1F1B pipeline, judged by the simulator: the strategy
+    study's small setting (dp=8, pp=4, 4 context-long rows per rank, 60 GiB, DDP, seed 0)."""
+    from slimdata.sim import SimConfig, simulate_step
+
+    print("\n== lockstep slimpack, dp=8 pp=4, 4 rows/rank, 60 GiB: simulated step vs lower bound ==")
+    print(f"{'file':>10} {'ctx':>5} {'m':>3} {'lag':>3} {'merges':>6} {'step s':>8} {'bound s':>8} {'gap':>7} {'peak GiB':>8}")
+    dp, pp = 8, 4
+    for name in FILES:
+        for ctx in (32768, 131072, 262144):
+            layout = Layout(dp=dp, pp=pp, context=ctx, memory_gib=60, mode="lockstep")
+            lengths = load_lengths(FILES[name])
+            gbt = dp * ctx * 4
+            need = int(np.searchsorted(np.cumsum(lengths), 3 * gbt)) + 1
+            docs = apply_oversize(documents_from_lengths(lengths[:need]), ctx, "split")
+            b = make_batches(docs, gbt, 0)[0]
+            p = solve(b, layout, "slimpack", 0, COST, validate=False)
+            r = simulate_step(p, COST, layout, SimConfig())
+            print(f"{name:>10} {ctx // 1024:>4}K {p.meta['microbatches']:>3} {p.meta['lag']:>3} {len(p.merges):>6} {r.step_time:>8.2f} {r.lower_bound:>8.2f} {r.step_time / r.lower_bound - 1:>+7.1%} {r.peak_memory_gib:>8.1f}")
+
+
+def memory(quick: bool) -> None:
+    """Does slimpack fit llama-8b under 60 GiB (dp=8, free mode, T = dp x context)?"""
+    from slimdata.errors import PlanError
+    from slimdata.solver import plan_peak_memory
+
+    print("\n== slimpack under 60 GiB, llama-8b, dp=8, T = 8 x context, 2 steps ==")
+    for rc in ("full", "selective"):
+        cost = CostModel.analytic("llama-8b", "h100", rc)
+        for name in FILES:
+            lengths = load_lengths(FILES[name])
+            for ctx in (131072, 262144):
+                gbt = 8 * ctx
+                need = int(np.searchsorted(np.cumsum(lengths), 3 * gbt)) + 1
+                docs = apply_oversize(documents_from_lengths(lengths[:need]), ctx, "split")
+                for step, b in enumerate(make_batches(docs, gbt, 0)[:2]):
+                    layout = Layout(dp=8, context=ctx, memory_gib=60)
+                    try:
+                        p = solve(b, layout, "slimpack", 0, cost, step=step)
+                        peak = plan_peak_memory(p, cost).max() / 2**30
+                        what = f"ok peak={peak:.1f} GiB groups={[len(g.ranks) for g in p.merges]} imbalance={p.meta['imbalance']:.3f}"
+                    except PlanError as exc:
+                        what = f"FAIL {str(exc)[:140]}"
+                    print(f"{rc:>9} {name:>10} {ctx // 1024:>4}K step {step}: {what}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer batches")
-    ap.add_argument("--only", choices=["latency", "quality"], default=None)
+    ap.add_argument("--only", choices=["latency", "quality", "pipeline", "memory"], default=None)
+    ap.add_argument("--validate", action="store_true", help="time solve() with validation on")
     args = ap.parse_args()
     if args.only in (None, "latency"):
-        latency(args.quick)
+        latency(args.quick, args.validate)
     if args.only in (None, "quality"):
         quality(args.quick)
+    if args.only in (None, "pipeline"):
+        pipeline(args.quick)
+    if args.only in (None, "memory"):
+        memory(args.quick)

@@ -41,12 +41,14 @@ from slimdata.solver import STRATEGIES, Layout
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lengths"
 DATASETS = {"wikipedia": "wikipedia.txt.gz", "wlb128k": "wlb128k.json.gz"}
 CONTEXTS = {"32K": 32768, "128K": 131072, "256K": 262144}
-TOKEN_BALANCED = ("bfd", "multipack", "sorted", "wlb")
+TOKEN_BALANCED = ("concat", "bfd", "multipack", "sorted")
+"""Baselines that balance tokens, not cost. ``wlb`` balances attention + linear cost (it is
+the WLB-LLM comparison point of the issue's 1.4x target), so it is reported on its own line."""
 
-SMALL = {"dp": (8,), "pp": (1, 4), "steps": 1, "rows": {1: 1, 4: 4}}
-"""CI setting: DP 8 only, one step; ``rows[pp]`` context-long rows per DP rank per step."""
-FULL = {"dp": (8, 32, 64), "pp": (1, 4), "steps": 2, "rows": {1: 1, 4: 8}}
-"""DP 8/32/64, two steps, 8 rows per DP rank with PP 4."""
+SMALL = {"dp": (8,), "pp": (1, 4), "steps": 1, "rows": 2}
+"""CI setting: DP 8 only, one step; with PP ``rows`` context-long rows per DP rank per step."""
+FULL = {"dp": (8, 32, 64), "pp": (1, 4), "steps": 2, "rows": 4}
+"""DP 8/32/64, two steps, 4 rows per DP rank with PP 4 (1 without PP)."""
 
 
 def find_data(data_dir: Path | None) -> Path:
@@ -66,8 +68,11 @@ def run(
     seed: int = 0,
     model: str = "llama-8b",
     recompute: str = "full",
+    **override: object,
 ) -> list[dict]:
-    setting = FULL if full else SMALL
+    """Run the study; ``override`` replaces keys of the setting (``dp``, ``pp``, ``steps``,
+    ``rows``)."""
+    setting = {**(FULL if full else SMALL), **override}
     cost = CostModel.analytic(model, "h100", recompute)
     data = find_data(data_dir)
     lengths = {name: load_lengths(data / f) for name, f in DATASETS.items()}
@@ -76,7 +81,7 @@ def run(
         for ctx_name, ctx in CONTEXTS.items():
             for dp in setting["dp"]:
                 for pp in setting["pp"]:
-                    gbt = dp * ctx * setting["rows"][pp]
+                    gbt = dp * ctx * (setting["rows"] if pp > 1 else 1)
                     # a prefix of the sample holding ~3x the tokens needed keeps document building cheap
                     need = int(np.searchsorted(np.cumsum(lens), 3 * gbt * setting["steps"])) + 1
                     docs = documents_from_lengths(lens[:need])
@@ -186,15 +191,15 @@ def summary(rows: list[dict]) -> str:
         def cell(r: dict | None) -> str:
             return f"{r['step_time']:.2f} ({r['cp']})" if r else "failed"
 
+        best_cell = f"{best['strategy']} {cell(best)}" if best else "failed"
         if s is None:
             lines.append(
-                f"| {ds} | {ctx} | {dp} | {pp} | {cell(c)} | {cell(best)} | failed | | | | |"
+                f"| {ds} | {ctx} | {dp} | {pp} | {cell(c)} | {best_cell} | failed | | | | |"
             )
             continue
         vc = f"{c['step_time'] / s['step_time']:.2f}x" if c else ""
         base = min([r for r in (c, best) if r], key=lambda r: r["step_time"], default=None)
         vb = f"{base['step_time'] / s['step_time']:.2f}x" if base else ""
-        best_cell = f"{best['strategy']} {cell(best)}" if best else "failed"
         lines.append(
             f"| {ds} | {ctx} | {dp} | {pp} | {cell(c)} | {best_cell} | {s['step_time']:.2f} "
             f"| {s['lower_bound']:.2f} | {vc} | {vb} | +{s['step_time'] / s['lower_bound'] - 1:.1%} |"
@@ -264,15 +269,21 @@ def targets(rows: list[dict]) -> str:
             for b in pick(dataset=r["dataset"], context="128K", dp=r["dp"], pp=r["pp"])
             if b["strategy"] in TOKEN_BALANCED and not b["error"]
         ]
-        if not base:
-            continue
-        best = min(base, key=lambda b: b["step_time"])
-        v = best["step_time"] / r["step_time"]
-        lines.append(
-            f"| slimpack vs best token-balanced baseline >= 1.4x at 128K | {r['dataset']} "
-            f"dp={r['dp']} pp={r['pp']} (best: {best['strategy']}, cp={best['cp']}) "
-            f"| {v:.2f}x | {met(v >= 1.4)} |"
-        )
+        wlb = [
+            b
+            for b in pick(dataset=r["dataset"], context="128K", dp=r["dp"], pp=r["pp"])
+            if b["strategy"] == "wlb" and not b["error"]
+        ]
+        for label, pool in (("best token-balanced baseline", base), ("wlb", wlb)):
+            if not pool:
+                continue
+            best = min(pool, key=lambda b: b["step_time"])
+            v = best["step_time"] / r["step_time"]
+            lines.append(
+                f"| slimpack vs {label} >= 1.4x at 128K | {r['dataset']} "
+                f"dp={r['dp']} pp={r['pp']} (best: {best['strategy']}, cp={best['cp']}) "
+                f"| {v:.2f}x | {met(v >= 1.4)} |"
+            )
     for r in ok:
         gap = r["step_time"] / r["lower_bound"] - 1
         lines.append(
@@ -284,7 +295,11 @@ def targets(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--full", action="store_true", help="DP 8/32/64 x PP 1/4, 3 steps (minutes)")
+    ap.add_argument("--full", action="store_true", help="DP 8/32/64 x PP 1/4, 2 steps (long)")
+    ap.add_argument("--dp", type=str, default=None, help="override the DP sizes, e.g. 8,32")
+    ap.add_argument("--pp", type=str, default=None, help="override the PP sizes, e.g. 1")
+    ap.add_argument("--rows", type=int, default=None, help="rows per DP rank with PP")
+    ap.add_argument("--steps", type=int, default=None, help="override the steps")
     ap.add_argument("--out", type=Path, default=Path("study_out"))
     ap.add_argument(
         "--data", type=Path, default=None, help="directory of the shared length samples"
@@ -298,7 +313,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--recompute", choices=["full", "selective", "none"], default="full")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    rows = run(args.full, args.out, args.data, args.memory_gib, args.seed, recompute=args.recompute)
+    override: dict[str, object] = {}
+    for key in ("dp", "pp"):
+        if getattr(args, key):
+            override[key] = tuple(int(x) for x in getattr(args, key).split(","))
+    for key in ("rows", "steps"):
+        if getattr(args, key) is not None:
+            override[key] = getattr(args, key)
+    rows = run(
+        args.full,
+        args.out,
+        args.data,
+        args.memory_gib,
+        args.seed,
+        recompute=args.recompute,
+        **override,
+    )
     print((args.out / "summary.md").read_text())
     print((args.out / "targets.md").read_text())
     print(f"{len(rows)} rows; wrote {args.out}/strategy_study.{{csv,md,png}} and targets.md")

@@ -28,17 +28,21 @@ from slimdata.hooks.executor import (
     run_step,
 )
 from slimdata.hooks.kvstore import KVStore
+from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from slimdata.hooks.loss import packed_loss, slice_labels
 from slimdata.hooks.payload import StepPayload, make_payload
 
 __all__ = [
     "BalanceMeter",
     "Callback",
+    "DocumentLoader",
     "ForwardFn",
     "KVStore",
+    "LoaderConfig",
     "PackContext",
     "PackEvent",
     "PackTimeRecorder",
+    "PlanShardLoader",
     "StepPayload",
     "StepSummary",
     "active_context",

@@ -93,7 +93,8 @@ class PackContext:
                 k_lens.append(s.end)
                 continue
             self.live[(layer, s)] = own[s]
-            self.store.put(layer, s, *own[s])
+            if self.doc_slices[s.doc][-1] != s:  # a later slice of the doc reads it
+                self.store.put(layer, s, *own[s])
             for p in self.doc_slices[s.doc]:
                 if p.start >= s.start:
                     break

@@ -46,8 +46,10 @@ class KVStore:
 
     def grad(self, layer: int, sl: Slice) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Accumulated gradient of the slice's keys and values (None where nobody read them)."""
-        k, v = self._kv[sl][layer]
-        return k.grad, v.grad
+        kv = self._kv.get(sl, {}).get(layer)
+        if kv is None:  # never stored: the document's last slice on this rank
+            return None, None
+        return kv[0].grad, kv[1].grad
 
     def has(self, layer: int, sl: Slice) -> bool:
         return layer in self._kv.get(sl, {})

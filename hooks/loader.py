@@ -182,8 +182,6 @@ class PlanShardLoader:
         self.step = int(state["step"])
 
     def _payload(self, sample: dict, step: int) -> StepPayload:
-        if "ntokens" in sample:  # MDS cannot store an empty array: a 0-token payload holds one pad
-            sample = {**sample, "tokens": np.asarray(sample["tokens"])[: int(sample["ntokens"])]}
         plan, tokens = check_payload(sample, step, self.rank)
         return StepPayload(plan=plan, rank=self.rank, tokens=tokens)
 

@@ -2,14 +2,19 @@
 
 For a model config (preset or JSON) the profiler builds a random-init Llama-style model
 (``transformers.LlamaForCausalLM``, attention through slimdata's registered function) and
-times, with the step executor itself, one slice ``[start, start + s)`` continuing a prefix
-of ``start`` tokens, over a grid of ``(s, start)``. Each point is the median of
-``repeats`` runs after a warm-up. The pack times of the slice's forward and backward are
-fitted by least squares on the separate terms of the cost model (design §5)::
+times, with the step executor itself, a pack of ``k`` slices ``[start, start + s)`` of ``k``
+documents, each continuing a prefix of ``start`` tokens, over a grid of ``(s, start, k)``.
+Each point is the median of ``repeats`` runs (or their minimum, ``--stat min``) after a
+warm-up. The pack times of forward and backward are fitted by least squares on the separate
+terms of the cost model (design §5)::
 
-    time = lin * s + att * pairs + const,   pairs = s * start + s * (s + 1) / 2
+    time = lin * k*s + att * k*pairs + slice_const * k + pack_const
+    pairs = s * start + s * (s + 1) / 2
 
-with non-negative coefficients (a negative term is dropped and the rest refitted). Memory
+with non-negative coefficients (a negative term is dropped and the rest refitted), relative
+residuals. ``pack_const`` (one model call per pack) goes to ``CostModel.fwd_pack_const`` /
+``bwd_pack_const``; with ``--pack-sizes 1`` the two constants cannot be told apart and all of
+it is per slice. Memory
 coefficients come from the analytic model (they are not timed). The output file is a
 :class:`~slimdata.cost.CostModel` JSON that ``CostModel.load`` and ``--cost-profile`` accept.
 
@@ -33,6 +38,7 @@ from slimdata.cost import CostModel, ModelConfig, load_model_config
 __all__ = [
     "ProfileConfig",
     "command",
+    "fit_nonneg",
     "fit_terms",
     "measure_points",
     "profile_cost_model",
@@ -50,6 +56,8 @@ class ProfileConfig:
     """Slice lengths ``s`` of the grid."""
     prefixes: tuple[int, ...] = (0, 256, 1024)
     """Prefix lengths ``start`` of the grid."""
+    pack_sizes: tuple[int, ...] = (1, 4)
+    """Slices per pack ``k`` of the grid (separates per-slice from per-pack constants)."""
     repeats: int = 3
     """Timed runs per point (median); one extra warm-up run precedes them."""
     device: str = "cpu"
@@ -58,6 +66,8 @@ class ProfileConfig:
     """Parameter/activation dtype: float32, bfloat16 or float16."""
     backend: str = "sdpa"
     """Attention backend (``flash`` on GPU when flash-attn is installed)."""
+    stat: str = "median"
+    """Statistic over repeats: ``median``, or ``min`` (robust on a shared, noisy machine)."""
 
     def __post_init__(self) -> None:
         if (
@@ -65,10 +75,14 @@ class ProfileConfig:
             or not self.slice_tokens
             or min(self.slice_tokens) < 1
             or min(self.prefixes, default=0) < 0
+            or not self.pack_sizes
+            or min(self.pack_sizes) < 1
         ):
             raise ValueError(
                 f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, repeats={self.repeats}: use positive sizes and repeats >= 1"
             )
+        if self.stat not in ("median", "min"):
+            raise ValueError(f"stat={self.stat!r}: use 'median' or 'min'")
 
 
 def tiny_llama(model: ModelConfig, device: str = "cpu", dtype: str = "float32"):
@@ -92,48 +106,48 @@ def tiny_llama(model: ModelConfig, device: str = "cpu", dtype: str = "float32"):
     return net.to(device=device, dtype=getattr(torch, dtype))  # type: ignore[call-arg]
 
 
-def _slice_plan(start: int, s: int):
+def _slice_plan(start: int, s: int, k: int = 1):
+    """Plan whose measured pack holds slice ``[start, start + s)`` of ``k`` documents; the
+    prefixes ``[0, start)`` run in a pack before it (forward) and after it (backward)."""
     from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 
     n = start + s
+    tails = MicroPack(tuple(Slice(d, start, n) for d in range(k)))
     fwd: tuple[MicroPack, ...]
     bwd: tuple[MicroPack, ...]
     if start == 0:
-        fwd = bwd = (MicroPack((Slice(0, 0, s),)),)
+        fwd = bwd = (tails,)
         pick = (0, 0)
     else:
-        a, b = Slice(0, 0, start), Slice(0, start, n)
-        fwd = (MicroPack((a,)), MicroPack((b,)))
-        bwd = (MicroPack((b,)), MicroPack((a,)))
+        heads = MicroPack(tuple(Slice(d, 0, start) for d in range(k)))
+        fwd, bwd = (heads, tails), (tails, heads)
         pick = (1, 0)
     plan = StepPlan(
         step=0,
         strategy="profile",
-        docs=(Document(doc_id=0, length=n),),
+        docs=tuple(Document(doc_id=d, length=n) for d in range(k)),
         ranks=(RankStep(rank=0, forward=fwd, backward=bwd),),
     )
     return plan.validate(), pick
 
 
-def measure_points(model, config: ProfileConfig, points: list[tuple[int, int]]) -> list[dict]:
-    """Median forward/backward seconds of slice ``[start, start + s)`` for every ``(s, start)``."""
+def measure_points(model, config: ProfileConfig, points: list[tuple[int, int, int]]) -> list[dict]:
+    """Forward/backward seconds of the measured pack for every ``(s, start, k)``."""
     from slimdata.hooks import make_payload, run_step
 
     vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
     out = []
-    warm = max(points, key=lambda x: x[0] + x[1])  # first calls pay lazy initialisation
-    plan, _ = _slice_plan(warm[1], warm[0])
+    warm = max(points, key=lambda x: (x[0] + x[1]) * x[2])  # first calls pay lazy init
+    plan, _ = _slice_plan(warm[1], warm[0], warm[2])
+    docs = [rng.integers(0, vocab, size=d.length).astype(np.uint32) for d in plan.docs]
     for _ in range(3):
-        run_step(
-            model,
-            make_payload(plan, 0, [rng.integers(0, vocab, size=sum(warm)).astype(np.uint32)]),
-            backend=config.backend,
-        )
+        run_step(model, make_payload(plan, 0, docs), backend=config.backend)
     model.zero_grad(set_to_none=True)
-    for s, start in points:
-        plan, (fi, bi) = _slice_plan(start, s)
-        payload = make_payload(plan, 0, [rng.integers(0, vocab, size=start + s).astype(np.uint32)])
+    for s, start, k in points:
+        plan, (fi, bi) = _slice_plan(start, s, k)
+        docs = [rng.integers(0, vocab, size=d.length).astype(np.uint32) for d in plan.docs]
+        payload = make_payload(plan, 0, docs)
         f, b = [], []
         for rep in range(config.repeats + 1):
             model.zero_grad(set_to_none=True)
@@ -141,26 +155,40 @@ def measure_points(model, config: ProfileConfig, points: list[tuple[int, int]]) 
             if rep:
                 f.append(next(e.seconds for e in ev if e.pass_ == "F" and e.pack == fi))
                 b.append(next(e.seconds for e in ev if e.pass_ == "B" and e.pack == bi))
-        out.append({"s": s, "start": start, "fwd": float(np.median(f)), "bwd": float(np.median(b))})
-        log.info("s=%d start=%d fwd=%.4fs bwd=%.4fs", s, start, out[-1]["fwd"], out[-1]["bwd"])
+        agg = np.min if config.stat == "min" else np.median
+        out.append({"s": s, "start": start, "k": k, "fwd": float(agg(f)), "bwd": float(agg(b))})
+        log.info(
+            "s=%d start=%d k=%d fwd=%.4fs bwd=%.4fs", s, start, k, out[-1]["fwd"], out[-1]["bwd"]
+        )
     return out
 
 
-def fit_terms(s: np.ndarray, pairs: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
-    """Non-negative least squares of ``t ~ lin*s + att*pairs + const`` (relative residuals)."""
-    cols = [np.asarray(s, float), np.asarray(pairs, float), np.ones(len(t))]
-    active = [0, 1, 2]
-    w = 1.0 / np.maximum(np.asarray(t, float), 1e-12)  # fit relative error, as MAPE measures
+def fit_nonneg(columns: list[np.ndarray], t: np.ndarray) -> list[float]:
+    """Non-negative least squares of ``t ~ sum c_i * columns[i]`` on relative residuals: a
+    coefficient that comes out negative is dropped and the rest refitted."""
+    t = np.asarray(t, float)
+    cols = [np.asarray(c, float) for c in columns]
+    active = list(range(len(cols)))
+    w = 1.0 / np.maximum(t, 1e-12)  # fit relative error, as MAPE measures
     while True:
         A = np.stack([cols[i] for i in active], axis=1) * w[:, None]
-        coef, *_ = np.linalg.lstsq(A, np.asarray(t, float) * w, rcond=None)
+        coef, *_ = np.linalg.lstsq(A, t * w, rcond=None)
         if (coef >= 0).all() or len(active) == 1:
             break
         active.pop(int(np.argmin(coef)))
-    full = [0.0, 0.0, 0.0]
+    full = [0.0] * len(cols)
     for i, c in zip(active, coef, strict=True):
         full[i] = max(float(c), 0.0)
-    return full[0], full[1], full[2]
+    return full
+
+
+def fit_terms(s, pairs, t, slices=None) -> tuple[float, ...]:
+    """``(lin, att, const)`` of ``t ~ lin*s + att*pairs + const``; with ``slices`` (slices per
+    pack) ``(lin, att, slice_const, pack_const)`` of ``... + slice_const*slices + pack_const``."""
+    ones = np.ones(len(t))
+    if slices is None:
+        return tuple(fit_nonneg([s, pairs, ones], t))
+    return tuple(fit_nonneg([s, pairs, slices, ones], t))
 
 
 def profile_cost_model(
@@ -172,14 +200,21 @@ def profile_cost_model(
     from slimdata.cost import causal_pairs
 
     model = tiny_llama(model_cfg, config.device, config.dtype)
-    points = [(s, p) for s in config.slice_tokens for p in config.prefixes]
+    points = [
+        (s, p, k) for k in config.pack_sizes for s in config.slice_tokens for p in config.prefixes
+    ]
     meas = measure_points(model, config, points)
-    s = np.array([m["s"] for m in meas])
-    pairs = causal_pairs(
-        np.array([m["start"] for m in meas]), s + np.array([m["start"] for m in meas])
-    )
-    fl, fa, fc = fit_terms(s, pairs, np.array([m["fwd"] for m in meas]))
-    bl, ba, bc = fit_terms(s, pairs, np.array([m["bwd"] for m in meas]))
+    s = np.array([m["s"] for m in meas], dtype=float)
+    start = np.array([m["start"] for m in meas], dtype=float)
+    k = np.array([m["k"] for m in meas], dtype=float)
+    pairs = causal_pairs(start, start + s)
+    if len(set(config.pack_sizes)) > 1:
+        fl, fa, fc, fp = fit_terms(k * s, k * pairs, np.array([m["fwd"] for m in meas]), k)
+        bl, ba, bc, bp = fit_terms(k * s, k * pairs, np.array([m["bwd"] for m in meas]), k)
+    else:  # one pack size: per-slice and per-pack constants are indistinguishable
+        fl, fa, fc = fit_terms(k * s, k * pairs, np.array([m["fwd"] for m in meas]))
+        bl, ba, bc = fit_terms(k * s, k * pairs, np.array([m["bwd"] for m in meas]))
+        fp = bp = 0.0
     dtype_bytes = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
     analytic = CostModel.analytic(
         dataclasses.replace(model_cfg, dtype_bytes=dtype_bytes), "h100", "none"
@@ -193,6 +228,8 @@ def profile_cost_model(
         bwd_lin=bl,
         bwd_att=ba,
         bwd_const=bc,
+        fwd_pack_const=fp,
+        bwd_pack_const=bp,
         source=f"profile:{dev}",
         label=f"{model_cfg.name}@{dev}/{config.dtype}",
     )
@@ -233,7 +270,15 @@ def _ints(text: str) -> tuple[int, ...]:
     "--slice-tokens", default="32,64,128,256,512", show_default=True, help="Slice lengths to time."
 )
 @click.option("--prefixes", default="0,256,1024", show_default=True, help="Prefix lengths to time.")
-@click.option("--repeats", default=3, show_default=True, help="Timed runs per point (median).")
+@click.option("--pack-sizes", default="1,4", show_default=True, help="Slices per measured pack.")
+@click.option("--repeats", default=3, show_default=True, help="Timed runs per point.")
+@click.option(
+    "--stat",
+    type=click.Choice(["median", "min"]),
+    default="median",
+    show_default=True,
+    help="Statistic over repeats (min is robust on a busy machine).",
+)
 @click.option(
     "--measurements",
     type=click.Path(dir_okay=False),
@@ -241,22 +286,35 @@ def _ints(text: str) -> tuple[int, ...]:
     help="Also write the raw timings (JSON).",
 )
 def command(
-    model_spec, output, device, dtype, backend, slice_tokens, prefixes, repeats, measurements
+    model_spec,
+    output,
+    device,
+    dtype,
+    backend,
+    slice_tokens,
+    prefixes,
+    pack_sizes,
+    repeats,
+    stat,
+    measurements,
 ) -> None:
     """Measure forward/backward time of slices on this device and fit cost-model coefficients."""
     cfg = ProfileConfig(
         slice_tokens=_ints(slice_tokens),
         prefixes=_ints(prefixes),
+        pack_sizes=_ints(pack_sizes),
         repeats=repeats,
         device=device,
         dtype=dtype,
         backend=backend,
+        stat=stat,
     )
     cm, meas = profile_cost_model(load_model_config(model_spec), cfg)
     cm.save(output)
     if measurements:
         Path(measurements).write_text(json.dumps(meas, indent=1))
     click.echo(
-        f"wrote {output}: fwd = {cm.fwd_lin:.3e}*s + {cm.fwd_att:.3e}*pairs + {cm.fwd_const:.3e}; "
-        f"bwd = {cm.bwd_lin:.3e}*s + {cm.bwd_att:.3e}*pairs + {cm.bwd_const:.3e} ({len(meas)} points)"
+        f"wrote {output}: fwd = {cm.fwd_lin:.3e}*s + {cm.fwd_att:.3e}*pairs + {cm.fwd_const:.3e}/slice"
+        f" + {cm.fwd_pack_const:.3e}/pack; bwd = {cm.bwd_lin:.3e}*s + {cm.bwd_att:.3e}*pairs"
+        f" + {cm.bwd_const:.3e}/slice + {cm.bwd_pack_const:.3e}/pack ({len(meas)} points)"
     )

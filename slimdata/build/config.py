@@ -17,7 +17,49 @@ from slimdata.readers import DEFAULT_TASK_BYTES, FORMATS, ReadOptions
 from slimdata.slicing import DEFAULT_SLICE_TOKENS, check_slice_tokens
 from slimdata.tokenize import DEFAULT_TOKENIZER
 
-__all__ = ["DEFAULT_SIZE_LIMIT", "BuildConfig", "parse_size"]
+__all__ = ["COMPRESSIONS", "DEFAULT_SIZE_LIMIT", "HASHES", "BuildConfig", "parse_size"]
+
+COMPRESSIONS: frozenset[str] = frozenset(
+    [
+        *(
+            f"{name}{level}"
+            for name, levels in (
+                ("br", range(12)),
+                ("bz2", range(1, 10)),
+                ("gz", range(10)),
+                ("zstd", range(1, 23)),
+            )
+            for level in ("", *(f":{i}" for i in levels))
+        ),
+        "snappy",
+    ]
+)
+"""Shard compressions ``streaming.MDSWriter`` accepts (its ``get_compressions()`` in 0.13.0,
+checked equal by the tests). Kept here so validating options does not import ``streaming``
+(and with it torch) before any work starts."""
+
+HASHES: frozenset[str] = frozenset(
+    [
+        "blake2b",
+        "blake2s",
+        "md5",
+        "sha1",
+        "sha224",
+        "sha256",
+        "sha384",
+        "sha3_224",
+        "sha3_256",
+        "sha3_384",
+        "sha3_512",
+        "sha512",
+        "xxh128",
+        "xxh32",
+        "xxh3_128",
+        "xxh3_64",
+        "xxh64",
+    ]
+)
+"""Shard hashes ``streaming.MDSWriter`` accepts (its ``get_hashes()``; tested equal)."""
 
 DEFAULT_SIZE_LIMIT = 1 << 26
 """Shard size limit in bytes before compression (64 MiB, the MDSWriter default)."""

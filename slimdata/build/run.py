@@ -12,14 +12,15 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slimdata import __version__
-from slimdata.build.config import BuildConfig
+from slimdata.build.config import COMPRESSIONS, HASHES, BuildConfig
 from slimdata.build.output import SIDECAR_NAME, finalize, prepare_output
 from slimdata.build.stages import COLUMNS
 from slimdata.build.task import (
@@ -27,9 +28,11 @@ from slimdata.build.task import (
     TaskJob,
     TaskResult,
     cached_tokenizer,
+    collect_task,
     load_result,
     run_task,
     task_dir,
+    write_task,
 )
 from slimdata.corpus import DEFAULT_CORPUS_SOURCE, corpus_info, default_corpus_config
 from slimdata.cost import CostModel, resolve_cost_model
@@ -37,7 +40,11 @@ from slimdata.errors import ConfigError, InputError, SlimdataError
 from slimdata.readers import ReadTask, plan_inputs
 from slimdata.tokenize import TextTokenizer
 
-__all__ = ["BuildSummary", "build", "plan_build"]
+__all__ = ["IN_FLIGHT_BYTES", "BuildSummary", "build", "plan_build"]
+
+IN_FLIGHT_BYTES = 512 << 20
+"""Cap on the input bytes of the tasks a parallel build has handed to workers but not yet
+written (their tokens wait in memory, about one byte per input byte for code and prose)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,16 +63,13 @@ class BuildSummary:
 
 
 def _check_writer_options(config: BuildConfig) -> None:
-    from streaming.base.compression import get_compressions
-    from streaming.base.hashing import get_hashes
-
-    if config.compression is not None and config.compression not in get_compressions():
+    if config.compression is not None and config.compression not in COMPRESSIONS:
         raise ConfigError(
             f"compression={config.compression!r} is unknown; use one of zstd, zstd:<1-22>, br, bz2, snappy, gz"
         )
-    bad = sorted(set(config.hashes) - set(get_hashes()))
+    bad = sorted(set(config.hashes) - HASHES)
     if bad:
-        raise ConfigError(f"hashes {bad} are unknown; use any of {', '.join(sorted(get_hashes()))}")
+        raise ConfigError(f"hashes {bad} are unknown; use any of {', '.join(sorted(HASHES))}")
 
 
 def plan_build(
@@ -126,8 +130,8 @@ def _sidecar(
 
 
 def _warm_imports() -> None:
-    """Import the writer stack once in the parent so forked workers inherit it (streaming
-    imports torch; pyarrow imports pandas on first array conversion)."""
+    """Import the writer stack (streaming imports torch; pyarrow imports pandas on its first
+    array conversion). A parallel build does this while its workers already tokenize."""
     import numpy as np
     import pyarrow as pa
     from streaming import MDSWriter  # noqa: F401
@@ -135,19 +139,44 @@ def _warm_imports() -> None:
     pa.array(np.zeros(1, dtype=np.int64))
 
 
-def _run_parallel(jobs: list[TaskJob], workers: int, on_done) -> None:
+def _run_parallel(jobs: list[TaskJob], workers: int, on_done: Callable[[TaskResult], None]) -> None:
+    """Prepare tasks on ``workers`` processes, write them here as they finish.
+
+    Workers are forked before the writer stack is imported, so they start tokenizing at
+    once while this process imports it (they need neither streaming nor torch). Tasks go
+    out largest first, so the shortest are left for the end when cores run out of work.
+    Finished, unwritten tasks wait in memory; the input bytes of the tasks in flight are
+    capped at :data:`IN_FLIGHT_BYTES` (at least ``3 * workers`` tasks). Output bytes do not
+    depend on this order: each task has its own directory.
+    """
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    order = sorted(jobs, key=lambda j: (-j.task.size, j.index))
+    pending: dict[Future, TaskJob] = {}
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
+
+    def fill() -> None:
+        while order and (
+            len(pending) < 3 * workers
+            or sum(j.task.size for j in pending.values()) + order[0].task.size <= IN_FLIGHT_BYTES
+        ):
+            job = order.pop(0)
+            pending[pool.submit(collect_task, job)] = job
+
     try:
-        with ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context(method)
-        ) as pool:
-            futures = [pool.submit(run_task, job) for job in jobs]
-            for future in as_completed(futures):
-                on_done(future.result())
+        fill()  # forks all the workers at the first submit
+        _warm_imports()
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            finished = sorted(((pending.pop(f), f) for f in done), key=lambda p: p[0].index)
+            fill()
+            for job, future in finished:
+                on_done(write_task(job, future.result()))
     except BrokenProcessPool as exc:
         raise SlimdataError(
             "a build worker died (killed or out of memory); finished tasks are kept: rerun the same command with --resume"
         ) from exc
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def build(
@@ -209,7 +238,6 @@ def build(
             tokens=sum(r.tokens for r in results.values()),
         )
 
-    _warm_imports()
     with bar:
         if config.workers > 1 and len(jobs) > 1:
             _run_parallel(jobs, min(config.workers, len(jobs)), on_done)

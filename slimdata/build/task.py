@@ -1,13 +1,21 @@
 """One build task: read -> stages -> MDS shards in its own sub-directory, then a marker.
 
+A task has two halves: :func:`prepare_task` (read, tokenize, EOS, slice, cost; no
+``streaming`` import) and :func:`write_task` (``MDSWriter``, document table, marker). A
+serial build runs both in one process, batch by batch (:func:`run_task`); a parallel build
+prepares tasks in worker processes and writes them in the parent (see
+:mod:`slimdata.build.run`). Either way the bytes written are the same.
+
 A task writes into ``task-NNNNN.partial/`` and, once every shard, its document table,
 its quarantine file and the ``done.json`` marker are on disk, renames the directory to
 ``task-NNNNN/`` (an atomic rename). A crash at any point (``kill -9`` included) leaves
 either a finished task directory or a ``.partial`` one that a resumed build deletes and
 redoes from scratch, so no document is lost or written twice.
 
-Testing hook: ``SLIMDATA_FAULT_KILL=<task>:<docs>`` makes the process SIGKILL itself after
-writing ``docs`` documents of task ``task`` (used by the crash-resume tests).
+Testing hook: ``SLIMDATA_FAULT_KILL=<task>:<docs>`` makes the process preparing task
+``task`` SIGKILL itself once it has prepared ``docs`` documents of it: the build process of
+a serial build (the task's ``.partial`` directory then exists, earlier batches written), a
+worker of a parallel one (used by the crash-resume tests).
 """
 
 from __future__ import annotations
@@ -16,8 +24,10 @@ import json
 import os
 import shutil
 import signal
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,10 +50,15 @@ __all__ = [
     "DOCUMENTS_NAME",
     "DONE_NAME",
     "QUARANTINE_NAME",
+    "Chunk",
+    "Prepared",
     "TaskJob",
     "TaskResult",
+    "collect_task",
+    "prepare_task",
     "run_task",
     "task_dir",
+    "write_task",
 ]
 
 DONE_NAME = "done.json"
@@ -147,15 +162,60 @@ def _drop_empty_shards(directory: Path) -> None:
     index_path.write_text(json.dumps(index, sort_keys=True))
 
 
-def run_task(job: TaskJob) -> TaskResult:
-    """Process one task into ``task-NNNNN/`` (see the module docstring)."""
+@dataclass(frozen=True)
+class Prepared:
+    """A document ready for the writer: its MDS sample and its row of the document table."""
+
+    sample: dict[str, Any]
+    cuts: np.ndarray
+    digest: bytes
+    dropped: int
+    """Tokens removed by opt-in truncation."""
+
+
+Chunk = list[Prepared | Rejected]
+"""One tokenizer batch of a task, in input order (rejections included)."""
+
+
+def prepare_task(job: TaskJob) -> Iterator[Chunk]:
+    """Read, tokenize, append EOS, (truncate,) slice and cost one task, batch by batch.
+
+    Needs neither ``streaming`` nor ``pyarrow`` (for text and JSONL inputs), so a worker
+    forked before the writer stack is imported starts tokenizing at once.
+    """
+    cfg = job.config
+    tok = _tokenizer(cfg, job.single_thread)
+    fault = _fault_point()
+    documents = 0
+    for batch in batch_records(read_task(job.task, cfg.read_options), cfg.batch_chars):
+        chunk: Chunk = []
+        for item in tokenize_batch(tok, batch):
+            if isinstance(item, Rejected):
+                chunk.append(item)
+                continue
+            tokens, cut = truncate_tokens(append_eos(item.tokens, tok.eos_id), cfg.truncate)
+            sample, cuts = make_sample(
+                Document(item.doc_id, tokens), job.task.source, cfg.slice_tokens, job.cost_model
+            )
+            chunk.append(Prepared(sample, cuts, token_digest(item.doc_id, tokens), cut))
+            documents += 1
+            if fault and fault == (job.index, documents):
+                os.kill(os.getpid(), signal.SIGKILL)
+        yield chunk
+
+
+def collect_task(job: TaskJob) -> list[Chunk]:
+    """:func:`prepare_task` materialized (what a worker process sends to the writer)."""
+    return list(prepare_task(job))
+
+
+def write_task(job: TaskJob, chunks: Iterable[Chunk]) -> TaskResult:
+    """Write prepared chunks of one task into ``task-NNNNN/`` (see the module docstring)."""
     from streaming import MDSWriter
 
     cfg = job.config
-    tok = _tokenizer(cfg, job.single_thread)
     final, partial = task_dir(job.output, job.index), task_dir(job.output, job.index, partial=True)
     shutil.rmtree(partial, ignore_errors=True)
-    fault = _fault_point()
     rows: dict[str, list] = {"doc_id": [], "length": [], "cuts": [], "digest": []}
     quarantined = truncated = dropped = slices = 0
     writer = MDSWriter(
@@ -166,8 +226,8 @@ def run_task(job: TaskJob) -> TaskResult:
         size_limit=cfg.size_limit,
     )
     with writer, open(partial / QUARANTINE_NAME, "w", encoding="utf-8") as quarantine:
-        for batch in batch_records(read_task(job.task, cfg.read_options), cfg.batch_chars):
-            for item in tokenize_batch(tok, batch):
+        for chunk in chunks:
+            for item in chunk:
                 if isinstance(item, Rejected):
                     entry = {
                         "doc_id": item.doc_id,
@@ -178,20 +238,14 @@ def run_task(job: TaskJob) -> TaskResult:
                     quarantine.write(json.dumps(entry, ensure_ascii=False) + "\n")
                     quarantined += 1
                     continue
-                tokens, cut = truncate_tokens(append_eos(item.tokens, tok.eos_id), cfg.truncate)
-                truncated += cut > 0
-                dropped += cut
-                sample, cuts = make_sample(
-                    Document(item.doc_id, tokens), job.task.source, cfg.slice_tokens, job.cost_model
-                )
-                writer.write(sample)
-                rows["doc_id"].append(item.doc_id)
-                rows["length"].append(len(tokens))
-                rows["cuts"].append(cuts)
-                rows["digest"].append(token_digest(item.doc_id, tokens))
-                slices += len(cuts) - 1
-                if fault and fault == (job.index, len(rows["doc_id"])):
-                    os.kill(os.getpid(), signal.SIGKILL)
+                writer.write(item.sample)
+                truncated += item.dropped > 0
+                dropped += item.dropped
+                rows["doc_id"].append(item.sample["doc_id"])
+                rows["length"].append(item.sample["length"])
+                rows["cuts"].append(item.cuts)
+                rows["digest"].append(item.digest)
+                slices += len(item.cuts) - 1
     _drop_empty_shards(partial)
     _write_documents(partial / DOCUMENTS_NAME, rows, job.task.source)
     result = TaskResult(
@@ -210,6 +264,11 @@ def run_task(job: TaskJob) -> TaskResult:
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
     return result
+
+
+def run_task(job: TaskJob) -> TaskResult:
+    """Prepare and write one task in this process, batch by batch."""
+    return write_task(job, prepare_task(job))
 
 
 def load_result(directory: Path) -> TaskResult | None:

@@ -1,4 +1,10 @@
-"""``slimdata simulate``: predict the step time of packing strategies on your data."""
+"""``slimdata simulate``: predict the step time of packing strategies on your data.
+
+Fairness rule (see :mod:`slimdata.sim.compare`): every strategy respects ``--memory-gib``. A
+baseline whose plan does not fit runs static context parallelism (the smallest power of two
+``cp`` that fits, re-planned for ``dp / cp`` DP groups), as a Megatron-style job would;
+``slimpack`` runs ``cp = 1`` (DP-Merge) and must fit by itself.
+"""
 
 from __future__ import annotations
 
@@ -53,7 +59,8 @@ __all__ = ["command"]
     type=float,
     default=40.0,
     show_default=True,
-    help="Per-device budget for activations and K/V.",
+    help="Per-device budget for activations and K/V (model states excluded). Every strategy "
+    "respects it: a baseline that does not fit runs static context parallelism (column cp).",
 )
 @click.option(
     "--parallelism",
@@ -68,6 +75,13 @@ __all__ = ["command"]
     default="1f1b",
     show_default=True,
     help="Pipeline schedule when --pp > 1.",
+)
+@click.option(
+    "--cp-overlap",
+    type=click.FloatRange(0.0, 1.0),
+    default=1.0,
+    show_default=True,
+    help="Share of ring-attention time that can hide the static-CP K/V exchange (0: exposed).",
 )
 @click.option(
     "--strategies", default="all", show_default=True, help="Comma list of strategies, or 'all'."
@@ -121,6 +135,7 @@ def command(
     memory_gib,
     parallelism,
     schedule,
+    cp_overlap,
     strategies,
     steps,
     seed,
@@ -128,7 +143,16 @@ def command(
     json_path,
     gantt,
 ) -> None:
-    """Solve and simulate the same batches with every strategy; print a comparison table."""
+    """Solve and simulate the same batches with every strategy; print a comparison table.
+
+    \b
+    Fairness: all strategies get the same documents in the same steps, mask attention at
+    document boundaries, and respect --memory-gib. A baseline whose peak memory exceeds it
+    is re-planned for dp/cp DP groups and run with static context parallelism cp (the
+    smallest power of two that fits, for the whole job, as Megatron-LM would); if none
+    fits it is reported as failed. slimpack always runs with cp=1: its DP-Merge handles
+    the documents that do not fit one device, and it must fit by itself.
+    """
     from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
     from slimdata.errors import ConfigError
     from slimdata.sim import SimConfig
@@ -156,7 +180,7 @@ def command(
         steps=steps,
         seed=seed,
         global_batch_tokens=global_batch_tokens,
-        config=SimConfig(parallelism=parallelism, schedule=schedule),
+        config=SimConfig(parallelism=parallelism, schedule=schedule, cp_overlap=cp_overlap),
         oversize=oversize,
     )
     click.echo(

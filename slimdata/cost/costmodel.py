@@ -110,6 +110,11 @@ class CostModel:
     """Bytes per element of activations and K/V."""
     param_count: int = 0
     """Parameters (for gradient all-reduce volumes in the simulator)."""
+    fwd_pack_const: float = 0.0
+    """Forward seconds per MicroPack (one model call: launches, Python), on top of per-slice
+    costs; 0 in the analytic model. Use :meth:`pack_forward` to include it."""
+    bwd_pack_const: float = 0.0
+    """Backward seconds per MicroPack; see :attr:`fwd_pack_const`."""
     source: str = "analytic"
     """Where the coefficients came from: ``analytic`` or ``profile:<device>``."""
     label: str = ""
@@ -160,6 +165,14 @@ class CostModel:
         """Costs of the slices of one document given its cut points ``[0, c1, ..., length]``."""
         cuts = np.asarray(cuts, dtype=np.float64)
         return self.slice_costs(cuts[:-1], cuts[1:])
+
+    def pack_forward(self, starts, ends) -> float:
+        """Forward seconds of one MicroPack of slices ``[starts[i], ends[i])``."""
+        return float(np.sum(self.forward(starts, ends))) + self.fwd_pack_const
+
+    def pack_backward(self, starts, ends) -> float:
+        """Backward seconds of one MicroPack of slices ``[starts[i], ends[i])``."""
+        return float(np.sum(self.backward(starts, ends))) + self.bwd_pack_const
 
     def document_time(self, length) -> np.ndarray:
         """Forward + backward seconds of whole documents run as one slice each."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.ipc as ipc
+from typing import TYPE_CHECKING
 
 from slimdata.readers.base import ReadOptions, ReadResult, ReadTask, input_error
 from slimdata.readers.parquet import check_schema, iter_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["SUFFIXES", "dataset_files", "is_dataset_dir", "plan", "read"]
 
@@ -41,6 +42,9 @@ def dataset_files(path: Path) -> list[Path]:
 
 
 def _open(path: str) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     try:
         source = pa.memory_map(path, "r")
     except OSError as exc:

@@ -10,9 +10,7 @@ that row only. Document ids are ``source/file:row`` (0-based row number).
 from __future__ import annotations
 
 from collections.abc import Iterator
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from slimdata.readers.base import (
     ReadOptions,
@@ -23,6 +21,9 @@ from slimdata.readers.base import (
     input_error,
 )
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 __all__ = ["SUFFIXES", "check_schema", "plan", "read"]
 
 SUFFIXES = (".parquet", ".pq")
@@ -30,6 +31,8 @@ SUFFIXES = (".parquet", ".pq")
 
 def check_schema(path: str, schema: pa.Schema, opts: ReadOptions) -> None:
     """Raise :class:`InputError` unless the text field is a string column."""
+    import pyarrow as pa
+
     names = schema.names
     if opts.text_field not in names:
         raise input_error(
@@ -48,6 +51,9 @@ def check_schema(path: str, schema: pa.Schema, opts: ReadOptions) -> None:
 
 def plan(path: str, rel: str, source: str, task_bytes: int, opts: ReadOptions) -> list[ReadTask]:
     """Row ranges made of whole row groups, ~``task_bytes`` each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         meta = pq.ParquetFile(path).metadata
     except (OSError, pa.ArrowInvalid) as exc:
@@ -102,6 +108,8 @@ def iter_table(
 
 def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
     """Records of the task's row range, read row group by row group."""
+    import pyarrow.parquet as pq
+
     pf = pq.ParquetFile(task.path)
     columns = [opts.text_field] + ([opts.id_field] if opts.id_field else [])
     row = 0

@@ -59,7 +59,7 @@ def draw_gantt(results: Mapping[str, SimResult], path: str | Path, *, title: str
         ax.set_ylim(min(r.busy.size, MAX_ROWS) - 0.5, -0.5)
         ax.set_ylabel("device" if pp == 1 else "stage*dp+rank")
         ax.set_title(
-            f"{name}: step {r.step_time:.3f} s, bound {r.lower_bound:.3f} s, imbalance {r.imbalance:.2f}, bubble {r.bubble:.0%}",
+            f"{name}{f' (cp={r.cp})' if r.cp > 1 else ''}: step {r.step_time:.3f} s, bound {r.lower_bound:.3f} s, imbalance {r.imbalance:.2f}, bubble {r.bubble:.0%}",
             fontsize=9,
         )
     axes[-1, 0].set_xlabel("seconds")

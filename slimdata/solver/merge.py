@@ -10,7 +10,8 @@ document's slices by LPT on predicted time (each member then holds a set of slic
 queries see the gathered prefix); a member holds ``act`` of its slices plus K/V of the prefix
 up to its last slice of every group document. Groups use disjoint ranks, lowest free ranks
 first (so a small group stays inside a node). When too few free ranks remain, a document joins
-the existing group that can absorb it under the memory cap with the lowest load; if none can
+the existing group that can absorb it under the memory cap with the fewest of the remaining
+free ranks added to it (then the lowest load); if none can
 and it does not fit one rank, :class:`PlanError` names it and the limit.
 """
 
@@ -26,9 +27,13 @@ import numpy as np
 from slimdata.errors import PlanError
 from slimdata.solver.common import BatchView
 
-__all__ = ["MergePlan", "member_peak", "plan_merges", "split_group"]
+__all__ = ["MergePlan", "member_peak", "plan_merges", "skew_group_sizes", "split_group"]
 
 GIB = float(1 << 30)
+
+RATIO_TOL = 0.005
+"""Backward overload (fraction of the balanced share) a rank may be left with by one whole
+document's backward/forward skew before that document is split (:func:`skew_group_sizes`)."""
 
 
 @dataclass
@@ -118,14 +123,70 @@ def _closest_to_one_pack(view, sl, k, members, mem, balanced, packs):
     return k, members
 
 
+def skew_group_sizes(
+    view: BatchView, dp: int, fixed: np.ndarray, *, tol: float = RATIO_TOL
+) -> np.ndarray:
+    """Members each document needs so that its ranks can still be balanced on forward AND
+    backward time (0 or 1: it can stay whole).
+
+    Backward/forward ratios differ between documents (attention's is ~4.1 with full
+    recompute, linear layers' 3.0), so a rank holding a long document is backward-heavy and
+    only short, forward-heavy documents can even it out. In units of the balanced per-rank
+    forward and backward time, a share ``(f, b)`` filled up with documents of ratio ``rho``
+    (the forward-weighted ratio of the batch's documents below the mean ratio: the supply a
+    backward-heavy rank draws on) reaches backward ``b + rho (1 - f)`` when its forward is
+    full; it must stay within ``1 + tol``. Splitting a document of ``(f, b)`` evenly over
+    ``k`` members (both dimensions, :func:`split_group`) needs
+    ``k >= (b - rho f) / (1 + tol - rho)``. ``fixed`` marks documents merged anyway (too
+    long or too costly); they are left out of the supply.
+    """
+    fs = float(view.doc_fwd.sum()) / dp
+    bs = float(view.doc_bwd.sum()) / dp
+    out = np.zeros(len(view.docs), dtype=np.int64)
+    if fs <= 0 or bs <= 0:
+        return out
+    f = view.doc_fwd / fs
+    b = view.doc_bwd / bs
+    with np.errstate(divide="ignore", invalid="ignore"):
+        low = ~fixed & (b < f)
+    if not low.any():
+        return out
+    rho = float(b[low].sum() / f[low].sum())
+    if rho >= 1 + tol:  # pragma: no cover - low-ratio documents have rho < 1
+        return out
+    need = (b - rho * f) / (1 + tol - rho)
+    out = np.ceil(need - 1e-9).astype(np.int64)
+    out[need <= 1] = 0
+    return np.minimum(out, dp)
+
+
 def plan_merges(
-    view: BatchView, dp: int, mem: float, *, share: float = 1.0, packs: int = 1
+    view: BatchView,
+    dp: int,
+    mem: float,
+    *,
+    share: float = 1.0,
+    packs: int = 1,
+    balance_ratio: bool = True,
+    ratio_tol: float = RATIO_TOL,
+    gather: float = 0.0,
+    layer_share: float = 1.0,
+    whole: float | None = None,
 ) -> MergePlan:
     """Choose merge groups for one batch (see the module docstring).
 
     ``packs``: micro-batches per rank in lockstep mode; a member's share is then sized to one
     pack (``1/packs`` of the balanced per-rank time), so the merge pack costs about as much as
     every other pack of the member (pipeline micro-batches of similar cost).
+    ``balance_ratio`` (free mode, ``packs == 1``): also merge documents that whole would leave
+    their rank backward-heavy beyond ``ratio_tol`` (:func:`skew_group_sizes`), with at least
+    that many members. ``gather``: a member also holds ``gather`` x the K/V of all its
+    group's documents (the simulator's merge buffers: the gathered K/V while the merge forward
+    runs, with their gradients, 2x, while the merge backward runs); 0 counts only the prefix
+    its slices attend to (:func:`member_peak`). ``layer_share``: with pipeline stages, ``mem``
+    is the device cap divided by the first stage's share of the layers (bytes are compared as
+    full-model bytes); error messages report per-device bytes. ``whole``: a document whose
+    footprint exceeds it must merge (default ``mem``; lower leaves room beside it).
     """
     out = MergePlan()
     n_docs = len(view.docs)
@@ -133,44 +194,59 @@ def plan_merges(
         return out
     time = view.doc_fwd + view.doc_bwd
     balanced = float(time.sum()) / dp
-    cand = np.flatnonzero((view.doc_mem > mem) | (time > share * balanced))
+    whole = mem if whole is None else whole
+    must_or_long = (view.doc_mem > whole) | (time > share * balanced)
+    k_skew = np.zeros(n_docs, dtype=np.int64)
+    if packs == 1 and balance_ratio and dp > 1:
+        k_skew = skew_group_sizes(view, dp, must_or_long, tol=ratio_tol)
+    cand = np.flatnonzero(must_or_long | (k_skew >= 2))
     cand = cand[np.argsort(-time[cand], kind="stable")]
     free = list(range(dp))
     group_slices: list[list[int]] = []
+    group_tokens: list[float] = []
     group_load: list[float] = []
     for d in cand.tolist():
         sl = list(view.slices_of(d))
-        must = bool(view.doc_mem[d] > mem)
+        must = bool(view.doc_mem[d] > whole)
         doc = view.docs[d]
-        k_time = max(2, math.ceil(time[d] * packs / balanced)) if balanced > 0 else 2
+        k_time = max(2, math.ceil(time[d] * packs / balanced), int(k_skew[d]))
         k_max = min(len(sl), dp)
         k, members = (None, None)
+        mem_d = mem - gather * view.kv_per_token * float(view.doc_len[d])
         if k_max >= 2:
             k, members = _smallest_k(
                 view,
                 sl,
                 min(k_time, k_max),
                 k_max,
-                mem,
+                mem_d,
                 float(view.doc_fwd.sum()) / (dp * packs),
                 float(view.doc_bwd.sum()) / (dp * packs),
                 fill=0.9 if packs == 1 else 1.0,
             )
             if k is not None and packs > 1 and k > 2:
-                k, members = _closest_to_one_pack(view, sl, k, members, mem, balanced, packs)
+                k, members = _closest_to_one_pack(view, sl, k, members, mem_d, balanced, packs)
         if k is None:
             if must:
                 raise PlanError(
                     f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {len(sl)} slices) needs "
-                    f"{view.doc_mem[d] / GIB:.1f} GiB but the memory cap is {mem / GIB:.1f} GiB per rank and "
-                    f"even {k_max} merged ranks cannot hold it: raise --memory-gib, cut finer slices, or "
-                    "use --oversize split|truncate"
+                    f"{view.doc_mem[d] * layer_share / GIB:.1f} GiB but the memory cap is "
+                    f"{mem * layer_share / GIB:.1f} GiB per device and even {k_max} merged ranks cannot "
+                    "hold it"
+                    + (
+                        f" (each member also holds {gather:g}x the document's gathered K/V, "
+                        f"{(mem - mem_d) * layer_share / GIB:.1f} GiB)"
+                        if gather > 0
+                        else ""
+                    )
+                    + ": raise --memory-gib, cut finer slices, or use --oversize split|truncate"
                 )
             continue
         if k <= len(free):
             ranks = tuple(free[:k])
             del free[:k]
             group_slices.append(sl)
+            group_tokens.append(float(view.doc_len[d]))
             group_load.append(float(time[d]) / k)
             out.groups.append((ranks, (d,)))
             for r, ms in zip(ranks, members, strict=True):
@@ -178,13 +254,21 @@ def plan_merges(
             out.merged_docs.add(d)
             continue
         # no free ranks left: join the least loaded group that can hold it
+        # (a group may grow by the free ranks left: a rank serves one group per step)
         placed = False
-        for g in sorted(range(len(out.groups)), key=lambda g: group_load[g]):
+        for g, extra in sorted(
+            ((g, e) for g in range(len(out.groups)) for e in range(len(free) + 1)),
+            key=lambda ge: (ge[1], group_load[ge[0]]),
+        ):
             ranks, gdocs = out.groups[g]
             merged = group_slices[g] + sl
-            members, loads, peak = split_group(view, merged, len(ranks))
-            if peak <= mem:
+            members, loads, peak = split_group(view, merged, len(ranks) + extra)
+            tokens = group_tokens[g] + float(view.doc_len[d])
+            if peak + gather * view.kv_per_token * tokens <= mem:
+                ranks = (*ranks, *free[:extra])
+                del free[:extra]
                 group_slices[g] = merged
+                group_tokens[g] = tokens
                 group_load[g] = float(loads.max())
                 out.groups[g] = (ranks, (*gdocs, d))
                 for r, ms in zip(ranks, members, strict=True):
@@ -195,7 +279,7 @@ def plan_merges(
         if not placed and must:
             raise PlanError(
                 f"document doc_id {doc.doc_id!r} ({doc.length} tokens) needs a merge group of {k} "
-                f"ranks (memory cap {mem / GIB:.1f} GiB per rank) but only {len(free)} of {dp} ranks "
+                f"ranks (memory cap {mem * layer_share / GIB:.1f} GiB per device) but only {len(free)} of {dp} ranks "
                 "are free and no existing group can absorb it: raise --memory-gib or the DP size, "
                 "lower --global-batch-tokens, or use --oversize split|truncate"
             )

@@ -178,6 +178,9 @@ def pack_rank_lockstep(
     mem: float,
     m: int,
     lag: int = 0,
+    pp: int = 1,
+    layer_share: float = 1.0,
+    merge_kv: float = 0.0,
 ) -> RankPacks | None:
     """Lockstep packing of one rank into exactly ``m`` forward and ``m`` backward packs, run in
     the order :func:`~slimdata.solver.common.interleaved_order` ``(m, m, lag)``:
@@ -192,6 +195,18 @@ def pack_rank_lockstep(
     one pack's forward share go first (they then start at a pack boundary), the rest keep their
     order. A merge member runs its merge share as pack 0. Returns ``None`` when the caps do not
     fit ``m`` packs.
+
+    Memory with ``pp`` pipeline stages (the accounting of :mod:`slimdata.sim.memory` under
+    1F1B): a stage holds ``layer_share`` of every byte (its share of the layers; the first
+    stage's is the largest), and stage ``s`` runs every backward pack ``pp - 1 - s`` forward
+    packs later than the plan order, so the first stage holds the slices of the last
+    ``pp - 1`` backward packs the plan has already run, on top of what the plan order holds
+    (``lag + pp`` packs in flight). A merge member's first stage also holds the gathered K/V
+    of its group's documents (``merge_kv`` bytes, full model) while its merge forward pack
+    runs, twice that while its merge backward pack runs. The check is
+    ``layer_share * held <= mem`` on the first stage at every forward slice and merge pack;
+    ``pp=1, layer_share=1, merge_kv=0`` is the single-device rule of
+    :mod:`slimdata.solver.memory`. ``RankPacks.peak`` is the first stage's peak (bytes).
     """
     tok, fwd, bwd, act, docl = view.lists
     kvp = view.kv_per_token
@@ -217,6 +232,11 @@ def pack_rank_lockstep(
     ready: deque[list[int]] = deque()  # completed documents: slices not yet backwarded
     merge_bytes = member_peak(view, sorted(merge_slices)) if base else 0.0
     held = merge_bytes  # activation + K/V bytes held now (the merge share until its backward)
+    mem = mem / layer_share  # compare full-model bytes
+    # backward packs the plan order has run but the first stage has not yet:
+    # (bytes they free, is the merge pack); at most pp - 1 after each forward pack
+    pending: deque[tuple[float, bool]] = deque()
+    late = 0.0  # bytes of ``pending``: the first stage holds ``held + late``
     doc_kv: dict[int, float] = {}
     doc_left: dict[int, int] = {}
     peak = 0.0
@@ -225,14 +245,29 @@ def pack_rank_lockstep(
     cur: list[int] = []
     cur_tok = 0
     n_b = 0  # backward packs emitted (merge pack included)
+    fits = True
+
+    def first_stage_runs_backward(keep: int) -> None:
+        """The first stage runs the oldest pending backward packs until ``keep`` are left."""
+        nonlocal late, fits, peak
+        while len(pending) > keep:
+            freed, is_merge = pending[0]
+            if is_merge:  # gathered K/V and their gradients while the merge backward runs
+                peak = max(peak, held + late + 2 * merge_kv)
+                fits = fits and held + late + 2 * merge_kv <= mem
+            pending.popleft()
+            late -= freed
 
     def emit_backward(final: bool) -> None:
-        nonlocal held, cum_b, n_b
+        nonlocal held, cum_b, n_b, late
         if n_b < base:  # the merge pack runs its own backward first
             B.append(list(merge_slices))
             held -= merge_bytes
+            pending.append((merge_bytes, True))
+            late += merge_bytes
             n_b += 1
             return
+        held_before = held
         j = n_b - base
         target = float("inf") if final else total_b * (j + 1) / rest
         pack: list[int] = []
@@ -254,6 +289,8 @@ def pack_rank_lockstep(
             if not doc_slices:
                 ready.popleft()
         B.append(pack)
+        pending.append((held_before - held, False))
+        late += held_before - held
         n_b += 1
 
     def close_forward() -> None:
@@ -262,13 +299,15 @@ def pack_rank_lockstep(
         cur, cur_tok = [], 0
         if len(F) - 1 >= lag:  # B(j) runs after F(j + lag)
             emit_backward(False)
+        first_stage_runs_backward(pp - 1)
 
     if base:
-        peak = merge_bytes
-        if merge_bytes > mem:
+        peak = merge_bytes + merge_kv
+        if merge_bytes + merge_kv > mem:
             return None
         if lag == 0:
             emit_backward(False)
+        first_stage_runs_backward(pp - 1)
     for u in stream:
         d = docl[u[0]]
         doc_left[d] = len(u)
@@ -277,29 +316,30 @@ def pack_rank_lockstep(
             extra = act[i] + kvp * tok[i]
             if cur and (
                 cur_tok + tok[i] > cap
-                or held + extra > mem
+                or held + late + extra > mem
                 or (
                     len(F) - base < rest - 1
                     and cum_f + fwd[i] / 2 > total_f * (len(F) - base + 1) / rest
                 )
             ):
                 close_forward()
-                if len(F) - base >= rest:
+                if len(F) - base >= rest or not fits:
                     return None
-            if held + extra > mem or tok[i] > cap:
+            if held + late + extra > mem or tok[i] > cap:
                 return None
             cur.append(i)
             cur_tok += tok[i]
             cum_f += fwd[i]
             held += extra
             doc_kv[d] += kvp * tok[i]
-            peak = max(peak, held)
+            peak = max(peak, held + late)
         ready.append(list(u))
     while len(F) < m:
         close_forward()
-        peak = max(peak, held)
+        peak = max(peak, held + late)
     while n_b < m:
         emit_backward(n_b == m - 1)
-    if ready or any(sum(tok[i] for i in p) > cap for p in B):
+    first_stage_runs_backward(0)
+    if not fits or ready or any(sum(tok[i] for i in p) > cap for p in B):
         return None
-    return RankPacks(F, B, merge_pack, peak)
+    return RankPacks(F, B, merge_pack, peak * layer_share)

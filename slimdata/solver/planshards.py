@@ -126,6 +126,7 @@ def write_plan_shards(
             raise PlanError(
                 f"plan #{i} has step {p.step} and {p.dp} ranks; expected step {i} and {dp} ranks"
             )
+        p.validate()  # always at write time, whatever the per-step solve skipped
     if workers_per_rank < 1:
         raise ConfigError(f"workers_per_rank={workers_per_rank!r} must be >= 1")
     pos = payload_positions(len(plans), nodes, ranks_per_node, workers_per_rank)
@@ -166,14 +167,13 @@ def write_plan_shards(
 
 
 def read_plan_payload(sample: dict[str, Any]) -> tuple[int, int, StepPlan, np.ndarray]:
-    """``(step, rank, plan, tokens)`` of one plan-shard sample."""
+    """``(step, rank, plan, tokens)`` of one plan-shard sample (the padding token of an empty
+    payload removed: ``tokens`` has ``ntokens`` entries)."""
     plan = StepPlan.from_json(sample["plan"])
-    return (
-        int(sample["step"]),
-        int(sample["rank"]),
-        plan,
-        np.asarray(sample["tokens"], dtype=np.uint32),
-    )
+    tokens = np.asarray(sample["tokens"], dtype=np.uint32)
+    if "ntokens" in sample:
+        tokens = tokens[: int(sample["ntokens"])]
+    return int(sample["step"]), int(sample["rank"]), plan, tokens
 
 
 def check_payload(sample: dict[str, Any], step: int, rank: int) -> tuple[StepPlan, np.ndarray]:

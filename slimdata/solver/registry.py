@@ -40,14 +40,19 @@ def solve(
     cost: CostModel | None = None,
     *,
     step: int = 0,
+    validate: bool = True,
     **options,
 ) -> StepPlan:
     """Plan one step of ``batch`` on ``layout`` with ``strategy``; deterministic for a seed.
 
-    ``cost=None`` means ``CostModel.analytic("llama-8b")``. Raises :class:`ConfigError` for an
-    unknown strategy and :class:`~slimdata.errors.PlanError` for an impossible layout.
+    ``cost=None`` means ``CostModel.analytic("llama-8b")``. ``validate=False`` skips
+    :meth:`StepPlan.validate` (about a quarter of a slimpack solve): for per-step callers that
+    trust the solver (the simulator, benchmarks); the test suite validates every strategy's
+    plans and :func:`~slimdata.solver.planshards.write_plan_shards` validates every plan it
+    writes. Raises :class:`ConfigError` for an unknown strategy and
+    :class:`~slimdata.errors.PlanError` for an impossible layout.
     """
     fn = STRATEGIES.get(strategy)
     if fn is None:
         raise ConfigError(f"strategy={strategy!r}: use one of {', '.join(STRATEGIES)}")
-    return fn(batch, layout, seed, cost, step=step, **options)
+    return fn(batch, layout, seed, cost, step=step, validate=validate, **options)

@@ -89,3 +89,20 @@ def test_plan_from_shards_and_layout_errors(tmp_path):
     assert res.exit_code == 2 and "not empty" in res.output
     res = CliRunner().invoke(cli, ["plan", str(tmp_path), *layout, "-o", str(tmp_path / "p2")])
     assert res.exit_code == 2 and "no index.json" in res.output
+
+
+def test_payloads_without_tokens_read_back_empty(tmp_path):
+    """Planned from lengths, payloads carry no tokens; MDS stores one pad that must not leak."""
+    (tmp_path / "lengths.txt").write_text("300\n40\n900\n")
+    out = tmp_path / "plan"
+    res = CliRunner().invoke(cli, ["plan", "--lengths", str(tmp_path / "lengths.txt"), "--nodes", "1", "--ranks-per-node", "2",
+                                   "--global-batch-tokens", "4096", "--memory-gib", "8", "--context", "1024", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    from slimdata.solver.planshards import check_payload, read_plan_payload
+
+    samples = _read(out)
+    assert len(samples) == 2
+    for sample in samples:
+        step, rank, plan, tokens = read_plan_payload(sample)
+        assert tokens.dtype == np.uint32 and len(tokens) == 0
+        assert check_payload(sample, step, rank)[1].shape == (0,)

@@ -123,3 +123,8 @@ def ddp_no_merge(rank: int, world: int) -> tuple[float, float, float]:
 
 def check_torch_threads(rank: int, world: int) -> int:
     return torch.get_num_threads()
+
+
+def two_rank_suite(rank: int, world: int) -> tuple[list, tuple]:
+    """Both 2-rank bodies in one spawn (saves a process start on busy CI machines)."""
+    return equivalence(rank, world, ["merge2", "solver2"], True), ddp_no_merge(rank, world)

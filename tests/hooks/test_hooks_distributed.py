@@ -17,18 +17,16 @@ def _check(results):
         assert max(errs) <= TOL, errs
 
 
-def test_merge_two_ranks_and_ddp():
-    _check(run_distributed(W.equivalence, 2, ["merge2", "solver2"], True))
+def test_two_ranks_merge_and_ddp():
+    res = run_distributed(W.two_rank_suite, 2)
+    _check([r[0] for r in res])
+    # DDP without merge groups
+    assert sum(r[1][0] for r in res) == pytest.approx(res[0][1][1], rel=1e-6)
+    assert max(r[1][2] for r in res) <= TOL
 
 
 def test_merge_four_ranks():
     _check(run_distributed(W.equivalence, 4, ["merge4", "two_groups4", "solver4"]))
-
-
-def test_ddp_two_ranks_without_merge():
-    res = run_distributed(W.ddp_no_merge, 2)
-    assert sum(r[0] for r in res) == pytest.approx(res[0][1], rel=1e-6)
-    assert max(r[2] for r in res) <= TOL
 
 
 def test_failure_on_a_rank_is_reported():

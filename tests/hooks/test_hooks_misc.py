@@ -74,6 +74,10 @@ def test_fit_terms_recovers_exact_coefficients():
     # a term that would come out negative is dropped, the rest refitted
     lin, att, const = fit_terms(s, pairs, 5e-6 * s + 1e-3)
     assert att == 0.0 and lin == pytest.approx(5e-6) and const == pytest.approx(1e-3)
+    # per-slice and per-pack constants are told apart by packs of several slices
+    k = np.array([1, 1, 4, 4, 1, 1, 4, 4])
+    t = 2e-6 * k * s + 3e-9 * k * pairs + 1e-4 * k + 2e-3
+    assert fit_terms(k * s, k * pairs, t, k) == pytest.approx((2e-6, 3e-9, 1e-4, 2e-3), rel=1e-9)
 
 
 def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
@@ -107,6 +111,8 @@ def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
             "16,48",
             "--prefixes",
             "0,32",
+            "--pack-sizes",
+            "1,2",
             "--repeats",
             "1",
             "--measurements",
@@ -117,7 +123,7 @@ def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
     cm = CostModel.load(out)
     assert cm.source == "profile:cpu" and cm.layers == 1
     assert cm.fwd_lin + cm.fwd_att + cm.fwd_const > 0 and cm.bwd_lin + cm.bwd_att + cm.bwd_const > 0
-    assert len(json.loads((tmp_path / "raw.json").read_text())) == 4
+    assert len(json.loads((tmp_path / "raw.json").read_text())) == 8
 
 
 def test_payload_with_wrong_token_count_is_rejected():

@@ -35,6 +35,7 @@ def baseline_plan(
     seed: int,
     t0: float,
     meta: dict[str, Any] | None = None,
+    validate: bool = True,
 ) -> StepPlan:
     """Plan from ``rank_packs[r][i]`` = document indices of rank r's pack i.
 
@@ -64,6 +65,7 @@ def baseline_plan(
         mode=layout.mode,
         meta=meta,
         t0=t0,
+        validate=validate,
     )
 
 

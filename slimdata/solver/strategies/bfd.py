@@ -50,6 +50,7 @@ def bfd(
     cost: CostModel | None = None,
     *,
     step: int = 0,
+    validate: bool = True,
 ) -> StepPlan:
     t0 = now()
     view, cost = pieces_view(batch, layout, cost)
@@ -67,5 +68,6 @@ def bfd(
         step=step,
         seed=seed,
         t0=t0,
+        validate=validate,
         meta={"bins": len(bins)},
     )

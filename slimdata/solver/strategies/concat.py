@@ -32,6 +32,7 @@ def concat(
     cost: CostModel | None = None,
     *,
     step: int = 0,
+    validate: bool = True,
 ) -> StepPlan:
     t0 = now()
     cost = cost or default_cost()
@@ -71,5 +72,6 @@ def concat(
         step=step,
         seed=seed,
         t0=t0,
+        validate=validate,
         meta={"rows": len(rows), "row_tokens": row},
     )

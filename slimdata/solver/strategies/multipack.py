@@ -42,6 +42,7 @@ def multipack(
     cost: CostModel | None = None,
     *,
     step: int = 0,
+    validate: bool = True,
 ) -> StepPlan:
     t0 = now()
     view, cost = pieces_view(batch, layout, cost)
@@ -64,5 +65,13 @@ def multipack(
                 rank_packs[r].append([start + i for i in b])
         start = lo
     return baseline_plan(
-        view, cost, layout, rank_packs, strategy="multipack", step=step, seed=seed, t0=t0
+        view,
+        cost,
+        layout,
+        rank_packs,
+        strategy="multipack",
+        step=step,
+        seed=seed,
+        t0=t0,
+        validate=validate,
     )

@@ -38,11 +38,21 @@ from slimdata.solver.layout import Layout
 from slimdata.solver.merge import MergePlan, member_peak, plan_merges
 from slimdata.solver.micropack import RankPacks, pack_rank, pack_rank_lockstep
 from slimdata.solver.pipeline import pipeline_time
+from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
 
-__all__ = ["assign_lpt", "slimpack"]
+__all__ = ["assign_lpt", "slimpack", "stage_share"]
 
 MAX_LAG = 5
 """Largest backward lag (in forward packs) a lockstep plan may use."""
+
+MERGE_GATHER = 2.0
+"""Lockstep plans size merge members for the simulator's merge buffers
+(:mod:`slimdata.sim.memory`): the group's gathered K/V while the merge forward pack runs and
+twice that (K/V and their gradients) while the merge backward pack runs."""
+
+IMPROVE_TARGET = 1.004
+"""The local search stops once every rank is within this factor of the balanced forward and
+backward time (the plan target is 1.02; the margin covers slice fusion and pack pricing)."""
 
 
 def assign_lpt(
@@ -128,17 +138,22 @@ def improve(
     groups: Sequence[tuple[int, ...]],
     mem: float,
     *,
-    rounds: int = 200,
-    partners: int = 4,
+    rounds: int = 400,
+    top: int = 32,
     min_gain: float = 1e-4,
+    target: float = IMPROVE_TARGET,
+    buffers: Sequence[float] = (),
 ) -> int:
     """Local search after LPT on the two-dimensional load ``max(F/F_share, B/B_share)``.
 
-    Repeatedly takes the most loaded rank and applies the best single move or swap that lowers
-    the larger load of the pair: a whole document to/with one of the ``partners`` least loaded
-    ranks, or a merge slice to/with another member of its group (if that member's merge memory
-    stays within ``mem``). Stops when no move lowers the top load by ``min_gain`` (relative).
-    Returns the number of moves; deterministic.
+    Repeatedly takes the most loaded rank ``hi`` and applies the best single move or swap that
+    lowers the larger load of the pair: one of ``hi``'s ``top`` costliest whole documents to
+    any other rank, or swapped with any document of another rank (vectorized over all of
+    them: a backward-heavy rank trades a long document for a shorter, forward-heavy one), or a
+    merge slice to/with another member of its group (if both members' merge memory stays
+    within ``mem`` minus the group's merge ``buffers`` bytes, default 0). Stops when no move lowers the top load by ``min_gain`` (relative), when
+    the top load is at most ``target`` (default :data:`IMPROVE_TARGET`: good enough, saves
+    time) or after ``rounds`` moves. Returns the number of moves; deterministic.
     """
     dp = len(assign)
     fs = max(float(view.doc_fwd.sum()) / dp, 1e-30)
@@ -149,58 +164,108 @@ def improve(
     sb = view.bwd / bs
     F = np.array([cf[a].sum() for a in assign])
     B = np.array([cb[a].sum() for a in assign])
-    group_of: dict[int, tuple[int, ...]] = {}
-    for ranks in groups:
-        for r in ranks:
-            group_of[r] = ranks
+    owner = np.full(len(view.docs), -1, dtype=np.int64)
+    for r, a in enumerate(assign):
+        owner[a] = r
+    placed = np.flatnonzero(owner >= 0)
+    ranks = np.arange(dp)
+    group_of: dict[int, int] = {}
+    sowner = np.full(len(view.doc), -1, dtype=np.int64)
+    gslices: list[np.ndarray] = []
+    roomy: list[bool] = []  # the group's documents fit one rank whole: no memory check
+    limit: list[float] = []  # bytes a member's merge share may hold
+    for g, grp in enumerate(groups):
+        for r in grp:
+            group_of[r] = g
+            sowner[shares[r]] = r
             F[r] += sf[shares[r]].sum()
             B[r] += sb[shares[r]].sum()
+        gs = np.concatenate([np.asarray(shares[r], dtype=np.int64) for r in grp])
+        gslices.append(gs)
+        limit.append(mem - (buffers[g] if len(buffers) else 0.0))
+        roomy.append(float(view.doc_mem[np.unique(view.doc[gs])].sum()) <= limit[g])
     moves = 0
     for _ in range(rounds):
         load = np.maximum(F, B)
         hi = int(np.argmax(load))
-        best = None  # (pair max, kind, lo, index in hi, index in lo or -1)
-        options = [("doc", lo) for lo in np.argsort(load)[:partners].tolist() if lo != hi]
-        options += [("slice", lo) for lo in group_of.get(hi, ()) if lo != hi]
-        for kind, lo in options:
-            src = assign if kind == "doc" else shares
-            xf, xb = (cf, cb) if kind == "doc" else (sf, sb)
-            xs = np.asarray(src[hi], dtype=np.int64)
-            if len(xs) == 0:
+        if load[hi] <= target:
+            break
+        best = None  # (pair max, kind, lo, x, y or -1)
+        cands = []
+        if assign[hi]:
+            xs = np.asarray(assign[hi], dtype=np.int64)
+            if len(xs) > top:
+                xs = xs[np.argsort(-(cf[xs] + cb[xs]), kind="stable")[:top]]
+            ys = placed[owner[placed] != hi]
+            los = ranks[ranks != hi]
+            yid = np.concatenate([ys, np.full(len(los), -1)])
+            yown = np.concatenate([owner[ys], los])
+            cands.append(("doc", xs, yid, yown, cf, cb))
+        if hi in group_of and shares[hi]:
+            g = group_of[hi]
+            gs = gslices[g]
+            xs = np.asarray(shares[hi], dtype=np.int64)
+            ys = gs[sowner[gs] != hi]
+            los = np.asarray([r for r in groups[g] if r != hi], dtype=np.int64)
+            yid = np.concatenate([ys, np.full(len(los), -1)])
+            yown = np.concatenate([sowner[ys], los])
+            cands.append(("slice", xs, yid, yown, sf, sb))
+        for kind, xs, yid, yown, xf, xb in cands:
+            real = yid >= 0
+            yf = np.where(real, xf[yid], 0.0)
+            yb = np.where(real, xb[yid], 0.0)
+            df = xf[xs][:, None] - yf[None, :]
+            db = xb[xs][:, None] - yb[None, :]
+            pm = np.maximum(
+                np.maximum(F[hi] - df, B[hi] - db),
+                np.maximum(F[yown][None, :] + df, B[yown][None, :] + db),
+            )
+            flat = pm.ravel()
+            if float(flat.min()) >= load[hi] - min_gain:
                 continue
-            ys = np.asarray(src[lo], dtype=np.int64)
-            df = xf[xs][:, None] - np.append(xf[ys], 0.0)[None, :]
-            db = xb[xs][:, None] - np.append(xb[ys], 0.0)[None, :]
-            pm = np.maximum(np.maximum(F[hi] - df, B[hi] - db), np.maximum(F[lo] + df, B[lo] + db))
-            for jj in np.argsort(pm, axis=None)[:4].tolist():
+            few = np.argpartition(flat, 8)[:8] if len(flat) > 8 else np.arange(len(flat))
+            for jj in few[np.argsort(flat[few], kind="stable")].tolist():
                 val = float(pm.flat[jj])
                 if val >= load[hi] - min_gain or (best is not None and val >= best[0]):
                     break
-                i, j = divmod(jj, len(ys) + 1)
-                j = j if j < len(ys) else -1
-                if kind == "slice" and not _slice_move_fits(view, shares, hi, lo, i, j, mem):
+                i, k = divmod(jj, len(yid))
+                x, y, lo = int(xs[i]), int(yid[k]), int(yown[k])
+                if kind == "slice" and (
+                    (y < 0 and len(xs) == 1)  # a member keeps at least one slice
+                    or not (
+                        roomy[group_of[hi]]
+                        or _slice_move_fits(view, shares, hi, lo, x, y, limit[group_of[hi]])
+                    )
+                ):
                     continue
-                best = (val, kind, lo, i, j)
+                best = (val, kind, lo, x, y)
                 break
         if best is None:
             break
-        _, kind, lo, i, j = best
+        _, kind, lo, x, y = best
         src = assign if kind == "doc" else shares
         xf, xb = (cf, cb) if kind == "doc" else (sf, sb)
-        x = src[hi].pop(i)
+        src[hi].remove(x)
         src[lo].append(x)
         F[hi] -= xf[x]
         B[hi] -= xb[x]
         F[lo] += xf[x]
         B[lo] += xb[x]
-        if j >= 0:
-            y = src[lo].pop(j)
+        if kind == "doc":
+            owner[x] = lo
+        if y >= 0:
+            src[lo].remove(y)
             src[hi].append(y)
             F[lo] -= xf[y]
             B[lo] -= xb[y]
             F[hi] += xf[y]
             B[hi] += xb[y]
+            if kind == "doc":
+                owner[y] = hi
         if kind == "slice":
+            sowner[x] = lo
+            if y >= 0:
+                sowner[y] = hi
             shares[hi].sort()
             shares[lo].sort()
         moves += 1
@@ -208,14 +273,12 @@ def improve(
 
 
 def _slice_move_fits(
-    view: BatchView, shares: dict[int, list[int]], hi: int, lo: int, i: int, j: int, mem: float
+    view: BatchView, shares: dict[int, list[int]], hi: int, lo: int, x: int, y: int, mem: float
 ) -> bool:
-    new_lo = [*shares[lo], shares[hi][i]]
-    new_hi = [x for k, x in enumerate(shares[hi]) if k != i]
-    if j >= 0:
-        y = shares[lo][j]
-        new_lo.remove(y)
-        new_hi.append(y)
+    """Do both members' merge shares fit ``mem`` after slice ``x`` moves from ``hi`` to ``lo``
+    (and slice ``y``, if ``>= 0``, from ``lo`` to ``hi``)?"""
+    new_lo = [s for s in shares[lo] if s != y] + [x]
+    new_hi = [s for s in shares[hi] if s != x] + ([y] if y >= 0 else [])
     return member_peak(view, sorted(new_lo)) <= mem and member_peak(view, sorted(new_hi)) <= mem
 
 
@@ -228,7 +291,8 @@ def slimpack(
     step: int = 0,
     merge_share: float = 1.0,
     milp_seconds: float = 0.0,
-    improve_rounds: int = 200,
+    improve_rounds: int = 400,
+    refine_share: float = REFINE_SHARE,
     validate: bool = True,
 ) -> StepPlan:
     """Plan one step with SlimPack (see the module docstring).
@@ -236,36 +300,37 @@ def slimpack(
     ``merge_share``: documents costlier than this fraction of the balanced per-rank time are
     merged (1.0: only those that cannot be balanced otherwise). ``seed`` only breaks ties (the
     heuristic is deterministic for a batch). ``improve_rounds``: moves of the local search after
-    LPT (0 turns it off).
+    LPT (0 turns it off). ``refine_share`` (free mode): slices costlier than this fraction of
+    the balanced per-rank time are cut finer first (:mod:`slimdata.solver.refine`; 0 turns it
+    off).
     """
     from slimdata.solver.common import default_cost
 
     t0 = time.perf_counter()
     cost = cost or default_cost()
     view = BatchView.build(batch, cost)
+    if refine_share > 0 and layout.mode == "free":
+        finer = refine_costly_slices(view, layout.dp, cost, share=refine_share)
+        if finer is not None:
+            view = BatchView.build(finer, cost)
     cap, mem = layout.token_cap, layout.memory_bytes
     _check_slices(view, cap, mem)
     meta: dict = {"seed": seed, "merge_share": merge_share, "layout": _layout_meta(layout)}
-    opts = {"merge_share": merge_share, "improve_rounds": improve_rounds, "milp_seconds": milp_seconds}
+    opts = {
+        "merge_share": merge_share,
+        "improve_rounds": improve_rounds,
+        "milp_seconds": milp_seconds,
+    }
+    if refine_share != REFINE_SHARE:
+        meta["refine_share"] = refine_share
     if layout.mode == "free":
-        p1 = _phase1(view, layout, packs=1, **opts)
+        p1 = _phase1(view, layout, packs=1, mem=mem, **opts)
         packs, lag = _free(view, p1.units, p1.member_slices, layout), 0
     else:
-        best = None
-        for m in _pack_counts(view, layout):
-            p1 = _phase1(view, layout, packs=m, **opts)
-            found = _lockstep(view, p1.units, p1.member_slices, layout, [m])
-            if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
-                best = (found[0], found[1], found[2], p1)
-        if best is None:
-            if layout.microbatches is not None:
-                raise PlanError(
-                    f"lockstep: the ranks' documents do not fit microbatches={layout.microbatches} "
-                    f"packs of <= {cap} tokens and {mem / 2**30:.1f} GiB; raise --microbatches or "
-                    "leave it unset"
-                )
-            p1 = _phase1(view, layout, packs=_packs_estimate(view, layout), **opts)
-            best = (*_lockstep_fallback(view, p1.units, p1.member_slices, layout), p1)
+        share = stage_share(cost.layers, layout.pp)
+        # per pipeline stage, in full-model bytes; merge members hold the simulator's buffers
+        opts.update(gather=MERGE_GATHER, layer_share=share)
+        best = _solve_lockstep(view, layout, opts, share)
         _est, packs, lag, p1 = best
         meta["pipeline_estimate"] = round(_est, 6)
     meta.update(improve_moves=p1.moves, lag=lag, microbatches=len(packs[0].forward) if packs else 0)
@@ -306,25 +371,54 @@ def _phase1(
     merge_share: float,
     improve_rounds: int,
     milp_seconds: float,
+    mem: float,
+    gather: float = 0.0,
+    layer_share: float = 1.0,
+    whole: float | None = None,
 ) -> _Phase1:
     """DP-Merge groups (member shares sized to one of ``packs`` packs), two-dimensional LPT,
-    local search, optional MILP."""
-    dp, mem = layout.dp, layout.memory_bytes
-    merges = plan_merges(view, dp, mem, share=merge_share, packs=packs)
+    local search, optional MILP. ``mem``: bytes a rank may hold (full-model bytes: the device
+    cap over the first pipeline stage's share of the layers); ``gather``: merge members also
+    hold that many times their group's K/V; ``whole``: documents above it must merge
+    (:func:`~slimdata.solver.merge.plan_merges`)."""
+    dp = layout.dp
+    merges = plan_merges(
+        view,
+        dp,
+        mem,
+        share=merge_share,
+        packs=packs,
+        gather=gather,
+        layer_share=layer_share,
+        whole=whole,
+    )
+    buffers = {
+        r: gather * view.kv_per_token * float(view.doc_len[list(docs)].sum())
+        for ranks, docs in merges.groups
+        for r in ranks
+    }
     rest = np.asarray(sorted(set(range(len(view.docs))) - merges.merged_docs), dtype=np.int64)
     groups = [
         (ranks, sorted(i for r in ranks for i in merges.member_slices[r]))
         for ranks, _d in merges.groups
     ]
     assign, shares = assign_lpt(view, rest, dp, groups)
-    if any(member_peak(view, shares[r]) > mem for r in merges.member_slices):
+    if any(member_peak(view, shares[r]) + buffers[r] > mem for r in merges.member_slices):
         # the joint LPT overloaded a member's memory: keep phase 1's memory-safe split
         shares = [merges.member_slices.get(r, []) for r in range(dp)]
         assign, _ = assign_lpt(view, rest, dp, [((r,), shares[r]) for r in merges.member_slices])
     member_slices = {r: shares[r] for r in merges.member_slices}
     group_ranks = [ranks for ranks, _d in merges.groups]
     moves = (
-        improve(view, assign, member_slices, group_ranks, mem, rounds=improve_rounds)
+        improve(
+            view,
+            assign,
+            member_slices,
+            group_ranks,
+            mem,
+            rounds=improve_rounds,
+            buffers=[buffers[g[0]] for g in group_ranks],
+        )
         if improve_rounds
         else 0
     )
@@ -363,14 +457,33 @@ def _pack_counts(view: BatchView, layout: Layout) -> list[int]:
     return [m0, 2 * m0, 3 * m0] if layout.pp > 1 else [m0]
 
 
+def stage_share(layers: int, pp: int) -> float:
+    """Share of the model's layers on the first (largest) of ``pp`` pipeline stages: layers
+    split as evenly as possible, earlier stages taking the remainder (the split of
+    :func:`slimdata.sim.packs.chunk_fractions`); ``1 / pp`` with fewer layers than stages."""
+    if pp <= 1:
+        return 1.0
+    if layers < pp:
+        return 1.0 / pp
+    return math.ceil(layers / pp) / layers
+
+
 def _lockstep(
-    view: BatchView, units, member_slices, layout: Layout, counts: Sequence[int]
+    view: BatchView, p1: _Phase1, layout: Layout, counts: Sequence[int], share: float = 1.0
 ) -> tuple[float, list[RankPacks], int] | None:
     """Lockstep packs of every rank for the pack count in ``counts`` and the backward lag
     (0 to ``MAX_LAG``) with the smallest estimated 1F1B step time
     (:func:`~slimdata.solver.pipeline.pipeline_time`); ``None`` if none fits the caps.
+    Memory is checked per pipeline stage (``share`` of the layers on the first stage, 1F1B's
+    extra packs in flight, merge K/V buffers; :func:`pack_rank_lockstep`).
     Returns ``(estimate, packs, lag)``; the first candidate wins ties."""
     dp, cap, mem, pp = layout.dp, layout.token_cap, layout.memory_bytes, layout.pp
+    units, member_slices = p1.units, p1.member_slices
+    gather = {
+        r: view.kv_per_token * float(view.doc_len[list(docs)].sum())
+        for ranks, docs in p1.merges.groups
+        for r in ranks
+    }
     fwd, bwd = view.fwd, view.bwd
     best: tuple[float, list[RankPacks], int] | None = None
     for m in counts:
@@ -378,7 +491,16 @@ def _lockstep(
             packs = []
             for r in range(dp):
                 p = pack_rank_lockstep(
-                    view, units[r], member_slices.get(r, ()), cap=cap, mem=mem, m=m, lag=lag
+                    view,
+                    units[r],
+                    member_slices.get(r, ()),
+                    cap=cap,
+                    mem=mem,
+                    m=m,
+                    lag=lag,
+                    pp=pp,
+                    layer_share=share,
+                    merge_kv=gather.get(r, 0.0),
                 )
                 if p is None:
                     break
@@ -392,18 +514,73 @@ def _lockstep(
     return best
 
 
-def _lockstep_fallback(
-    view: BatchView, units, member_slices, layout: Layout
-) -> tuple[float, list[RankPacks], int]:
-    """More packs until the caps fit (memory-bound ranks need more, smaller packs)."""
-    start = max(_pack_counts(view, layout)) + 1
-    for m in range(start, start + len(view.doc) + 2):
-        found = _lockstep(view, units, member_slices, layout, [m])
+def _solve_lockstep(view: BatchView, layout: Layout, opts: dict, share: float):
+    """Phase 1 and lockstep packs for the candidate pack counts; the best 1F1B estimate wins.
+
+    Phase 1 sizes merges for a budget of the device cap (in full-model bytes: over the first
+    stage's share of the layers) minus the ``pp - 1`` average packs the first stage holds
+    beyond the plan order under 1F1B. When no candidate fits, more and smaller packs are
+    tried, then phase 1 again with twice and four times that reserve (more documents merged,
+    smaller merge shares). Returns ``(estimate, packs, lag, phase 1)``.
+    """
+    cap, mem, dp, pp = layout.token_cap, layout.memory_bytes, layout.dp, layout.pp
+    total = float(view.doc_mem.sum())  # all activations + K/V of the batch
+
+    def phase1(m: int, widen: float) -> _Phase1 | None:
+        budget = mem / share - widen * (pp - 1) * total / (dp * m)
+        if budget <= 0:
+            return None
+        try:
+            return _phase1(view, layout, packs=m, mem=budget, **opts)
+        except PlanError:
+            if widen == 1 and pp == 1:
+                raise
+            return None
+
+    best = None
+    for m in _pack_counts(view, layout):
+        p1 = phase1(m, 1.0)
+        found = _lockstep(view, p1, layout, [m], share) if p1 is not None else None
+        if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
+            best = (found[0], found[1], found[2], p1)
+    if best is not None:
+        return best
+    if layout.microbatches is not None:
+        raise PlanError(
+            f"lockstep: the ranks' documents do not fit microbatches={layout.microbatches} "
+            f"packs of <= {cap} tokens and {mem / 2**30:.1f} GiB per device; raise "
+            "--microbatches or leave it unset"
+        )
+    m = max(_pack_counts(view, layout))
+    for widen in (1.0, 2.0, 4.0):
+        p1 = phase1(m, widen)
+        found = _lockstep_fallback(view, p1, layout, share) if p1 is not None else None
         if found is not None:
-            return found
-    raise PlanError(  # pragma: no cover - one slice per pack always fits (checked up front)
-        "lockstep: no pack count fits the caps"
+            return (*found, p1)
+    raise PlanError(
+        f"lockstep: no pack count fits the memory cap of {mem / 2**30:.1f} GiB per device with "
+        f"pp={pp} (1F1B keeps up to pp packs in flight on the first stage): raise "
+        "--memory-gib, cut finer slices or lower --global-batch-tokens"
     )
+
+
+def _lockstep_fallback(
+    view: BatchView, p1: _Phase1, layout: Layout, share: float = 1.0
+) -> tuple[float, list[RankPacks], int] | None:
+    """More packs until the caps fit (memory-bound ranks need more, smaller packs): pack
+    counts growing by half from just above the candidates to the most slices a rank holds;
+    ``None`` if none fits."""
+    start = max(_pack_counts(view, layout)) + 1
+    most = 1 + max(
+        sum(len(u) for u in p1.units[r]) + (1 if r in p1.member_slices else 0)
+        for r in range(layout.dp)
+    )
+    m = start
+    while True:
+        found = _lockstep(view, p1, layout, [m], share)
+        if found is not None or m >= most:
+            return found
+        m = min(most, max(m + 1, (3 * m) // 2))
 
 
 def _packs_estimate(view: BatchView, layout: Layout) -> int:

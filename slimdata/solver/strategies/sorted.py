@@ -28,6 +28,7 @@ def sorted_batches(
     cost: CostModel | None = None,
     *,
     step: int = 0,
+    validate: bool = True,
 ) -> StepPlan:
     t0 = now()
     view, cost = pieces_view(batch, layout, cost)
@@ -46,5 +47,13 @@ def sorted_batches(
     for j, p in enumerate(perm.tolist()):
         rank_packs[j % layout.dp].append(packs[p])
     return baseline_plan(
-        view, cost, layout, rank_packs, strategy="sorted", step=step, seed=seed, t0=t0
+        view,
+        cost,
+        layout,
+        rank_packs,
+        strategy="sorted",
+        step=step,
+        seed=seed,
+        t0=t0,
+        validate=validate,
     )

@@ -53,6 +53,7 @@ def wlb(
     cost: CostModel | None = None,
     *,
     step: int = 0,
+    validate: bool = True,
 ) -> StepPlan:
     t0 = now()
     view, cost = pieces_view(batch, layout, cost)
@@ -74,5 +75,6 @@ def wlb(
         step=step,
         seed=seed,
         t0=t0,
+        validate=validate,
         meta={"microbatches": m},
     )

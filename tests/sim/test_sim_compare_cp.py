@@ -1,0 +1,101 @@
+"""The fairness rule of ``compare_strategies``: every strategy respects the memory cap; a
+baseline that does not fit runs static CP, slimpack runs cp=1 and must fit by itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from slimdata.cli import cli
+from slimdata.cost import CostModel
+from slimdata.docsource import documents_from_lengths
+from slimdata.sim.compare import compare_strategies, cp_sizes, format_table
+from slimdata.solver import Layout
+
+MIB = 1 << 20
+LENGTHS = [300, 120, 250, 80, 60, 310, 200, 90, 150, 40, 280, 220, 170, 130, 260, 100] * 3
+
+
+def mib_cost() -> CostModel:
+    """1 MiB of activations per token, no K/V: a 1024-token concat row holds 1 GiB."""
+    return CostModel(
+        fwd_lin=1e-3,
+        fwd_att=1e-6,
+        fwd_const=0.0,
+        bwd_lin=2e-3,
+        bwd_att=2e-6,
+        bwd_const=0.0,
+        act_bytes_per_token=float(MIB),
+        kv_bytes_per_token=0.0,
+        layers=1,
+        hidden=1,
+    )
+
+
+def run(memory_gib: float, strategies=("concat", "bfd", "slimpack")):
+    lay = Layout(dp=4, context=1024, memory_gib=memory_gib)
+    return compare_strategies(
+        documents_from_lengths(LENGTHS),
+        lay,
+        mib_cost(),
+        strategies=list(strategies),
+        global_batch_tokens=4 * 1024,
+        steps=2,
+    )
+
+
+def test_cp_sizes():
+    assert cp_sizes(8) == [1, 2, 4, 8]
+    assert cp_sizes(12) == [1, 2, 4]
+    assert cp_sizes(1) == [1]
+
+
+def test_baseline_over_the_cap_runs_the_smallest_cp_that_fits():
+    # full rows need 1 GiB; 0.6 GiB fits half a row -> cp=2, re-planned for 4 / 2 = 2 groups
+    cmp = run(0.6)
+    concat = cmp.results["concat"]
+    assert concat.cp == 2
+    assert concat.plan_memory_gib == pytest.approx(0.5)  # the largest row, halved
+    plan, r = cmp.first["concat"]
+    assert plan.dp == 2 and r.cp == 2 and r.busy.shape == (1, 4)
+    assert cmp.results["slimpack"].cp == 1  # DP-Merge, no static CP
+    assert cmp.results["slimpack"].plan_memory_gib <= 0.6
+    assert not any(r.error for r in cmp.results.values())
+    table = format_table(cmp)
+    assert "static context parallelism" in table
+    d = cmp.to_dict()
+    assert d["results"]["concat"]["cp"] == 2 and d["results"]["slimpack"]["cp"] == 1
+    assert "memory_rule" in d["config"]
+
+
+def test_roomy_cap_needs_no_cp():
+    cmp = run(2.0)
+    assert {k: r.cp for k, r in cmp.results.items()} == {"concat": 1, "bfd": 1, "slimpack": 1}
+
+
+def test_nothing_fits_is_reported_not_hidden():
+    # a 1 GiB row over 4 devices is 0.25 GiB > 0.2: even cp=4 (= dp) does not fit
+    cmp = run(0.2, strategies=("concat",))
+    r = cmp.results["concat"]
+    assert r.cp == 0 and r.steps == 0
+    assert "--memory-gib 0.2" in r.error and "static CP 4" in r.error
+    assert "failed" in format_table(cmp)
+
+
+def test_cli_reports_cp_per_strategy(tmp_path):
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("\n".join(str(n * 40) for n in LENGTHS) + "\n")
+    out = tmp_path / "r.json"
+    args = ["simulate", "--lengths", str(lengths), "--model", "llama-1b", "--recompute", "full"]
+    args += ["--context", "16384", "--dp", "4", "--global-batch-tokens", "65536"]
+    args += ["--memory-gib", "1", "--strategies", "concat,slimpack", "--json", str(out)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())["results"]
+    # llama-1b full recompute: a 16K-token concat row holds 1.5 GiB > 1 GiB
+    assert data["concat"]["cp"] == 2
+    assert data["concat"]["plan_memory_gib"] <= 1
+    assert data["slimpack"]["cp"] == 1
+    assert res.output.splitlines()[1].split()[:2] == ["strategy", "cp"]

@@ -1,0 +1,121 @@
+"""Lockstep / pipeline plans: pack counts that suit the pipeline, balanced packs across pack
+indices (forward and backward), no empty packs, the backward lag, and the 1F1B estimate."""
+
+import numpy as np
+
+from slimdata.solver import Layout, solve
+from slimdata.solver.common import BatchView, interleaved_order
+from slimdata.solver.micropack import pack_rank_lockstep
+from slimdata.solver.pipeline import pipeline_time
+
+from .conftest import docs_of, unit_cost
+
+
+def test_interleaved_order_with_lag():
+    assert interleaved_order(3, 3) == (("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2))
+    assert interleaved_order(3, 3, 1) == (
+        ("F", 0),
+        ("F", 1),
+        ("B", 0),
+        ("F", 2),
+        ("B", 1),
+        ("B", 2),
+    )
+    assert interleaved_order(2, 2, 5) == (("F", 0), ("F", 1), ("B", 0), ("B", 1))
+
+
+def test_pipeline_time_by_hand():
+    # stage 0: F0 [0, .5], F1 [.5, 1]; stage 1: F0 [.5, 1], B0 [1, 2], F1 [2, 2.5], B1 [2.5, 3.5];
+    # stage 0: B0 [2, 3], B1 [3.5, 4.5]
+    assert pipeline_time([1, 1], [2, 2], interleaved_order(2, 2), 2) == 4.5
+    # m equal packs on pp stages: (m + pp - 1) slots of (f + b) / pp
+    assert pipeline_time([1] * 4, [3] * 4, interleaved_order(4, 4), 4) == 7.0
+    assert pipeline_time([1] * 8, [3] * 8, interleaved_order(8, 8), 4) == 11.0
+    assert pipeline_time([1, 2], [3, 4], interleaved_order(2, 2), 1) == 10.0
+
+
+def test_pack_rank_lockstep_lag_feeds_every_backward_pack():
+    # a 512-token document (4 slices of 128) and four 128-token documents; forward 1 s/token,
+    # backward 2 s/token; 4 packs of 256 forward tokens: F0 = L[0:256], F1 = L[256:512]
+    ucost = unit_cost()
+    view = BatchView.build(docs_of([512, 128, 128, 128, 128]), ucost)
+    units = [view.slices_of(d) for d in range(5)]
+    # lag 0: nothing is complete after F0, B0 is empty and a later pack doubles
+    p0 = pack_rank_lockstep(view, units, cap=1024, mem=1e30, m=4, lag=0)
+    assert p0.forward == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert p0.backward[0] == []
+    # lag 1: B0 runs after F1 and takes the document's end; every pack costs the same
+    p1 = pack_rank_lockstep(view, units, cap=1024, mem=1e30, m=4, lag=1)
+    assert p1.forward == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert p1.backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
+
+
+def test_pack_rank_lockstep_merge_pack_first_and_caps():
+    ucost = unit_cost()
+    view = BatchView.build(docs_of([256, 256, 256]), ucost)
+    p = pack_rank_lockstep(
+        view, [view.slices_of(1), view.slices_of(2)], [0, 1], cap=1024, mem=1e30, m=3
+    )
+    assert p.merge_pack == (0, 0) and p.forward[0] == [0, 1] and p.backward[0] == [0, 1]
+    assert p.forward[1:] == [[2, 3], [4, 5]] and p.backward[1:] == [[3, 2], [5, 4]]
+    # 3 packs of <= 128 tokens cannot hold 4 slices
+    assert (
+        pack_rank_lockstep(view, [view.slices_of(1), view.slices_of(2)], cap=128, mem=1e30, m=3)
+        is None
+    )
+
+
+def pack_costs(plan):
+    f = np.array([[p.cost for p in rs.forward] for rs in plan.ranks])
+    b = np.array([[p.cost for p in rs.backward] for rs in plan.ranks])
+    return f, b
+
+
+def test_pipeline_plan_has_balanced_nonempty_packs():
+    # per rank: one 8192-token document and 32 short ones; 4 pipeline stages
+    rng = np.random.default_rng(0)
+    lengths = [8192, 8192, *rng.integers(300, 1000, size=64).tolist()]
+    ucost = unit_cost()
+    layout = Layout(dp=2, pp=4, mode="lockstep", context=16384, memory_gib=1000)
+    plan = solve(docs_of(lengths), layout, "slimpack", 0, ucost)
+    f, b = pack_costs(plan)
+    assert f.shape[1] >= 4  # at least pp micro-batches
+    assert (f > 0).all() and (b > 0).all()  # no empty pack
+    # pack i balanced across ranks and packs of similar cost across i (forward and backward)
+    assert f.max() / f.mean() < 1.1 and b.max() / b.mean() < 1.1
+    assert plan.meta["lag"] >= 1 and plan.meta["pipeline_estimate"] > 0
+    assert plan.ranks[0].order == interleaved_order(f.shape[1], f.shape[1], plan.meta["lag"])
+
+
+def test_lockstep_uses_layout_microbatches():
+    ucost = unit_cost()
+    layout = Layout(dp=2, pp=2, mode="lockstep", context=2048, memory_gib=1000, microbatches=6)
+    plan = solve(docs_of([300, 200, 100, 400, 250, 150, 90, 310]), layout, "slimpack", 0, ucost)
+    assert {len(rs.forward) for rs in plan.ranks} == {6} and {
+        len(rs.backward) for rs in plan.ranks
+    } == {6}
+
+
+def test_lockstep_merge_share_sized_to_one_pack():
+    # a 3072-token document among 104 short ones on 8 ranks, 4 packs per rank: 16384 tokens,
+    # 2048 per rank, 512 per pack -> a group of 3072 / 512 = 6 members, one pack each
+    ucost = unit_cost()
+    lengths = [3072] + [128] * 104
+    layout = Layout(dp=8, pp=4, mode="lockstep", context=4096, memory_gib=1000, microbatches=4)
+    plan = solve(docs_of(lengths), layout, "slimpack", 0, ucost)
+    (g,) = plan.merges
+    assert len(g.ranks) == 6
+    f, b = pack_costs(plan)
+    assert (f == 512).all() and (b == 1024).all()
+
+
+def test_validate_false_gives_the_same_plan():
+    ucost = unit_cost()
+    docs = docs_of([300, 200, 100, 400, 250, 150, 90, 310])
+    for layout in (
+        Layout(dp=3, memory_gib=100),
+        Layout(dp=2, pp=2, mode="lockstep", memory_gib=100),
+    ):
+        a = solve(docs, layout, "slimpack", 0, ucost)
+        b = solve(docs, layout, "slimpack", 0, ucost, validate=False)
+        assert a.ranks == b.ranks and a.merges == b.merges
