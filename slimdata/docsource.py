@@ -49,7 +49,9 @@ def load_lengths(path: str | Path) -> np.ndarray:
             try:
                 values.append(int(line))
             except ValueError:
-                raise InputError(f"{path}:{lineno}: {line[:40]!r} is not an integer length") from None
+                raise InputError(
+                    f"{path}:{lineno}: {line[:40]!r} is not an integer length"
+                ) from None
     arr = np.asarray(values, dtype=np.int64)
     if arr.ndim != 1 or len(arr) == 0:
         raise InputError(f"{path}: no lengths found")
@@ -59,10 +61,16 @@ def load_lengths(path: str | Path) -> np.ndarray:
     return arr
 
 
-def documents_from_lengths(lengths, slice_tokens: int = DEFAULT_SLICE_TOKENS, first_id: int = 0) -> list[Document]:
+def documents_from_lengths(
+    lengths, slice_tokens: int = DEFAULT_SLICE_TOKENS, first_id: int = 0
+) -> list[Document]:
     """Documents with ids ``first_id, first_id + 1, ...`` cut at ``slice_tokens``."""
     return [
-        Document(doc_id=first_id + i, length=int(n), cuts=tuple(int(c) for c in slice_cuts(int(n), slice_tokens)))
+        Document(
+            doc_id=first_id + i,
+            length=int(n),
+            cuts=tuple(int(c) for c in slice_cuts(int(n), slice_tokens)),
+        )
         for i, n in enumerate(lengths)
     ]
 
@@ -74,11 +82,19 @@ def load_shard_documents(directory: str | Path) -> list[Document]:
     directory = Path(directory)
     manifest = directory / MANIFEST_NAME
     if not (directory / "index.json").is_file():
-        raise InputError(f"{directory} has no index.json: not an MDS dataset (run `slimdata build` first)")
+        raise InputError(
+            f"{directory} has no index.json: not an MDS dataset (run `slimdata build` first)"
+        )
     if not manifest.is_file():
         raise InputError(f"{directory} has no {MANIFEST_NAME}: was it written by `slimdata build`?")
     df = pl.read_parquet(manifest).sort("sample")
     return [
-        Document(doc_id=row["doc_id"], length=int(row["length"]), loss_tokens=int(row["loss_tokens"]), cuts=tuple(int(c) for c in row["cuts"]), sample=int(row["sample"]))
+        Document(
+            doc_id=row["doc_id"],
+            length=int(row["length"]),
+            loss_tokens=int(row["loss_tokens"]),
+            cuts=tuple(int(c) for c in row["cuts"]),
+            sample=int(row["sample"]),
+        )
         for row in df.iter_rows(named=True)
     ]

@@ -28,7 +28,9 @@ def build_cost_model(shards: str | Path) -> CostModel:
         data = json.loads(sidecar.read_text())
         return CostModel.from_dict(data["cost_model"])
     except FileNotFoundError:
-        raise InputError(f"{shards} has no {SIDECAR_NAME}: was it written by `slimdata build`?") from None
+        raise InputError(
+            f"{shards} has no {SIDECAR_NAME}: was it written by `slimdata build`?"
+        ) from None
     except (KeyError, json.JSONDecodeError, TypeError) as exc:
         raise InputError(f"{sidecar}: no readable cost model ({exc})") from exc
 
@@ -68,6 +70,7 @@ def plan_to_shards(
     if lengths is not None:
         docs = documents_from_lengths(load_lengths(lengths), slice_tokens)
     else:
+        assert shards is not None  # exactly one of shards/lengths, checked above
         docs = load_shard_documents(shards)
         if cost is None:
             cost = build_cost_model(shards)

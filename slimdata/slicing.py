@@ -49,6 +49,8 @@ def check_cuts(cuts, length: int) -> None:
     """Raise unless ``cuts`` tile ``[0, length)`` in strictly increasing order."""
     cuts = np.asarray(cuts)
     if len(cuts) == 0 or cuts[0] != 0 or cuts[-1] != length:
-        raise ConfigError(f"cut points must start at 0 and end at {length}, got {cuts[:3]}...{cuts[-3:]}")
+        raise ConfigError(
+            f"cut points must start at 0 and end at {length}, got {cuts[:3]}...{cuts[-3:]}"
+        )
     if len(cuts) > 1 and np.any(np.diff(cuts) <= 0):
         raise ConfigError("cut points must be strictly increasing")

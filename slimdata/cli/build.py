@@ -17,7 +17,15 @@ from slimdata.tokenize import DEFAULT_TOKENIZER
 __all__ = ["command"]
 
 # CLI parameter name -> BuildConfig field, for options that override a --pipeline recipe.
-_PLAN_OPTIONS = (*PLAN_LAYOUT_OPTIONS, "strategy", "context", "seed", "mode", "oversize", "workers_per_rank")
+_PLAN_OPTIONS = (
+    *PLAN_LAYOUT_OPTIONS,
+    "strategy",
+    "context",
+    "seed",
+    "mode",
+    "oversize",
+    "workers_per_rank",
+)
 
 _FIELDS = {
     "fmt": "format",

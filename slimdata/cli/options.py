@@ -7,7 +7,13 @@ from typing import Any
 
 import click
 
-from slimdata.cost import DEVICE_PRESETS, MODEL_PRESETS, RECOMPUTE_POLICIES, CostModel, resolve_cost_model
+from slimdata.cost import (
+    DEVICE_PRESETS,
+    MODEL_PRESETS,
+    RECOMPUTE_POLICIES,
+    CostModel,
+    resolve_cost_model,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -50,7 +56,9 @@ def cost_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def cost_model_from_options(model: str, device: str, recompute: str, cost_profile: str | None) -> CostModel:
+def cost_model_from_options(
+    model: str, device: str, recompute: str, cost_profile: str | None
+) -> CostModel:
     return resolve_cost_model(model, device, recompute, cost_profile)  # type: ignore[arg-type]
 
 
@@ -65,16 +73,72 @@ def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callab
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         opts = [
-            click.option("--nodes", type=int, required=required, help="Nodes (num_canonical_nodes of the reader)."),
-            click.option("--ranks-per-node", type=int, required=required, help="Data-parallel ranks per node."),
-            click.option("--global-batch-tokens", type=int, required=required, help="Tokens per optimizer step."),
-            click.option("--memory-gib", type=float, required=required, help="Per-rank budget for activations and K/V, GiB."),
-            click.option("--strategy", type=click.Choice(list(STRATEGIES)), default="slimpack", show_default=True, help="Packing strategy."),
-            click.option("--context", type=int, default=131072, show_default=True, help="Context length (row length of concat; default pack token cap)."),
-            click.option("--seed", type=int, default=0, show_default=True, help="Seed of the plan-time document shuffle."),
-            click.option("--mode", type=click.Choice(["free", "lockstep"]), default="free", show_default=True, help="free (DDP) or lockstep (FSDP/pipeline)."),
-            click.option("--oversize", type=click.Choice(OVERSIZE_POLICIES), default="error", show_default=True, help="Documents longer than --context: split into independent pieces, truncate, or fail."),
-            click.option("--workers-per-rank", type=int, default=1, show_default=True, help="DataLoader workers per rank that will read the plan shards."),
+            click.option(
+                "--nodes",
+                type=int,
+                required=required,
+                help="Nodes (num_canonical_nodes of the reader).",
+            ),
+            click.option(
+                "--ranks-per-node",
+                type=int,
+                required=required,
+                help="Data-parallel ranks per node.",
+            ),
+            click.option(
+                "--global-batch-tokens",
+                type=int,
+                required=required,
+                help="Tokens per optimizer step.",
+            ),
+            click.option(
+                "--memory-gib",
+                type=float,
+                required=required,
+                help="Per-rank budget for activations and K/V, GiB.",
+            ),
+            click.option(
+                "--strategy",
+                type=click.Choice(list(STRATEGIES)),
+                default="slimpack",
+                show_default=True,
+                help="Packing strategy.",
+            ),
+            click.option(
+                "--context",
+                type=int,
+                default=131072,
+                show_default=True,
+                help="Context length (row length of concat; default pack token cap).",
+            ),
+            click.option(
+                "--seed",
+                type=int,
+                default=0,
+                show_default=True,
+                help="Seed of the plan-time document shuffle.",
+            ),
+            click.option(
+                "--mode",
+                type=click.Choice(["free", "lockstep"]),
+                default="free",
+                show_default=True,
+                help="free (DDP) or lockstep (FSDP/pipeline).",
+            ),
+            click.option(
+                "--oversize",
+                type=click.Choice(OVERSIZE_POLICIES),
+                default="error",
+                show_default=True,
+                help="Documents longer than --context: split into independent pieces, truncate, or fail.",
+            ),
+            click.option(
+                "--workers-per-rank",
+                type=int,
+                default=1,
+                show_default=True,
+                help="DataLoader workers per rank that will read the plan shards.",
+            ),
         ]
         for opt in reversed(opts):
             fn = opt(fn)

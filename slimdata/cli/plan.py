@@ -22,12 +22,24 @@ _COST_OPTIONS = ("model", "device", "recompute", "cost_profile")
 )
 @plan_layout_options(required=True)
 @click.option(
-    "--slice-tokens", type=int, default=2048, show_default=True, help="Slice length when planning from --lengths."
+    "--slice-tokens",
+    type=int,
+    default=2048,
+    show_default=True,
+    help="Slice length when planning from --lengths.",
 )
-@click.option("-o", "--out", required=True, type=click.Path(file_okay=False), help="Output directory for plan shards.")
+@click.option(
+    "-o",
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Output directory for plan shards.",
+)
 @cost_model_options
 @click.pass_context
-def command(ctx: click.Context, shards, lengths, out, model, device, recompute, cost_profile, **layout) -> None:
+def command(
+    ctx: click.Context, shards, lengths, out, model, device, recompute, cost_profile, **layout
+) -> None:
     """Solve packing plans for an epoch and write one MDS sample per (step, rank).
 
     From SHARDS (a `slimdata build` output) the plan uses the build's cost model unless a
@@ -37,8 +49,14 @@ def command(ctx: click.Context, shards, lengths, out, model, device, recompute, 
     """
     from slimdata.planning import plan_to_shards
 
-    explicit = any(ctx.get_parameter_source(name) != ParameterSource.DEFAULT for name in _COST_OPTIONS)
-    cost = cost_model_from_options(model, device, recompute, cost_profile) if explicit or shards is None else None
+    explicit = any(
+        ctx.get_parameter_source(name) != ParameterSource.DEFAULT for name in _COST_OPTIONS
+    )
+    cost = (
+        cost_model_from_options(model, device, recompute, cost_profile)
+        if explicit or shards is None
+        else None
+    )
     summary = plan_to_shards(out, shards=shards, lengths=lengths, cost=cost, **layout)
     click.echo(
         f"wrote {summary['steps']} steps x {layout['nodes'] * layout['ranks_per_node']} ranks to {out} "

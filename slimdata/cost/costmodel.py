@@ -121,7 +121,14 @@ class CostModel:
     """Model and device label, e.g. ``llama-8b@h100/selective``."""
 
     def __post_init__(self) -> None:
-        for f in ("fwd_lin", "fwd_att", "bwd_lin", "bwd_att", "act_bytes_per_token", "kv_bytes_per_token"):
+        for f in (
+            "fwd_lin",
+            "fwd_att",
+            "bwd_lin",
+            "bwd_att",
+            "act_bytes_per_token",
+            "kv_bytes_per_token",
+        ):
             v = getattr(self, f)
             if not np.isfinite(v) or v < 0:
                 raise ConfigError(f"cost model: {f}={v} must be finite and >= 0")
@@ -248,7 +255,9 @@ class CostModel:
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read cost profile {path}: {exc}") from exc
         if data.pop("slimdata_cost_profile", None) != 1:
-            raise ConfigError(f"{path} is not a slimdata cost profile (missing 'slimdata_cost_profile': 1)")
+            raise ConfigError(
+                f"{path} is not a slimdata cost profile (missing 'slimdata_cost_profile': 1)"
+            )
         return cls.from_dict(data)
 
 

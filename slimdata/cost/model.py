@@ -75,7 +75,9 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"model config has unknown keys {unknown}; known keys: {sorted(known)}")
+            raise ConfigError(
+                f"model config has unknown keys {unknown}; known keys: {sorted(known)}"
+            )
         return cls(**data)
 
 

@@ -71,7 +71,9 @@ class MicroPack:
         return cls(tuple(Slice(*s) for s in d["slices"]), float(d.get("cost", 0.0)), d.get("merge"))
 
 
-def eager_order(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> tuple[tuple[str, int], ...]:
+def eager_order(
+    forward: Sequence[MicroPack], backward: Sequence[MicroPack]
+) -> tuple[tuple[str, int], ...]:
     """Interleave forward and backward packs, 1F1B-like: forward packs in order, and every
     backward pack (in order) as soon as the forwards of all its documents have run.
 

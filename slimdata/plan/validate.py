@@ -12,6 +12,7 @@ Errors name the slice, its document id and the rank.
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from slimdata.errors import PlanError
@@ -55,7 +56,7 @@ def _check_order(plan: StepPlan, rs) -> None:
                 )
 
 
-def validate_plan(plan: StepPlan) -> None:  # noqa: C901 - one pass over the rules
+def validate_plan(plan: StepPlan) -> None:
     if plan.mode not in ("free", "lockstep"):
         raise PlanError(f"mode={plan.mode!r} must be 'free' or 'lockstep'")
     if not plan.ranks:
@@ -88,13 +89,17 @@ def validate_plan(plan: StepPlan) -> None:  # noqa: C901 - one pass over the rul
             raise PlanError(f"{_name(plan, dup, rs.rank)} is in two forward packs")
         if set(fwd) != set(bwd) or len(bwd) != len(fwd):
             odd = next(iter(set(fwd) ^ set(bwd)), bwd[0] if bwd else fwd[0])
-            raise PlanError(f"{_name(plan, odd, rs.rank)} is not in exactly one forward and one backward pack")
+            raise PlanError(
+                f"{_name(plan, odd, rs.rank)} is not in exactly one forward and one backward pack"
+            )
         for passname, packs in (("forward", rs.forward), ("backward", rs.backward)):
             merge_packs = [i for i, p in enumerate(packs) if p.merge is not None]
             g = plan.merge_of_rank(rs.rank)
             for i, p in enumerate(packs):
                 if p.merge is not None and p.merge != g:
-                    raise PlanError(f"rank {rs.rank}: {passname} pack {i} is tagged with merge group {p.merge}, which it is not a member of")
+                    raise PlanError(
+                        f"rank {rs.rank}: {passname} pack {i} is tagged with merge group {p.merge}, which it is not a member of"
+                    )
                 for s in p.slices:
                     if not 0 <= s.doc < len(plan.docs):
                         raise PlanError(f"{_name(plan, s, rs.rank)}: no such document")
@@ -105,7 +110,9 @@ def validate_plan(plan: StepPlan) -> None:  # noqa: C901 - one pass over the rul
                             f"their group's merge pack and only there ({passname} pack {i})"
                         )
             if g is not None and len(merge_packs) != 1:
-                raise PlanError(f"rank {rs.rank}: member of merge group {g} needs exactly one {passname} merge pack, has {len(merge_packs)}")
+                raise PlanError(
+                    f"rank {rs.rank}: member of merge group {g} needs exactly one {passname} merge pack, has {len(merge_packs)}"
+                )
         for s in fwd:
             owner[s.doc].add(rs.rank)
             per_doc[s.doc].append(s)
@@ -116,32 +123,54 @@ def validate_plan(plan: StepPlan) -> None:  # noqa: C901 - one pass over the rul
         pos = 0
         for s in slices:
             if s.start != pos or s.end <= s.start:
-                what = "overlaps an earlier slice" if s.start < pos else f"leaves tokens [{pos}, {s.start}) unplanned"
+                what = (
+                    "overlaps an earlier slice"
+                    if s.start < pos
+                    else f"leaves tokens [{pos}, {s.start}) unplanned"
+                )
                 raise PlanError(f"{_name(plan, s)} {what} (rule 4)")
             pos = s.end
         if pos != doc.length:
-            raise PlanError(f"document #{d} (doc_id {doc.doc_id!r}, {doc.length} tokens): tokens [{pos}, {doc.length}) are in no slice (rule 4)")
+            raise PlanError(
+                f"document #{d} (doc_id {doc.doc_id!r}, {doc.length} tokens): tokens [{pos}, {doc.length}) are in no slice (rule 4)"
+            )
         g = merged_doc.get(d)
         if g is None:
             if len(owner[d]) > 1:
-                raise PlanError(f"document #{d} (doc_id {doc.doc_id!r}) is split over ranks {sorted(owner[d])} without a merge group")
+                raise PlanError(
+                    f"document #{d} (doc_id {doc.doc_id!r}) is split over ranks {sorted(owner[d])} without a merge group"
+                )
             if slices:
                 _check_monotone(plan, slices, next(iter(owner[d])))
         elif not owner[d] <= set(plan.merges[g].ranks):
-            raise PlanError(f"document #{d} of merge group {g} has slices on non-member ranks {sorted(owner[d] - set(plan.merges[g].ranks))}")
+            raise PlanError(
+                f"document #{d} of merge group {g} has slices on non-member ranks {sorted(owner[d] - set(plan.merges[g].ranks))}"
+            )
 
     if plan.mode == "lockstep":
         shape = [(len(rs.forward), len(rs.backward), rs.order) for rs in plan.ranks]
         if len(set(shape)) != 1:
-            raise PlanError("lockstep plan: every rank needs the same pack counts and order, got " + ", ".join(f"rank {r}: {len(f)}F/{len(b)}B" for r, (f, b, _o) in enumerate((rs.forward, rs.backward, rs.order) for rs in plan.ranks)))
+            raise PlanError(
+                "lockstep plan: every rank needs the same pack counts and order, got "
+                + ", ".join(
+                    f"rank {r}: {len(f)}F/{len(b)}B"
+                    for r, (f, b, _o) in enumerate(
+                        (rs.forward, rs.backward, rs.order) for rs in plan.ranks
+                    )
+                )
+            )
 
 
 def _check_monotone(plan: StepPlan, slices: list[Slice], rank: int) -> None:
     rs = plan.ranks[rank]
     fwd_of = {s: i for i, p in enumerate(rs.forward) for s in p.slices}
     bwd_of = {s: i for i, p in enumerate(rs.backward) for s in p.slices}
-    for a, b in zip(slices, slices[1:], strict=False):
+    for a, b in pairwise(slices):
         if fwd_of[b] < fwd_of[a]:
-            raise PlanError(f"{_name(plan, b, rank)} runs forward in pack {fwd_of[b]}, before its predecessor in pack {fwd_of[a]} (rule 1)")
+            raise PlanError(
+                f"{_name(plan, b, rank)} runs forward in pack {fwd_of[b]}, before its predecessor in pack {fwd_of[a]} (rule 1)"
+            )
         if bwd_of[a] < bwd_of[b]:
-            raise PlanError(f"{_name(plan, a, rank)} runs backward in pack {bwd_of[a]}, before its successor in pack {bwd_of[b]} (rule 2)")
+            raise PlanError(
+                f"{_name(plan, a, rank)} runs backward in pack {bwd_of[a]}, before its successor in pack {bwd_of[b]} (rule 2)"
+            )

@@ -39,9 +39,33 @@ def _read(directory: Path) -> list[dict]:
 
 def test_build_with_plan_payloads_carry_exact_tokens(tmp_path):
     out, plan_dir = tmp_path / "shards", tmp_path / "plan"
-    args = ["build", str(_corpus(tmp_path)), "-o", str(out), "--tokenizer", TOKENIZER, "--slice-tokens", "128", "--quiet",
-            "--model", "llama-1b", "--plan", str(plan_dir), "--nodes", "1", "--ranks-per-node", "2",
-            "--global-batch-tokens", "1024", "--memory-gib", "8", "--context", "1024", "--oversize", "split"]
+    args = [
+        "build",
+        str(_corpus(tmp_path)),
+        "-o",
+        str(out),
+        "--tokenizer",
+        TOKENIZER,
+        "--slice-tokens",
+        "128",
+        "--quiet",
+        "--model",
+        "llama-1b",
+        "--plan",
+        str(plan_dir),
+        "--nodes",
+        "1",
+        "--ranks-per-node",
+        "2",
+        "--global-batch-tokens",
+        "1024",
+        "--memory-gib",
+        "8",
+        "--context",
+        "1024",
+        "--oversize",
+        "split",
+    ]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     docs = {i: s for i, s in enumerate(_read(out))}
@@ -56,7 +80,9 @@ def test_build_with_plan_payloads_carry_exact_tokens(tmp_path):
         step, rank, plan, tokens = read_plan_payload(sample)
         plan.validate()
         expected = [
-            docs[plan.docs[s.doc].sample]["tokens"][plan.docs[s.doc].offset + s.start : plan.docs[s.doc].offset + s.end]
+            docs[plan.docs[s.doc].sample]["tokens"][
+                plan.docs[s.doc].offset + s.start : plan.docs[s.doc].offset + s.end
+            ]
             for p in plan.ranks[rank].forward
             for s in p.slices
         ]
@@ -76,13 +102,34 @@ def test_build_with_plan_payloads_carry_exact_tokens(tmp_path):
 
 def test_plan_from_shards_and_layout_errors(tmp_path):
     out = tmp_path / "shards"
-    base = ["build", str(_corpus(tmp_path)), "-o", str(out), "--tokenizer", TOKENIZER, "--slice-tokens", "128", "--quiet"]
+    base = [
+        "build",
+        str(_corpus(tmp_path)),
+        "-o",
+        str(out),
+        "--tokenizer",
+        TOKENIZER,
+        "--slice-tokens",
+        "128",
+        "--quiet",
+    ]
     res = CliRunner().invoke(cli, [*base, "--plan", str(tmp_path / "p0"), "--nodes", "1"])
     assert res.exit_code == 2 and "--plan needs the training layout" in res.output
     assert "--ranks-per-node" in res.output and "--global-batch-tokens" in res.output
     assert not (out / "index.json").exists()  # refused before building anything
     assert CliRunner().invoke(cli, base).exit_code == 0
-    layout = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "2048", "--memory-gib", "8", "--context", "2048"]
+    layout = [
+        "--nodes",
+        "1",
+        "--ranks-per-node",
+        "2",
+        "--global-batch-tokens",
+        "2048",
+        "--memory-gib",
+        "8",
+        "--context",
+        "2048",
+    ]
     res = CliRunner().invoke(cli, ["plan", str(out), *layout, "-o", str(tmp_path / "p1")])
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(cli, ["plan", str(out), *layout, "-o", str(tmp_path / "p1")])
@@ -95,14 +142,32 @@ def test_payloads_without_tokens_read_back_empty(tmp_path):
     """Planned from lengths, payloads carry no tokens; MDS stores one pad that must not leak."""
     (tmp_path / "lengths.txt").write_text("300\n40\n900\n")
     out = tmp_path / "plan"
-    res = CliRunner().invoke(cli, ["plan", "--lengths", str(tmp_path / "lengths.txt"), "--nodes", "1", "--ranks-per-node", "2",
-                                   "--global-batch-tokens", "4096", "--memory-gib", "8", "--context", "1024", "-o", str(out)])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            "--lengths",
+            str(tmp_path / "lengths.txt"),
+            "--nodes",
+            "1",
+            "--ranks-per-node",
+            "2",
+            "--global-batch-tokens",
+            "4096",
+            "--memory-gib",
+            "8",
+            "--context",
+            "1024",
+            "-o",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     from slimdata.solver.planshards import check_payload, read_plan_payload
 
     samples = _read(out)
     assert len(samples) == 2
     for sample in samples:
-        step, rank, plan, tokens = read_plan_payload(sample)
+        step, rank, _plan, tokens = read_plan_payload(sample)
         assert tokens.dtype == np.uint32 and len(tokens) == 0
         assert check_payload(sample, step, rank)[1].shape == (0,)

@@ -58,7 +58,9 @@ def test_analytic_coefficients_by_hand():
 
 
 def test_recompute_policies_order_memory_and_time():
-    none, sel, full = (CostModel.analytic("llama-8b", "h100", r) for r in ("none", "selective", "full"))
+    none, sel, full = (
+        CostModel.analytic("llama-8b", "h100", r) for r in ("none", "selective", "full")
+    )
     assert none.act_bytes_per_token > sel.act_bytes_per_token > full.act_bytes_per_token
     assert full.bwd_lin == pytest.approx(none.bwd_lin + none.fwd_lin)
     assert none.bwd_lin == sel.bwd_lin
@@ -93,7 +95,18 @@ def test_model_configs(tmp_path):
     assert 6.5e9 < MODEL_PRESETS["llama-7b"].params < 7.0e9
     assert 69e9 < MODEL_PRESETS["llama-70b"].params < 71.5e9
     hf = tmp_path / "config.json"
-    hf.write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 10}))
+    hf.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 2,
+                "hidden_size": 8,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "intermediate_size": 16,
+                "vocab_size": 10,
+            }
+        )
+    )
     cfg = load_model_config(str(hf))
     assert (cfg.layers, cfg.hidden, cfg.kv_heads, cfg.ffn, cfg.vocab) == (2, 8, 1, 16, 10)
     with pytest.raises(ConfigError, match="unknown model"):

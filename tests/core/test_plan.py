@@ -18,7 +18,13 @@ def P(*slices, merge=None):
 
 
 def plan(fwd, bwd, order=(), docs=DOCS, **kw):
-    return StepPlan(step=0, strategy="hand", docs=docs, ranks=(RankStep(0, tuple(fwd), tuple(bwd), tuple(order)),), **kw)
+    return StepPlan(
+        step=0,
+        strategy="hand",
+        docs=docs,
+        ranks=(RankStep(0, tuple(fwd), tuple(bwd), tuple(order)),),
+        **kw,
+    )
 
 
 def test_valid_asymmetric_plan_and_round_trip():
@@ -39,11 +45,23 @@ def test_eager_order_runs_backward_as_soon_as_documents_finish():
 @pytest.mark.parametrize(
     ("fwd", "bwd", "message"),
     [
-        ([P(A1), P(A0, B0)], [P(A1), P(A0, B0)], r"slice \[4, 6\) of document #0 \(doc_id 'a'\) on rank 0 runs forward in pack 0.*rule 1"),
-        ([P(A0), P(A1, B0)], [P(A0), P(A1, B0)], r"slice \[0, 4\) .* runs backward in pack 0, before its successor.*rule 2"),
+        (
+            [P(A1), P(A0, B0)],
+            [P(A1), P(A0, B0)],
+            r"slice \[4, 6\) of document #0 \(doc_id 'a'\) on rank 0 runs forward in pack 0.*rule 1",
+        ),
+        (
+            [P(A0), P(A1, B0)],
+            [P(A0), P(A1, B0)],
+            r"slice \[0, 4\) .* runs backward in pack 0, before its successor.*rule 2",
+        ),
         ([P(A0), P(B0)], [P(A0), P(B0)], r"tokens \[4, 6\) are in no slice"),
         ([P(A0, A1), P(B0, Slice(1, 2, 3))], [P(A1, A0), P(B0, Slice(1, 2, 3))], r"overlaps"),
-        ([P(A0), P(A1, B0)], [P(A1), P(A0)], r"slice \[0, 3\) of document #1.*exactly one forward and one backward"),
+        (
+            [P(A0), P(A1, B0)],
+            [P(A1), P(A0)],
+            r"slice \[0, 3\) of document #1.*exactly one forward and one backward",
+        ),
         ([P(A0, A0), P(A1, B0)], [P(A1), P(B0, A0)], r"in two forward packs"),
     ],
 )
@@ -54,9 +72,13 @@ def test_each_rule_names_the_slice(fwd, bwd, message):
 
 def test_backward_before_forward_of_its_document_is_rejected():
     with pytest.raises(PlanError, match="rule 3"):
-        plan([P(A0), P(A1, B0)], [P(A1), P(B0, A0)], order=(("F", 0), ("B", 0), ("F", 1), ("B", 1))).validate()
+        plan(
+            [P(A0), P(A1, B0)], [P(A1), P(B0, A0)], order=(("F", 0), ("B", 0), ("F", 1), ("B", 1))
+        ).validate()
     with pytest.raises(PlanError, match="order must list"):
-        plan([P(A0), P(A1, B0)], [P(A1), P(B0, A0)], order=(("F", 1), ("F", 0), ("B", 0), ("B", 1))).validate()
+        plan(
+            [P(A0), P(A1, B0)], [P(A1), P(B0, A0)], order=(("F", 1), ("F", 0), ("B", 0), ("B", 1))
+        ).validate()
 
 
 def test_document_split_over_ranks_needs_a_merge_group():
@@ -67,14 +89,28 @@ def test_document_split_over_ranks_needs_a_merge_group():
     # as a merge group: each member has one merge pack holding its share of document 0
     r0 = RankStep(0, (P(A0, merge=0), P(B0)), (P(B0), P(A0, merge=0)))
     r1 = RankStep(1, (P(A1, merge=0),), (P(A1, merge=0),))
-    ok = StepPlan(step=0, strategy="hand", docs=DOCS, ranks=(r0, r1), merges=(MergeGroup((0, 1), (0,)),)).validate()
+    ok = StepPlan(
+        step=0, strategy="hand", docs=DOCS, ranks=(r0, r1), merges=(MergeGroup((0, 1), (0,)),)
+    ).validate()
     assert StepPlan.from_json(ok.to_json()) == ok
     # a merged document outside its merge pack is an error
     r0bad = RankStep(0, (P(A0), P(B0)), (P(B0), P(A0)))
     with pytest.raises(PlanError, match="merged documents must be in their group's merge pack"):
-        StepPlan(step=0, strategy="hand", docs=DOCS, ranks=(r0bad, r1), merges=(MergeGroup((0, 1), (0,)),)).validate()
+        StepPlan(
+            step=0,
+            strategy="hand",
+            docs=DOCS,
+            ranks=(r0bad, r1),
+            merges=(MergeGroup((0, 1), (0,)),),
+        ).validate()
     with pytest.raises(PlanError, match="two groups"):
-        StepPlan(step=0, strategy="hand", docs=DOCS, ranks=(r0, r1), merges=(MergeGroup((0, 1), (0,)), MergeGroup((1, 0), (1,)))).validate()
+        StepPlan(
+            step=0,
+            strategy="hand",
+            docs=DOCS,
+            ranks=(r0, r1),
+            merges=(MergeGroup((0, 1), (0,)), MergeGroup((1, 0), (1,))),
+        ).validate()
 
 
 def test_lockstep_needs_equal_shapes():

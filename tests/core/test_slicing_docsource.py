@@ -13,7 +13,14 @@ from slimdata.slicing import check_cuts, slice_cuts
 
 @pytest.mark.parametrize(
     ("length", "s", "expected"),
-    [(0, 128, [0]), (1, 128, [0, 1]), (128, 128, [0, 128]), (129, 128, [0, 128, 129]), (300, 128, [0, 128, 256, 300]), (4096, 2048, [0, 2048, 4096])],
+    [
+        (0, 128, [0]),
+        (1, 128, [0, 1]),
+        (128, 128, [0, 128]),
+        (129, 128, [0, 128, 129]),
+        (300, 128, [0, 128, 256, 300]),
+        (4096, 2048, [0, 2048, 4096]),
+    ],
 )
 def test_slice_cuts_ladder(length, s, expected):
     cuts = slice_cuts(length, s)

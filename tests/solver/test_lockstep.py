@@ -2,13 +2,15 @@
 indices (forward and backward), no empty packs, the backward lag, and the 1F1B estimate."""
 
 import numpy as np
+import pytest
 
+from slimdata.cost import CostModel
 from slimdata.solver import Layout, solve
 from slimdata.solver.common import BatchView, interleaved_order
 from slimdata.solver.micropack import pack_rank_lockstep
 from slimdata.solver.pipeline import pipeline_time
 
-from .conftest import docs_of, unit_cost
+from .conftest import GIB, docs_of, unit_cost
 
 
 def test_interleaved_order_with_lag():
@@ -119,3 +121,71 @@ def test_validate_false_gives_the_same_plan():
         a = solve(docs, layout, "slimpack", 0, ucost)
         b = solve(docs, layout, "slimpack", 0, ucost, validate=False)
         assert a.ranks == b.ranks and a.merges == b.merges
+
+
+def test_pack_rank_lockstep_memory_is_per_pipeline_stage():
+    # unit cost: 100 tokens of activations per GiB, no K/V. A 512-token document (4 slices)
+    # and four 128-token ones, 4 packs, lag 1 (the lag the long document needs).
+    ucost = unit_cost()
+    view = BatchView.build(docs_of([512, 128, 128, 128, 128]), ucost)
+    units = [view.slices_of(d) for d in range(5)]
+    # one device holding the whole model: F0 + F1 = 512 tokens = 5.12 GiB > 3 GiB
+    assert pack_rank_lockstep(view, units, cap=1024, mem=3 * GIB, m=4, lag=1) is None
+    # 4 stages of a quarter of the layers each: under 1F1B the first stage runs B0 after F4,
+    # i.e. holds all 1024 tokens before its first backward: 10.24 GiB / 4 = 2.56 GiB
+    p = pack_rank_lockstep(
+        view, units, cap=1024, mem=3 * GIB, m=4, lag=1, pp=4, layer_share=0.25
+    )
+    assert p.forward == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert p.backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
+    assert abs(p.peak - 2.56 * GIB) < 1e3
+    assert (
+        pack_rank_lockstep(view, units, cap=1024, mem=2.5 * GIB, m=4, lag=1, pp=4, layer_share=0.25)
+        is None
+    )
+
+
+def test_pack_rank_lockstep_counts_merge_buffers_on_the_first_stage():
+    # merge share: doc 0 (256 tokens = 2.56 GiB); docs 1 and 2 of 256 tokens; 3 packs, lag 0,
+    # 2 stages of half the layers; the group's gathered K/V is 1 GiB (full model).
+    # First stage order F0 F1 B0 F2 B1 B2: while the merge backward B0 runs it holds the merge
+    # share (2.56) + F1 (2.56) + 2 x 1 GiB of K/V and gradients = 7.12 GiB, 3.56 GiB per stage
+    ucost = unit_cost()
+    view = BatchView.build(docs_of([256, 256, 256]), ucost)
+    units = [view.slices_of(1), view.slices_of(2)]
+    kw = dict(cap=1024, m=3, lag=0, pp=2, layer_share=0.5, merge_kv=1 * GIB)
+    p = pack_rank_lockstep(view, units, [0, 1], mem=3.6 * GIB, **kw)
+    assert p.forward == [[0, 1], [2, 3], [4, 5]] and p.backward == [[0, 1], [3, 2], [5, 4]]
+    assert abs(p.peak - 3.56 * GIB) < 1e3
+    assert pack_rank_lockstep(view, units, [0, 1], mem=3.5 * GIB, **kw) is None
+
+
+def test_stage_share_matches_the_simulator_split():
+    from slimdata.sim import chunk_fractions
+    from slimdata.solver.strategies.slimpack import stage_share
+
+    for layers, pp in ((32, 4), (10, 4), (3, 4), (80, 3), (7, 1)):
+        assert stage_share(layers, pp) == float(chunk_fractions(layers, pp).max())
+
+
+@pytest.mark.parametrize(
+    ("dp", "context", "memory_gib", "long"),
+    [(4, 32768, 4.0, [32768, 24000]), (8, 65536, 8.0, [65536, 30000])],
+)
+def test_pipeline_plan_fits_the_cap_in_the_simulator(dp, context, memory_gib, long):
+    # llama-8b, 4 stages: a full-model memory check refuses these batches outright (a 32K
+    # document needs 12 GiB, a 64K one 24 GiB on one device); per stage they fit, with the lag
+    # the long documents need, and the simulator's accounting (per stage, 1F1B packs in
+    # flight, merge K/V buffers) stays within the cap
+    from slimdata.sim import SimConfig, simulate_step
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    rng = np.random.default_rng(0)
+    lengths = long + rng.integers(500, 4000, size=40).tolist()
+    layout = Layout(dp=dp, pp=4, mode="lockstep", context=context, memory_gib=memory_gib)
+    plan = solve(docs_of(lengths, 2048), layout, "slimpack", 0, cost)
+    assert plan.meta["lag"] >= 1
+    if dp == 8:  # the 64K document needs 6 GiB per stage: it is merged
+        assert any(0 in g.docs for g in plan.merges)
+    result = simulate_step(plan, cost, layout, SimConfig())
+    assert 0 < result.peak_memory.max() <= layout.memory_bytes
