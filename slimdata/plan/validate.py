@@ -94,9 +94,9 @@ def validate_plan(plan: StepPlan) -> None:
             )
         for passname, packs in (("forward", rs.forward), ("backward", rs.backward)):
             merge_packs = [i for i, p in enumerate(packs) if p.merge is not None]
-            g = plan.merge_of_rank(rs.rank)
+            member_of = plan.merge_of_rank(rs.rank)
             for i, p in enumerate(packs):
-                if p.merge is not None and p.merge != g:
+                if p.merge is not None and p.merge != member_of:
                     raise PlanError(
                         f"rank {rs.rank}: {passname} pack {i} is tagged with merge group {p.merge}, which it is not a member of"
                     )
@@ -109,9 +109,9 @@ def validate_plan(plan: StepPlan) -> None:
                             f"{_name(plan, s, rs.rank)}: slices of merged documents must be in "
                             f"their group's merge pack and only there ({passname} pack {i})"
                         )
-            if g is not None and len(merge_packs) != 1:
+            if member_of is not None and len(merge_packs) != 1:
                 raise PlanError(
-                    f"rank {rs.rank}: member of merge group {g} needs exactly one {passname} merge pack, has {len(merge_packs)}"
+                    f"rank {rs.rank}: member of merge group {member_of} needs exactly one {passname} merge pack, has {len(merge_packs)}"
                 )
         for s in fwd:
             owner[s.doc].add(rs.rank)
@@ -134,17 +134,17 @@ def validate_plan(plan: StepPlan) -> None:
             raise PlanError(
                 f"document #{d} (doc_id {doc.doc_id!r}, {doc.length} tokens): tokens [{pos}, {doc.length}) are in no slice (rule 4)"
             )
-        g = merged_doc.get(d)
-        if g is None:
+        group = merged_doc.get(d)
+        if group is None:
             if len(owner[d]) > 1:
                 raise PlanError(
                     f"document #{d} (doc_id {doc.doc_id!r}) is split over ranks {sorted(owner[d])} without a merge group"
                 )
             if slices:
                 _check_monotone(plan, slices, next(iter(owner[d])))
-        elif not owner[d] <= set(plan.merges[g].ranks):
+        elif not owner[d] <= set(plan.merges[group].ranks):
             raise PlanError(
-                f"document #{d} of merge group {g} has slices on non-member ranks {sorted(owner[d] - set(plan.merges[g].ranks))}"
+                f"document #{d} of merge group {group} has slices on non-member ranks {sorted(owner[d] - set(plan.merges[group].ranks))}"
             )
 
     if plan.mode == "lockstep":
