@@ -16,6 +16,8 @@ Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--onl
    bound for slimpack with dp=8, pp=4 (the strategy study's small setting).
 4. Memory caps (``--only memory``): slimpack plans for llama-8b under 60 GiB, full and
    selective recompute, peak per rank or the solver's refusal.
+5. Free-mode plans in the simulator (``--only free-sim [--no-skew]``, not in the default
+   run): step time vs the bound, with and without the skew merges.
 """
 
 from __future__ import annotations
@@ -47,8 +49,13 @@ def batches(name: str, tokens: int, n: int, context: int, seed: int = 0):
 
 
 def latency(quick: bool, validate: bool = False) -> None:
-    print(f"== slimpack heuristic latency (one core, wlb128k, 128K context, 60 GiB, validate={validate}) ==")
-    print(f"{'tokens':>8} {'dp':>4} {'docs':>6} {'median ms':>10} {'max ms':>8} {'imbalance':>9}")
+    print(
+        f"== slimpack heuristic latency (one core, wlb128k, 128K context, 60 GiB, validate={validate}) =="
+    )
+    print(
+        f"{'tokens':>8} {'dp':>4} {'docs':>6} {'median ms':>10} {'max ms':>8} {'imbalance':>9}"
+        "  worst fwd / bwd / total"
+    )
     settings = [(1 << 18, 16), (1 << 20, 64), (1 << 21, 128), (1 << 22, 256)]
     for tokens, dp in settings:
         bs = batches("wlb128k", tokens, 3 if quick else 8, 131072)
@@ -58,14 +65,22 @@ def latency(quick: bool, validate: bool = False) -> None:
             t0 = time.perf_counter()
             p = solve(b, layout, "slimpack", 0, COST, validate=validate)
             times.append((time.perf_counter() - t0) * 1e3)
-            imb.append(p.meta["imbalance"])
-        print(f"{tokens:>8} {dp:>4} {np.mean([len(b) for b in bs]):>6.0f} {np.median(times):>10.1f} {max(times):>8.1f} {np.mean(imb):>9.4f}")
+            imb.append((p.meta["imbalance_fwd"], p.meta["imbalance_bwd"], p.meta["imbalance"]))
+        w = np.max(imb, axis=0)
+        print(
+            f"{tokens:>8} {dp:>4} {np.mean([len(b) for b in bs]):>6.0f} {np.median(times):>10.1f} {max(times):>8.1f} {np.mean(imb, axis=0)[2]:>9.4f}"
+            f"  {w[0]:.4f} / {w[1]:.4f} / {w[2]:.4f}"
+        )
 
 
 def quality(quick: bool) -> None:
     dp = 16
-    print(f"\n== imbalance degree (max*n/sum) per rank, dp={dp}, T = dp x context, llama-8b full recompute, 60 GiB ==")
-    print(f"{'file':>10} {'ctx':>5} {'strategy':>10} {'fwd':>7} {'bwd':>7} {'total':>7} {'merges':>6} {'ms':>7}")
+    print(
+        f"\n== imbalance degree (max*n/sum) per rank, dp={dp}, T = dp x context, llama-8b full recompute, 60 GiB =="
+    )
+    print(
+        f"{'file':>10} {'ctx':>5} {'strategy':>10} {'fwd':>7} {'bwd':>7} {'total':>7} {'merges':>6} {'ms':>7}"
+    )
     for name in FILES:
         for ctx in (32768, 131072, 262144):
             bs = batches(name, dp * ctx, 2 if quick else 5, ctx)
@@ -74,9 +89,19 @@ def quality(quick: bool) -> None:
                 rows = []
                 for b in bs:
                     p = solve(b, layout, s, 0, COST)
-                    rows.append((p.meta["imbalance_fwd"], p.meta["imbalance_bwd"], p.meta["imbalance"], len(p.merges), p.meta["solve_ms"]))
+                    rows.append(
+                        (
+                            p.meta["imbalance_fwd"],
+                            p.meta["imbalance_bwd"],
+                            p.meta["imbalance"],
+                            len(p.merges),
+                            p.meta["solve_ms"],
+                        )
+                    )
                 f, bw, t, m, ms = np.mean(rows, axis=0)
-                print(f"{name:>10} {ctx // 1024:>4}K {s:>10} {f:>7.3f} {bw:>7.3f} {t:>7.3f} {m:>6.1f} {ms:>7.1f}")
+                print(
+                    f"{name:>10} {ctx // 1024:>4}K {s:>10} {f:>7.3f} {bw:>7.3f} {t:>7.3f} {m:>6.1f} {ms:>7.1f}"
+                )
 
 
 def pipeline(quick: bool) -> None:
@@ -84,8 +109,12 @@ def pipeline(quick: bool) -> None:
     study's small setting (dp=8, pp=4, 4 context-long rows per rank, 60 GiB, DDP, seed 0)."""
     from slimdata.sim import SimConfig, simulate_step
 
-    print("\n== lockstep slimpack, dp=8 pp=4, 4 rows/rank, 60 GiB: simulated step vs lower bound ==")
-    print(f"{'file':>10} {'ctx':>5} {'m':>3} {'lag':>3} {'merges':>6} {'step s':>8} {'bound s':>8} {'gap':>7} {'peak GiB':>8}")
+    print(
+        "\n== lockstep slimpack, dp=8 pp=4, 4 rows/rank, 60 GiB: simulated step vs lower bound =="
+    )
+    print(
+        f"{'file':>10} {'ctx':>5} {'m':>3} {'lag':>3} {'merges':>6} {'step s':>8} {'bound s':>8} {'gap':>7} {'peak GiB':>8}"
+    )
     dp, pp = 8, 4
     for name in FILES:
         for ctx in (32768, 131072, 262144):
@@ -97,7 +126,34 @@ def pipeline(quick: bool) -> None:
             b = make_batches(docs, gbt, 0)[0]
             p = solve(b, layout, "slimpack", 0, COST, validate=False)
             r = simulate_step(p, COST, layout, SimConfig())
-            print(f"{name:>10} {ctx // 1024:>4}K {p.meta['microbatches']:>3} {p.meta['lag']:>3} {len(p.merges):>6} {r.step_time:>8.2f} {r.lower_bound:>8.2f} {r.step_time / r.lower_bound - 1:>+7.1%} {r.peak_memory_gib:>8.1f}")
+            print(
+                f"{name:>10} {ctx // 1024:>4}K {p.meta['microbatches']:>3} {p.meta['lag']:>3} {len(p.merges):>6} {r.step_time:>8.2f} {r.lower_bound:>8.2f} {r.step_time / r.lower_bound - 1:>+7.1%} {r.peak_memory_gib:>8.1f}"
+            )
+
+
+def free_sim(quick: bool, **options) -> None:
+    """Free-mode (DDP) slimpack plans judged by the simulator: the quality settings (dp=16,
+    T = 16 x context, 2 batches) and the latency table's 1M/64 and 2M/128 (3 batches); mean
+    simulated step time, lower bound, worst of the fwd/bwd/total imbalance degrees and ranks in
+    merge groups. ``options`` go to ``solve`` (e.g. ``skew_merge=False``)."""
+    from slimdata.sim import SimConfig, simulate_step
+
+    print(f"\n== free-mode slimpack, simulated (DDP, 60 GiB, full recompute) {options or ''} ==")
+    print(
+        f"{'file':>10} {'ctx':>5} {'dp':>4} {'step s':>8} {'bound s':>8} {'imb':>7} {'merge ranks':>11}"
+    )
+    settings = [(n, c, 16, 16 * c, 2) for n in FILES for c in (32768, 131072, 262144)]
+    settings += [("wlb128k", 131072, dp, t, 3) for t, dp in ((1 << 20, 64), (1 << 21, 128))]
+    for name, ctx, dp, tokens, n in settings:
+        layout = Layout(dp=dp, memory_gib=60, context=ctx)
+        rows = []
+        for b in batches(name, tokens, n, ctx):
+            p = solve(b, layout, "slimpack", 0, COST, validate=False, **options)
+            r = simulate_step(p, COST, layout, SimConfig())
+            imb = max(p.meta["imbalance_fwd"], p.meta["imbalance_bwd"], p.meta["imbalance"])
+            rows.append((r.step_time, r.lower_bound, imb, sum(len(g.ranks) for g in p.merges)))
+        st, lb, imb, mr = np.mean(rows, axis=0)
+        print(f"{name:>10} {ctx // 1024:>4}K {dp:>4} {st:>8.3f} {lb:>8.3f} {imb:>7.4f} {mr:>11.1f}")
 
 
 def memory(quick: bool) -> None:
@@ -128,7 +184,10 @@ def memory(quick: bool) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer batches")
-    ap.add_argument("--only", choices=["latency", "quality", "pipeline", "memory"], default=None)
+    ap.add_argument(
+        "--only", choices=["latency", "quality", "pipeline", "memory", "free-sim"], default=None
+    )
+    ap.add_argument("--no-skew", action="store_true", help="free-sim: solve with skew_merge=False")
     ap.add_argument("--validate", action="store_true", help="time solve() with validation on")
     args = ap.parse_args()
     if args.only in (None, "latency"):
@@ -139,3 +198,5 @@ if __name__ == "__main__":
         pipeline(args.quick)
     if args.only in (None, "memory"):
         memory(args.quick)
+    if args.only == "free-sim":
+        free_sim(args.quick, **({"skew_merge": False} if args.no_skew else {}))

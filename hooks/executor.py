@@ -19,8 +19,11 @@ Wrappers. Under ``DistributedDataParallel`` the executor calls the wrapped modul
 inside ``no_sync()`` (DDP's hooks assume one forward/backward per step) and then all-reduces
 the gradients itself with SUM over DDP's process group -- the right reduction because every
 rank's loss is already divided by the global loss-token count. A bare module on several
-ranks gets the same reduction with ``reduce_grads=True``. Assumes a deterministic forward
-(dropout 0) and buffers identical across ranks.
+ranks gets the same reduction with ``reduce_grads=True``. Under FSDP2 (``fully_shard``) the
+plan must be lockstep and every rank makes the same model calls (plan-global kept/recomputed
+decisions, dummy calls for padding packs; :mod:`slimdata.hooks.fsdp`); FSDP reduce-scatters
+the gradients with a plain SUM. Assumes a deterministic forward (dropout 0) and buffers
+identical across ranks.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from slimdata.hooks import fsdp as fsdp_rt
 from slimdata.hooks.callbacks import Callback, PackEvent, StepSummary
 from slimdata.hooks.continuation import PackContext
 from slimdata.hooks.kvstore import KVStore
@@ -180,9 +184,14 @@ class _Step:
             loss = packed_loss(logits, labels, self.norm)
         return loss, ctx
 
-    def backward(self, loss: torch.Tensor, ctx: PackContext) -> None:
+    def dummy(self, grad: bool) -> tuple[torch.Tensor, None]:
+        """A padding pack's call under FSDP (:func:`~slimdata.hooks.fsdp.dummy_loss`)."""
+        with torch.set_grad_enabled(grad):
+            return fsdp_rt.dummy_loss(self.module, self.forward, self.device), None
+
+    def backward(self, loss: torch.Tensor, ctx: PackContext | None) -> None:
         outs, grads = [loss], [torch.ones_like(loss)]
-        for (layer, s), (k, v) in ctx.live.items():
+        for (layer, s), (k, v) in ctx.live.items() if ctx is not None else ():
             gk, gv = self.store.grad(layer, s)
             if gk is not None:
                 outs.append(k)
@@ -207,16 +216,33 @@ def run_step(
     callbacks: Sequence[Callback] = (),
     reduce_grads: bool | None = None,
     group=None,
+    fsdp_grad_sync: str = "each",
 ) -> StepSummary:
     """Run ``payload.rank``'s forward and backward packs of ``payload.plan``; accumulate grads.
 
     ``model`` may be wrapped in ``DistributedDataParallel`` (gradients are then SUM-reduced over
     its process group); ``reduce_grads=True`` reduces a bare module's gradients over ``group``
     (default: the world). Every rank of a merge group must call this for the same plan.
+
+    ``model`` may be an FSDP2 module (``fully_shard``): the plan must be lockstep, FSDP's
+    reduce-scatter is switched to SUM (``set_gradient_divide_factor(1.0)``), and the sharded
+    ``param.grad`` hold the exact gradient afterwards. An FSDP1 ``FullyShardedDataParallel``
+    wrapper works the same way with every backward pack recomputed and a SUM comm hook. ``fsdp_grad_sync="each"`` reduce-scatters
+    after every backward call (FSDP's default, sharded accumulation); ``"last"`` turns gradient
+    sync off until the step's last backward call (one reduce-scatter per step, unsharded
+    gradients held meanwhile) and leaves it on afterwards.
     """
     t_step = time.perf_counter()
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    kind = fsdp_rt.fsdp_kind(model)
+    fsdp = kind is not None
     module: nn.Module = model.module if ddp else model  # type: ignore[assignment]
+    if fsdp_grad_sync not in ("each", "last"):
+        raise ValueError(f"fsdp_grad_sync={fsdp_grad_sync!r}: use 'each' or 'last'")
+    if kind == "fsdp1" and fsdp_grad_sync == "last":
+        raise ValueError("fsdp_grad_sync='last' needs FSDP2 (fully_shard); FSDP1 supports 'each'")
+    if fsdp and reduce_grads:
+        raise ValueError("reduce_grads=True with an FSDP model: FSDP reduces the gradients itself")
     if reduce_grads is None:
         reduce_grads = ddp
     if ddp and group is None:
@@ -226,8 +252,21 @@ def run_step(
     plan, rs = st.plan, st.rs
     for cb in callbacks:
         cb.on_step_start(plan, st.rank)
-    kept, unions = kept_forward_packs(rs.forward, rs.backward)
-    graphs: dict[int, tuple[torch.Tensor, PackContext]] = {}
+    idle_f: frozenset[int] = frozenset()
+    idle_b: frozenset[int] = frozenset()
+    if fsdp:
+        fsdp_rt.check_lockstep(plan)
+        sched = fsdp_rt.lockstep_schedule(plan, keep=kind == "fsdp2")
+        kept, unions = set(sched.kept), {j: list(f) for j, f in sched.unions.items()}
+        idle_f, idle_b = sched.idle_forward, sched.idle_backward
+        fsdp_rt.prepare(model)
+    else:
+        kept, unions = kept_forward_packs(rs.forward, rs.backward)
+    calls = [
+        len(unions[j]) if j in unions else 1 for j in range(len(rs.backward)) if j not in idle_b
+    ]
+    n_calls, done_calls = sum(calls), 0
+    graphs: dict[int, tuple[torch.Tensor, PackContext | None]] = {}
     events: list[PackEvent] = []
     loss_total = 0.0
 
@@ -247,23 +286,38 @@ def run_step(
         for cb in callbacks:
             cb.on_pack_end(ev)
 
+    def backward(loss: torch.Tensor, ctx: PackContext | None) -> None:
+        nonlocal done_calls
+        if fsdp and fsdp_grad_sync == "last":
+            fsdp_rt.set_gradient_sync(model, done_calls == n_calls - 1)
+        st.backward(loss, ctx)
+        done_calls += 1
+
     with model.no_sync() if ddp else _null():  # type: ignore[operator]
         for kind, i in rs.order:
             t0 = time.perf_counter()
             if kind == "F":
                 pack = rs.forward[i]
-                loss, ctx = st.run_pack(pack, "keep" if i in kept else "nograd")
-                loss_total += float(loss.detach())
-                if i in kept:
-                    graphs[i] = (loss, ctx)
+                if pack.slices or (fsdp and i not in idle_f):  # else no work, nothing to match
+                    if pack.slices:
+                        loss, ctx = st.run_pack(pack, "keep" if i in kept else "nograd")
+                    else:
+                        loss, ctx = st.dummy(grad=i in kept)
+                    loss_total += float(loss.detach())
+                    if i in kept:
+                        graphs[i] = (loss, ctx)
                 emit("F", i, pack, t0)
             else:
                 pack = rs.backward[i]
-                if i in unions:
+                if i in idle_b or (not pack.slices and not fsdp):
+                    pass  # no work, nothing to match
+                elif i in unions:
                     for f in reversed(unions[i]):
-                        st.backward(*graphs.pop(f))
+                        backward(*graphs.pop(f))
+                elif pack.slices:
+                    backward(*st.run_pack(pack, "recompute"))
                 else:
-                    st.backward(*st.run_pack(pack, "recompute"))
+                    backward(*st.dummy(grad=True))
                 for s in pack.slices:
                     st.store.drop(s)
                 emit("B", i, pack, t0, recomputed=i not in unions)

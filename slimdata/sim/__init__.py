@@ -9,6 +9,7 @@ chart and ``slimdata simulate`` for the command. Modelling assumptions are state
 from __future__ import annotations
 
 from slimdata.sim.config import PARALLELISMS, SCHEDULE_NAMES, SimConfig
+from slimdata.sim.cp import CpPacks, cp_packs, cp_peak_memory
 from slimdata.sim.dag import StepDag, build_dag, common_order
 from slimdata.sim.engine import TaskGraph, Timing, evaluate
 from slimdata.sim.memory import MemoryProfile, memory_profile
@@ -22,6 +23,7 @@ __all__ = [
     "PARALLELISMS",
     "SCHEDULES",
     "SCHEDULE_NAMES",
+    "CpPacks",
     "MemoryProfile",
     "PackTimes",
     "SimConfig",
@@ -32,6 +34,8 @@ __all__ = [
     "build_dag",
     "chunk_fractions",
     "common_order",
+    "cp_packs",
+    "cp_peak_memory",
     "evaluate",
     "lower_bound",
     "memory_profile",

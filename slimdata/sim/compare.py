@@ -8,14 +8,15 @@ Fairness:
 - every strategy, ``concat`` included, masks attention at document boundaries (pack times
   count only within-document pairs);
 - **every strategy respects the memory cap** (``Layout.memory_gib``). The baselines do not
-  enforce memory themselves, so a baseline whose plan does not fit (per-device peak by the
-  solver's rule, :func:`~slimdata.sim.cp.cp_peak_memory`, over all steps) is run the way a
+  enforce memory themselves, so a baseline whose plan does not fit (its simulated per-device
+  peak memory, :attr:`SimResult.peak_memory`, in any step) is run the way a
   Megatron-style job runs rows that do not fit: with **static context parallelism** of the
   smallest power of two ``k`` that fits, for the whole job: it is re-planned for ``dp / k``
   DP groups and simulated with ``SimConfig.cp = k`` (:mod:`slimdata.sim.cp`). If even
   ``k = dp`` does not fit, it is reported as failed with the reason. ``slimpack`` always
   runs with ``cp = 1`` (its DP-Merge handles the documents that do not fit one rank) and
-  must fit by itself; if it does not, it is reported as failed.
+  must fit by itself: the solver plans within the cap; a simulated peak above it is
+  reported (``over_memory_steps``, ``!`` in the table), a plan it cannot make as failed.
 
 The solver is imported lazily, so the simulator core does not depend on it.
 """
@@ -73,7 +74,8 @@ class StrategyStats:
     cp: int = 1
     """Static context-parallel size it ran with (0 when it failed)."""
     plan_memory_gib: float = float("nan")
-    """Per-device peak by the solver's rule under ``cp`` (what the fit test compares)."""
+    """Per-device peak by the solver's rule under ``cp`` (:func:`~slimdata.sim.cp.cp_peak_memory`,
+    max over steps), for comparison with the simulated ``peak_memory_gib`` the fit test uses."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -172,14 +174,13 @@ def compare_strategies(
     nan = float("nan")
     for name in strategies:
         sizes = [1] if name in CP_FREE else cp_sizes(layout.dp)
-        plans, solve_ms, k, peak, err = _fit(name, batches, layout, cost, seed, sizes, solve)
+        fit = _fit(name, batches, layout, cost, seed, sizes, solve, config)
+        plans, sims, solve_ms, k, err = fit
         if err:
             results[name] = StrategyStats(nan, nan, nan, nan, nan, nan, nan, 0, 0, error=err, cp=0)
             continue
-        cfg_k = dataclasses.replace(config, cp=k)
         rows = []
-        for step, (plan, ms) in enumerate(zip(plans, solve_ms, strict=True)):
-            r = simulate_step(plan, cost, layout, cfg_k)
+        for step, (plan, r, ms) in enumerate(zip(plans, sims, solve_ms, strict=True)):
             if step == 0:
                 first[name] = (plan, r)
             rows.append(
@@ -201,7 +202,7 @@ def compare_strategies(
             over_memory_steps=int(a[:, 7].sum()),
             steps=len(rows),
             cp=k,
-            plan_memory_gib=peak / GIB,
+            plan_memory_gib=max(float(cp_peak_memory(p, cost, k).max()) for p in plans) / GIB,
         )
     cfg = {
         "dp": layout.dp,
@@ -243,10 +244,14 @@ def _fit(
     seed: int,
     sizes: Sequence[int],
     solve: Any,
-) -> tuple[list[StepPlan], list[float], int, float, str]:
-    """Plans of every step at the smallest CP size in ``sizes`` whose peak fits the cap.
+    config: SimConfig,
+) -> tuple[list[StepPlan], list[SimResult], list[float], int, str]:
+    """Plans and simulations of every step at the smallest CP size in ``sizes`` whose
+    simulated per-device peak memory fits the cap in every step.
 
-    Returns ``(plans, solve_ms, cp, peak_bytes, error)``; ``error`` is empty on success.
+    Returns ``(plans, results, solve_ms, cp, error)``; ``error`` is empty on success. A
+    strategy of :data:`CP_FREE` (one size, ``1``) is returned even over the cap: its
+    ``SimResult.over_memory`` reports it.
     """
     cap = layout.memory_bytes
     err, peak = "", 0.0
@@ -254,32 +259,32 @@ def _fit(
         lay_k = dataclasses.replace(
             layout, dp=layout.dp // k, ranks_per_node=max(1, layout.ranks_per_node // k)
         )
-        plans, times, peak = [], [], 0.0
+        cfg_k = dataclasses.replace(config, cp=k)
+        plans, sims, times, peak = [], [], [], 0.0
         try:
             for step, batch in enumerate(batches):
                 t0 = time.perf_counter()
                 plan = solve(batch, lay_k, name, seed, cost, step=step)
                 times.append((time.perf_counter() - t0) * 1e3)
-                peak = max(peak, float(cp_peak_memory(plan, cost, k).max()))
+                r = simulate_step(plan, cost, layout, cfg_k)
+                peak = max(peak, float(r.peak_memory.max()))
                 plans.append(plan)
-                if peak > cap:
+                sims.append(r)
+                if peak > cap and name not in CP_FREE:
                     break
         except PlanError as exc:
             err = str(exc)
             continue
-        if peak <= cap:
-            return plans, times, k, peak, ""
+        if peak <= cap or name in CP_FREE:
+            return plans, sims, times, k, ""
         err = ""
     if err:
-        return [], [], 0, peak, err
-    if name in CP_FREE:
-        why = f"its plan needs {peak / GIB:.1f} GiB per device > --memory-gib {layout.memory_gib:g}"
-    else:
-        why = (
-            f"does not fit --memory-gib {layout.memory_gib:g} even with static CP {sizes[-1]} "
-            f"(needs {peak / GIB:.1f} GiB per device)"
-        )
-    return [], [], 0, peak, why
+        return [], [], [], 0, err
+    why = (
+        f"does not fit --memory-gib {layout.memory_gib:g} even with static CP {sizes[-1]} "
+        f"(needs {peak / GIB:.1f} GiB per device)"
+    )
+    return [], [], [], 0, why
 
 
 def format_table(cmp: Comparison) -> str:

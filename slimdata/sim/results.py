@@ -83,13 +83,20 @@ def lower_bound(dag: StepDag, busy_total: float) -> float:
     through chunks ``0 .. s - 1``; after its last backward, that pack's backward still runs
     through chunks ``s - 1 .. 0``. So device ``s`` idles at least
     ``sum_{c < s} (min forward on c + min backward on c)`` (smallest pack per chunk), for any
-    schedule of these packs; ``pp == 1`` gives ``work / devices``.
+    schedule of these packs; ``pp == 1`` gives ``work / devices``. Empty packs (no work) are
+    left out of the minima: they hold no tokens, so no work waits on them.
     """
     n = dag.dp * dag.pp
     if dag.pp == 1 or n == 0:
         return busy_total / max(n, 1)
-    min_f = dag.fwork.min(axis=1) if dag.fwork.shape[1] else np.zeros(dag.chunks)
-    min_b = dag.bwork.min(axis=1) if dag.bwork.shape[1] else np.zeros(dag.chunks)
+
+    def smallest(work: np.ndarray) -> np.ndarray:  # per chunk, over packs with work
+        if not work.shape[1]:
+            return np.zeros(dag.chunks)
+        m = np.where(work > 0, work, np.inf).min(axis=1)
+        return np.where(np.isfinite(m), m, 0.0)
+
+    min_f, min_b = smallest(dag.fwork), smallest(dag.bwork)
     per_chunk = np.cumsum(np.r_[0.0, (min_f + min_b)[: dag.pp - 1]])  # device s: chunks < s
     return (busy_total + dag.dp * float(per_chunk.sum())) / n
 

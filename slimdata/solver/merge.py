@@ -1,18 +1,20 @@
 """DP-Merge: documents too long or too costly for one rank run on a group of ranks.
 
 A document becomes a merge candidate when its whole footprint (all activations plus its K/V,
-:mod:`slimdata.solver.memory`) exceeds the memory cap, or when its predicted time
-(forward + backward) exceeds ``share`` x the balanced per-rank time. Its group is the fewest
-ranks ``k`` that fit: the smallest ``k >= ceil(time / balanced time)`` whose members all fit
-the memory cap and carry at most the balanced forward and the balanced backward time (the rest of their time is then filled with
-short documents); if no ``k`` is that even, the smallest that fits memory. Members split the
+:mod:`slimdata.solver.memory`) exceeds the memory cap, when its predicted time
+(forward + backward) exceeds ``share`` x the balanced per-rank time, or (free mode) when its
+backward/forward skew would leave its rank unbalanced (:func:`skew_group_sizes`). Its group is
+the fewest ranks ``k`` that fit: the smallest ``k >= ceil(time / balanced time)`` (and at
+least the skew bound) whose members all fit the memory cap and carry at most the balanced
+forward and the balanced backward time (the rest of their time is then filled with short
+documents); if no ``k`` is that even, the smallest that fits memory. Members split the
 document's slices by LPT on predicted time (each member then holds a set of slices, whose
 queries see the gathered prefix); a member holds ``act`` of its slices plus K/V of the prefix
-up to its last slice of every group document. Groups use disjoint ranks, lowest free ranks
-first (so a small group stays inside a node). When too few free ranks remain, a document joins
-the existing group that can absorb it under the memory cap with the fewest of the remaining
-free ranks added to it (then the lowest load); if none can
-and it does not fit one rank, :class:`PlanError` names it and the limit.
+up to its last slice of every group document, plus (``gather``) the simulator's merge buffers.
+Groups use disjoint ranks, lowest free ranks first (so a small group stays inside a node).
+When too few free ranks remain, a document joins the existing group that can absorb it under
+the memory cap with the fewest of the remaining free ranks added to it (then the lowest load);
+if none can and it does not fit one rank, :class:`PlanError` names it and the limit.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ __all__ = ["MergePlan", "member_peak", "plan_merges", "skew_group_sizes", "split
 
 GIB = float(1 << 30)
 
-RATIO_TOL = 0.005
+RATIO_TOL = 0.015
 """Backward overload (fraction of the balanced share) a rank may be left with by one whole
 document's backward/forward skew before that document is split (:func:`skew_group_sizes`)."""
 
@@ -135,8 +137,8 @@ def skew_group_sizes(
     forward and backward time, a share ``(f, b)`` filled up with documents of ratio ``rho``
     (the forward-weighted ratio of the batch's documents below the mean ratio: the supply a
     backward-heavy rank draws on) reaches backward ``b + rho (1 - f)`` when its forward is
-    full; it must stay within ``1 + tol``. Splitting a document of ``(f, b)`` evenly over
-    ``k`` members (both dimensions, :func:`split_group`) needs
+    full; it must stay within ``1 + tol``. Splitting a document of ``(f, b)`` about evenly
+    over ``k`` members (:func:`split_group`, then the joint LPT) needs
     ``k >= (b - rho f) / (1 + tol - rho)``. ``fixed`` marks documents merged anyway (too
     long or too costly); they are left out of the supply.
     """
@@ -209,7 +211,9 @@ def plan_merges(
         sl = list(view.slices_of(d))
         must = bool(view.doc_mem[d] > whole)
         doc = view.docs[d]
-        k_time = max(2, math.ceil(time[d] * packs / balanced), int(k_skew[d]))
+        k_time = max(
+            2, math.ceil(time[d] * packs / balanced) if balanced > 0 else 2, int(k_skew[d])
+        )
         k_max = min(len(sl), dp)
         k, members = (None, None)
         mem_d = mem - gather * view.kv_per_token * float(view.doc_len[d])

@@ -181,6 +181,7 @@ def pack_rank_lockstep(
     pp: int = 1,
     layer_share: float = 1.0,
     merge_kv: float = 0.0,
+    kv_per_slice: bool = False,
 ) -> RankPacks | None:
     """Lockstep packing of one rank into exactly ``m`` forward and ``m`` backward packs, run in
     the order :func:`~slimdata.solver.common.interleaved_order` ``(m, m, lag)``:
@@ -206,7 +207,11 @@ def pack_rank_lockstep(
     runs, twice that while its merge backward pack runs. The check is
     ``layer_share * held <= mem`` on the first stage at every forward slice and merge pack;
     ``pp=1, layer_share=1, merge_kv=0`` is the single-device rule of
-    :mod:`slimdata.solver.memory`. ``RankPacks.peak`` is the first stage's peak (bytes).
+    :mod:`slimdata.solver.memory`. ``kv_per_slice``: a slice's K/V is freed with its
+    backward (the simulator's per-slice rule: backward runs from a document's end, so a
+    backwarded slice's keys and values are no longer read) instead of when the document's last
+    slice is backwarded (:mod:`slimdata.solver.memory`'s rule, the default).
+    ``RankPacks.peak`` is the first stage's peak (bytes).
     """
     tok, fwd, bwd, act, docl = view.lists
     kvp = view.kv_per_token
@@ -284,6 +289,9 @@ def pack_rank_lockstep(
             held -= act[i]
             d = docl[i]
             doc_left[d] -= 1
+            if kv_per_slice:  # the simulator's rule: a slice's K/V goes with its backward
+                held -= kvp * tok[i]
+                doc_kv[d] -= kvp * tok[i]
             if doc_left[d] == 0:
                 held -= doc_kv.pop(d)
             if not doc_slices:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -66,6 +67,24 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
+def tiny_llama(attn: str):
+    """A random-init 2-layer Llama (``transformers``) with attention implementation ``attn``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attn_implementation=attn,
+    )
+    return LlamaForCausalLM(cfg)
+
+
 def tiny_forward(module, ids, pos):
     return module(ids, pos)
 
@@ -124,7 +143,7 @@ def random_rank_plan(rng: random.Random, lengths, max_cuts=3, nf=None, nb=None):
     return [p for p in F if p], [p for p in B if p]
 
 
-def solver_case(lengths, strategy, dp, seed, context=256):
+def solver_case(lengths, strategy, dp, seed, context=256, mode="free", memory_gib=1):
     """A validated solver plan for a tiny model and the token arrays of its documents
     (pieces of split documents cut at ``Document.offset``)."""
     from slimdata.cost import CostModel, ModelConfig
@@ -135,13 +154,35 @@ def solver_case(lengths, strategy, dp, seed, context=256):
         name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=VOCAB, dtype_bytes=4
     )
     docs = documents_from_lengths(lengths, slice_tokens=128)
-    layout = Layout(dp=dp, context=context, pack_tokens=context, memory_gib=1)
+    layout = Layout(dp=dp, context=context, pack_tokens=context, memory_gib=memory_gib, mode=mode)
     plan = solve(
         docs, layout, strategy, seed=seed, cost=CostModel.analytic(tiny, "h100", "none")
     ).validate()
     rng = np.random.default_rng(seed)
     src = {d.doc_id: rng.integers(0, VOCAB, size=d.length).astype(np.uint32) for d in docs}
     return plan, [src[d.doc_id][d.offset : d.offset + d.length] for d in plan.docs]
+
+
+def lockstep_hand_plan():
+    """2-rank lockstep plan, order ``F0 F1 F2 B0 F3 B1 B2 B3 F4 B4``: rank 0 slices doc 0 over
+    three packs (all unions); rank 1 has asymmetric backward packs 0-1 (so B0, B1 are recomputed
+    on both ranks) and a union B2 (kept on both); pack 3 is empty on rank 1 (dummy calls) and
+    pack 4 on both (no call)."""
+    lengths = [30, 9, 12, 7, 5, 6]
+    order = [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+    order += [("F", 4), ("B", 4)]
+    r0 = (
+        [[(0, 0, 10)], [(0, 10, 22)], [(0, 22, 30), (4, 0, 5)], [(5, 0, 6)], []],
+        [[(4, 0, 5), (0, 22, 30)], [(0, 10, 22)], [(0, 0, 10)], [(5, 0, 6)], []],
+        order,
+    )
+    r1 = (
+        [[(1, 0, 4), (2, 0, 5)], [(1, 4, 9), (2, 5, 12)], [(3, 0, 7)], [], []],
+        [[(3, 0, 7), (2, 5, 12)], [(1, 4, 9)], [(2, 0, 5), (1, 0, 4)], [], []],
+        order,
+    )
+    plan = make_plan(lengths, [r0, r1])
+    return lengths, dataclasses.replace(plan, mode="lockstep").validate()
 
 
 def reference_grads(model, forward, tokens, plan):
@@ -180,10 +221,12 @@ __all__ = [
     "TinyLM",
     "doc_tokens",
     "grads_of",
+    "lockstep_hand_plan",
     "make_plan",
     "max_rel_err",
     "random_rank_plan",
     "reference_grads",
     "solver_case",
     "tiny_forward",
+    "tiny_llama",
 ]

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from hooks_helpers import (
     MergeGroup,
     TinyLM,
     doc_tokens,
     grads_of,
+    lockstep_hand_plan,
     make_plan,
     max_rel_err,
     reference_grads,
     solver_case,
     tiny_forward,
+    tiny_llama,
 )
-from slimdata.hooks import make_payload, run_step
+from slimdata.hooks import hf, hf_forward, make_payload, run_step
+from slimdata.hooks.fsdp import lockstep_schedule
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -128,3 +133,178 @@ def check_torch_threads(rank: int, world: int) -> int:
 def two_rank_suite(rank: int, world: int) -> tuple[list, tuple]:
     """Both 2-rank bodies in one spawn (saves a process start on busy CI machines)."""
     return equivalence(rank, world, ["merge2", "solver2"], True), ddp_no_merge(rank, world)
+
+
+# --- FSDP2 (fully_shard) on lockstep plans --------------------------------------------------
+
+
+def lock_hand2():
+    lengths, plan = lockstep_hand_plan()
+    return doc_tokens(lengths, seed=3), plan
+
+
+def lock_solver2_merge():
+    # [30, 400] on 2 ranks: the 400-token doc is merged over both ranks, pack 1 is padding on rank 0
+    plan, toks = solver_case([30, 400], "slimpack", 2, 0, mode="lockstep", memory_gib=4)
+    assert plan.merges and any(not p.slices for p in plan.ranks[0].forward), plan
+    return toks, plan
+
+
+def lock_solver2_asym():
+    # rank 0's backward packs are not unions of its forward packs: recomputed on both ranks
+    plan, toks = solver_case([60, 25, 130, 300, 40, 70], "slimpack", 2, 3, mode="lockstep")
+    return toks, plan
+
+
+def lock_solver4_merge():
+    # a 3-rank merge group over the 600-token doc, padding packs on two of its members
+    plan, toks = solver_case([45, 90, 10, 600, 120], "slimpack", 4, 1, mode="lockstep")
+    assert plan.merges and plan.mode == "lockstep", plan
+    return toks, plan
+
+
+def lock_merge_recompute4():
+    # doc 0 merged over ranks 0-1 (their packs are unions), but rank 2's packs are asymmetric, so
+    # every backward pack -- the merge pack included -- is recomputed on every rank; rank 3
+    # pads pack 0 (dummy calls)
+    lengths = [24, 6, 8, 5, 7, 9]
+    order = [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    spec = [
+        ([[(0, 0, 12)], [(1, 0, 6)]], [[(0, 0, 12)], [(1, 0, 6)]], order),
+        ([[(0, 12, 24)], [(3, 0, 5)]], [[(0, 12, 24)], [(3, 0, 5)]], order),
+        ([[(2, 0, 4), (4, 0, 7)], [(2, 4, 8)]], [[(2, 4, 8), (4, 0, 7)], [(2, 0, 4)]], order),
+        ([[], [(5, 0, 9)]], [[], [(5, 0, 9)]], order),
+    ]
+    plan = make_plan(
+        lengths, spec, merges=[MergeGroup((0, 1), (0,))], merge_packs={0: (0, 0), 1: (0, 0)}
+    )
+    plan = dataclasses.replace(plan, mode="lockstep").validate()
+    assert not lockstep_schedule(plan).unions
+    return doc_tokens(lengths, seed=4), plan
+
+
+FSDP_PLANS = {
+    "merge_recompute4": lock_merge_recompute4,
+    "hand2": lock_hand2,
+    "solver2_merge": lock_solver2_merge,
+    "solver2_asym": lock_solver2_asym,
+    "solver4_merge": lock_solver4_merge,
+}
+
+
+def _fully_shard(model: TinyLM, world: int) -> TinyLM:
+    """Shard the k/v/up projections of every block as their own FSDP units, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for b in model.blocks:
+        for key in ("k", "v", "up"):
+            fully_shard(b[key], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _fsdp1(model: TinyLM) -> torch.nn.Module:
+    """FSDP1: the k/v/up projections of every block as nested wrappers, then the root."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    cpu = torch.device("cpu")
+    for b in model.blocks:
+        for key in ("k", "v", "up"):
+            b[key] = FSDP(b[key], device_id=cpu, use_orig_params=True)
+    return FSDP(model, device_id=cpu, use_orig_params=True)
+
+
+def _fsdp1_grads(wrapped) -> dict[str, torch.Tensor]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(wrapped, with_grads=True):
+        return {
+            n.replace("_fsdp_wrapped_module.", ""): p.grad.clone()
+            for n, p in wrapped.named_parameters()
+        }
+
+
+def fsdp_equivalence(
+    rank: int, world: int, cases: list[tuple[str, str]]
+) -> list[tuple[float, float, float]]:
+    """For each (plan, mode): (this rank's loss share, reference loss, max relative gradient
+    error). Modes: ``each``/``last`` (FSDP2, ``fsdp_grad_sync``), ``fsdp1`` or ``bare`` (plain
+    module, ``reduce_grads=True``)."""
+    out = []
+    for name, mode in cases:
+        toks, plan = FSDP_PLANS[name]()
+        model = TinyLM(seed=1)
+        ref_loss, ref = reference_grads(model, tiny_forward, toks, plan)
+        model.zero_grad(set_to_none=True)
+        payload = make_payload(plan, rank, toks)
+        if mode == "bare":
+            summary = run_step(model, payload, forward=tiny_forward, reduce_grads=True)
+            got = grads_of(model)
+        elif mode == "fsdp1":
+            wrapped = _fsdp1(model)
+            summary = run_step(wrapped, payload, forward=tiny_forward)
+            got = _fsdp1_grads(wrapped)
+        else:
+            model = _fully_shard(model, world)
+            summary = run_step(model, payload, forward=tiny_forward, fsdp_grad_sync=mode)
+            got = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        out.append((summary.loss, ref_loss, max_rel_err(got, ref)))
+    return out
+
+
+def fsdp_hf(rank: int, world: int, kind: str) -> tuple[float, float, float]:
+    """A stock tiny ``LlamaForCausalLM`` (attn "slimdata") sharded per decoder layer and at the
+    root (``kind``: ``fsdp2`` = ``fully_shard``, ``fsdp1`` = ``FullyShardedDataParallel`` with
+    ``ModuleWrapPolicy``), on the hand lockstep plan, against the eager model run unpacked."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    toks, plan = lock_hand2()
+    model, ref_model = tiny_llama(hf.register()), tiny_llama("eager")
+    ref_model.load_state_dict(model.state_dict())
+    ref_loss, ref = reference_grads(ref_model, hf_forward, toks, plan)
+    if kind == "fsdp1":
+        wrapped = FullyShardedDataParallel(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+            device_id=torch.device("cpu"),
+            use_orig_params=True,
+        )
+        summary = run_step(wrapped, make_payload(plan, rank, toks))
+        return summary.loss, ref_loss, max_rel_err(_fsdp1_grads(wrapped), ref)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    summary = run_step(model, make_payload(plan, rank, toks))
+    got = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+    return summary.loss, ref_loss, max_rel_err(got, ref)
+
+
+def fsdp_two_rank_suite(rank: int, world: int) -> tuple[list, tuple]:
+    """The 2-rank FSDP bodies in one spawn."""
+    cases = [
+        ("hand2", "each"),
+        ("hand2", "last"),
+        ("hand2", "bare"),
+        ("solver2_merge", "each"),
+        ("solver2_merge", "last"),
+        ("solver2_asym", "each"),
+        ("hand2", "fsdp1"),
+        ("solver2_merge", "fsdp1"),
+    ]
+    hf_cases = [fsdp_hf(rank, world, "fsdp2"), fsdp_hf(rank, world, "fsdp1")]
+    return fsdp_equivalence(rank, world, cases), hf_cases
+
+
+def four_rank_suite(rank: int, world: int) -> tuple[list, list]:
+    """DP-Merge plans (plain modules) and FSDP2 on a lockstep solver plan, one spawn."""
+    plain = equivalence(rank, world, ["merge4", "two_groups4", "solver4"])
+    cases = [("solver4_merge", "each"), ("solver4_merge", "last"), ("merge_recompute4", "each")]
+    cases.append(("solver4_merge", "fsdp1"))
+    fsdp = fsdp_equivalence(rank, world, cases)
+    return plain, fsdp

@@ -25,8 +25,10 @@ def test_two_ranks_merge_and_ddp():
     assert max(r[1][2] for r in res) <= TOL
 
 
-def test_merge_four_ranks():
-    _check(run_distributed(W.equivalence, 4, ["merge4", "two_groups4", "solver4"]))
+def test_merge_four_ranks_and_fsdp():
+    res = run_distributed(W.four_rank_suite, 4)
+    _check([r[0] for r in res])  # plain modules: merge4, two_groups4, solver4
+    _check([r[1] for r in res])  # FSDP2, lockstep solver plan with a 3-rank merge + padding
 
 
 def test_failure_on_a_rank_is_reported():

@@ -6,27 +6,18 @@ import copy
 
 import pytest
 import torch
-from hooks_helpers import VOCAB, doc_tokens, grads_of, make_plan, max_rel_err, reference_grads
+from hooks_helpers import (
+    VOCAB,
+    doc_tokens,
+    grads_of,
+    make_plan,
+    max_rel_err,
+    reference_grads,
+    tiny_llama,
+)
 from slimdata.hooks import hf, hf_forward, make_payload, run_step
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def tiny_llama(attn: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        attn_implementation=attn,
-    )
-    return LlamaForCausalLM(cfg)
 
 
 def test_hf_llama_gradients_match_eager_reference():

@@ -273,3 +273,13 @@ def test_empty_rank_and_single_item_edges():
     assert r.step_time == 12.0
     assert r.imbalance == 2.0
     assert r.busy.tolist() == [[12.0, 0.0]]
+
+
+def test_lower_bound_ignores_empty_packs():
+    # pp=2, a 2-token pack and an empty one (lockstep padding); 2 layers -> per stage F 1, B 2.
+    # S0F0 [0,1] S1F0 [1,2] S1B0 [2,4] S0B0 [4,6]: step 6. Stage 1 waits >= F + B of stage 0
+    # on the smallest *non-empty* pack: bound (6 + 3) / 2 (the empty pack would give 6 / 2).
+    plan = whole_doc_plan([[[2], []]], mode="lockstep")
+    r = simulate_step(plan, linear_cost(layers=2), Layout(dp=1, pp=2, context=128), NO_LATENCY)
+    assert r.step_time == pytest.approx(6.0)
+    assert r.lower_bound == pytest.approx(4.5)

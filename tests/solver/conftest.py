@@ -10,8 +10,14 @@ def unit_cost(act_tokens_per_gib: int = 100) -> CostModel:
     """Linear toy model: forward 1 s/token, backward 2 s/token, no attention, no constants;
     ``act_tokens_per_gib`` tokens of activations fill one GiB; no K/V."""
     return CostModel(
-        fwd_lin=1.0, fwd_att=0.0, fwd_const=0.0, bwd_lin=2.0, bwd_att=0.0, bwd_const=0.0,
-        act_bytes_per_token=GIB / act_tokens_per_gib, kv_bytes_per_token=0.0,
+        fwd_lin=1.0,
+        fwd_att=0.0,
+        fwd_const=0.0,
+        bwd_lin=2.0,
+        bwd_att=0.0,
+        bwd_const=0.0,
+        act_bytes_per_token=GIB / act_tokens_per_gib,
+        kv_bytes_per_token=0.0,
     )
 
 

@@ -31,7 +31,11 @@ def test_make_batches_policy_exact():
 def test_oversize_policies():
     d = Document(doc_id="x", length=300, cuts=(0, 128, 256, 300))
     split = apply_oversize([d], 128, "split")
-    assert [(p.offset, p.length, p.cuts) for p in split] == [(0, 128, (0, 128)), (128, 128, (0, 128)), (256, 44, (0, 44))]
+    assert [(p.offset, p.length, p.cuts) for p in split] == [
+        (0, 128, (0, 128)),
+        (128, 128, (0, 128)),
+        (256, 44, (0, 44)),
+    ]
     assert sum(p.loss_tokens for p in split) == d.loss_tokens == 299
     (t,) = apply_oversize([d], 128, "truncate")
     assert (t.offset, t.length) == (0, 128)

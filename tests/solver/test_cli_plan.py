@@ -9,8 +9,27 @@ def test_plan_from_lengths(tmp_path):
     lengths = tmp_path / "l.txt"
     lengths.write_text("\n".join(str(n) for n in [300, 5000, 120, 800, 64, 2000, 90, 4000]))
     out = tmp_path / "out"
-    args = ["plan", "--lengths", str(lengths), "--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "4096",
-            "--memory-gib", "40", "--context", "4096", "--oversize", "split", "--model", "llama-1b", "-o", str(out)]
+    args = [
+        "plan",
+        "--lengths",
+        str(lengths),
+        "--nodes",
+        "1",
+        "--ranks-per-node",
+        "2",
+        "--global-batch-tokens",
+        "4096",
+        "--memory-gib",
+        "40",
+        "--context",
+        "4096",
+        "--oversize",
+        "split",
+        "--model",
+        "llama-1b",
+        "-o",
+        str(out),
+    ]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "plan.json").read_text())
@@ -22,6 +41,24 @@ def test_plan_from_lengths(tmp_path):
 def test_plan_oversize_error_names_document(tmp_path):
     lengths = tmp_path / "l.txt"
     lengths.write_text("300\n9000\n")
-    res = CliRunner().invoke(cli, ["plan", "--lengths", str(lengths), "--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "4096",
-                                   "--memory-gib", "40", "--context", "4096", "-o", str(tmp_path / "o")])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            "--lengths",
+            str(lengths),
+            "--nodes",
+            "1",
+            "--ranks-per-node",
+            "2",
+            "--global-batch-tokens",
+            "4096",
+            "--memory-gib",
+            "40",
+            "--context",
+            "4096",
+            "-o",
+            str(tmp_path / "o"),
+        ],
+    )
     assert res.exit_code != 0 and "doc_id 1 has 9000 tokens" in res.output

@@ -133,9 +133,7 @@ def test_pack_rank_lockstep_memory_is_per_pipeline_stage():
     assert pack_rank_lockstep(view, units, cap=1024, mem=3 * GIB, m=4, lag=1) is None
     # 4 stages of a quarter of the layers each: under 1F1B the first stage runs B0 after F4,
     # i.e. holds all 1024 tokens before its first backward: 10.24 GiB / 4 = 2.56 GiB
-    p = pack_rank_lockstep(
-        view, units, cap=1024, mem=3 * GIB, m=4, lag=1, pp=4, layer_share=0.25
-    )
+    p = pack_rank_lockstep(view, units, cap=1024, mem=3 * GIB, m=4, lag=1, pp=4, layer_share=0.25)
     assert p.forward == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert p.backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
     assert abs(p.peak - 2.56 * GIB) < 1e3
@@ -189,3 +187,48 @@ def test_pipeline_plan_fits_the_cap_in_the_simulator(dp, context, memory_gib, lo
         assert any(0 in g.docs for g in plan.merges)
     result = simulate_step(plan, cost, layout, SimConfig())
     assert 0 < result.peak_memory.max() <= layout.memory_bytes
+
+
+def test_free_plan_merge_buffers_fit_the_cap_in_the_simulator():
+    # free mode (DDP), llama-8b with selective recompute, 40 GiB: a 40K-token document needs a
+    # merge group; the simulator charges every member the group's gathered K/V while the merge
+    # forward runs and twice that in the backward (7.6 GiB here), which the members' shares
+    # must leave room for (the previous solver's 4 members peaked at 43.5 GiB)
+    from slimdata.sim import SimConfig, simulate_step
+
+    cost = CostModel.analytic("llama-8b", "h100", "selective")
+    rng = np.random.default_rng(0)
+    lengths = [40000, *rng.integers(500, 4000, size=60).tolist()]
+    layout = Layout(dp=8, context=131072, memory_gib=40)
+    plan = solve(docs_of(lengths, 2048), layout, "slimpack", 0, cost)
+    (group,) = plan.merges
+    assert group.docs == (0,)
+    result = simulate_step(plan, cost, layout, SimConfig())
+    assert result.peak_memory.max() <= layout.memory_bytes
+
+
+def test_pack_rank_lockstep_can_free_kv_per_slice_like_the_simulator():
+    # act and K/V 1 GiB per 100 tokens each; the lag test's packs: B0 = doc 0's second half.
+    # Per-document rule: doc 0's K/V stays until B1, so F2 (two 128-token documents) peaks at
+    # 2.56 (doc 0's first half) + 5.12 (its K/V) + 5.12 = 12.8 GiB; per slice (the simulator's
+    # rule) B0 also frees its slices' K/V: 10.24 GiB
+    cost = CostModel(
+        fwd_lin=1.0,
+        fwd_att=0.0,
+        fwd_const=0.0,
+        bwd_lin=2.0,
+        bwd_att=0.0,
+        bwd_const=0.0,
+        act_bytes_per_token=GIB / 100,
+        kv_bytes_per_token=GIB / 100,
+    )
+    view = BatchView.build(docs_of([512, 128, 128, 128, 128]), cost)
+    units = [view.slices_of(d) for d in range(5)]
+    doc = pack_rank_lockstep(view, units, cap=1024, mem=100 * GIB, m=4, lag=1)
+    assert abs(doc.peak - 12.8 * GIB) < 1e3
+    assert pack_rank_lockstep(view, units, cap=1024, mem=11 * GIB, m=4, lag=1) is None
+    per_slice = pack_rank_lockstep(
+        view, units, cap=1024, mem=11 * GIB, m=4, lag=1, kv_per_slice=True
+    )
+    assert per_slice.backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
+    assert abs(per_slice.peak - 10.24 * GIB) < 1e3

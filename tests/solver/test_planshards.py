@@ -23,12 +23,16 @@ from slimdata.solver.planshards import (
 from .conftest import docs_of, unit_cost
 
 
-@pytest.mark.parametrize(("steps", "nodes", "rpn", "workers"), [(3, 2, 2, 1), (5, 2, 2, 2), (4, 1, 3, 1), (2, 4, 1, 3)])
+@pytest.mark.parametrize(
+    ("steps", "nodes", "rpn", "workers"), [(3, 2, 2, 1), (5, 2, 2, 2), (4, 1, 3, 1), (2, 4, 1, 3)]
+)
 def test_positions_match_streaming_partition(steps, nodes, rpn, workers):
     pos = payload_positions(steps, nodes, rpn, workers)
     ids = get_partitions("orig", steps * nodes * rpn, nodes, nodes, rpn, workers, 1)
     for r in range(nodes * rpn):
-        seq = ids[r // rpn, r % rpn, :, :, 0].T.reshape(-1)  # DataLoader: worker k % W serves batch k
+        seq = ids[r // rpn, r % rpn, :, :, 0].T.reshape(
+            -1
+        )  # DataLoader: worker k % W serves batch k
         assert seq[:steps].tolist() == pos[:, r].tolist()
     assert sorted(pos.reshape(-1).tolist()) == list(range(steps * nodes * rpn))
 
@@ -36,9 +40,14 @@ def test_positions_match_streaming_partition(steps, nodes, rpn, workers):
 def _plans(n_docs=40, dp=4):
     rng = np.random.default_rng(1)
     docs = docs_of(rng.integers(20, 400, size=n_docs).tolist(), 128)
-    docs = [type(d)(doc_id=d.doc_id, length=d.length, cuts=d.cuts, sample=i) for i, d in enumerate(docs)]
+    docs = [
+        type(d)(doc_id=d.doc_id, length=d.length, cuts=d.cuts, sample=i) for i, d in enumerate(docs)
+    ]
     layout = Layout(dp=dp, memory_gib=100)
-    plans = [solve(b, layout, "slimpack", 0, unit_cost(), step=i) for i, b in enumerate(make_batches(docs, 1500, 0))]
+    plans = [
+        solve(b, layout, "slimpack", 0, unit_cost(), step=i)
+        for i, b in enumerate(make_batches(docs, 1500, 0))
+    ]
     tokens = {d.sample: (np.arange(d.length, dtype=np.uint32) + 1000 * d.sample) for d in docs}
     return plans, tokens
 
@@ -61,7 +70,9 @@ print(json.dumps(out))
 def test_streaming_dataset_hands_each_rank_its_payloads(tmp_path):
     plans, tokens = _plans()
     out = tmp_path / "plan"
-    summary = write_plan_shards(plans, out, nodes=2, ranks_per_node=2, tokens_of=tokens.__getitem__, size_limit=1 << 14)
+    summary = write_plan_shards(
+        plans, out, nodes=2, ranks_per_node=2, tokens_of=tokens.__getitem__, size_limit=1 << 14
+    )
     assert summary["steps"] == len(plans) >= 3
     assert json.loads((out / "plan.json").read_text())["num_canonical_nodes"] == 2
     # each simulated node has its own local copy (as on a real cluster)
@@ -69,10 +80,26 @@ def test_streaming_dataset_hands_each_rank_its_payloads(tmp_path):
         shutil.copytree(out, tmp_path / f"node{node}")
     procs = []
     for rank in range(4):
-        env = dict(os.environ, WORLD_SIZE="4", RANK=str(rank), LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(rank % 2), MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
+        env = dict(
+            os.environ,
+            WORLD_SIZE="4",
+            RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+            LOCAL_RANK=str(rank % 2),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT="29555",
+        )
         env.pop("PYTEST_XDIST_WORKER", None)
         local = str(tmp_path / f"node{rank // 2}")
-        procs.append(subprocess.Popen([sys.executable, "-c", READER, local], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", READER, local],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for rank, p in enumerate(procs):
         so, se = p.communicate(timeout=240)
         assert p.returncode == 0, se[-2000:]
@@ -86,7 +113,9 @@ def test_payload_tokens_and_stamp_check(tmp_path):
     from streaming import LocalDataset
 
     plans, tokens = _plans()
-    write_plan_shards(plans, tmp_path / "p", nodes=1, ranks_per_node=4, tokens_of=tokens.__getitem__)
+    write_plan_shards(
+        plans, tmp_path / "p", nodes=1, ranks_per_node=4, tokens_of=tokens.__getitem__
+    )
     ds = LocalDataset(local=str(tmp_path / "p"))
     pos = payload_positions(len(plans), 1, 4)
     for step in range(len(plans)):
@@ -94,7 +123,11 @@ def test_payload_tokens_and_stamp_check(tmp_path):
             sample = ds[int(pos[step, rank])]
             plan, toks = check_payload(sample, step, rank)
             assert plan == plans[step]
-            want = [tokens[plan.docs[s.doc].sample][s.start : s.end] for p in plan.ranks[rank].forward for s in p.slices]
+            want = [
+                tokens[plan.docs[s.doc].sample][s.start : s.end]
+                for p in plan.ranks[rank].forward
+                for s in p.slices
+            ]
             assert toks.tolist() == (np.concatenate(want).tolist() if want else [])
     with pytest.raises(PlanError, match="misaligned"):
         check_payload(ds[int(pos[0, 1])], 0, 0)

@@ -39,7 +39,12 @@ layouts = st.builds(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=25), layout=layouts, strategy=st.sampled_from(list(STRATEGIES)), seed=st.integers(0, 3))
+@given(
+    lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=25),
+    layout=layouts,
+    strategy=st.sampled_from(list(STRATEGIES)),
+    seed=st.integers(0, 3),
+)
 def test_every_plan_validates_and_covers_every_token_once(lengths, layout, strategy, seed):
     docs = docs_of(lengths, 256)
     try:
@@ -72,14 +77,20 @@ def test_every_plan_validates_and_covers_every_token_once(lengths, layout, strat
                 if layout.mode == "lockstep":
                     peak += 2 * view.kv_per_token * view.doc_len[d]
                 fs, bs = view.doc_fwd.sum() / layout.dp, view.doc_bwd.sum() / layout.dp
-                over = any(view.fwd[ms].sum() > 0.9 * fs or view.bwd[ms].sum() > 0.9 * bs for ms in members)
+                over = any(
+                    view.fwd[ms].sum() > 0.9 * fs or view.bwd[ms].sum() > 0.9 * bs for ms in members
+                )
                 skewed = layout.mode == "free" and len(m.ranks) - 1 < skew[d]
                 assert peak > layout.memory_bytes or over or skewed
     assert plan == type(plan).from_json(plan.to_json())
 
 
 @settings(max_examples=15, deadline=None)
-@given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=30), dp=st.integers(1, 5), seed=st.integers(0, 5))
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=30),
+    dp=st.integers(1, 5),
+    seed=st.integers(0, 5),
+)
 def test_solve_is_deterministic(lengths, dp, seed):
     docs = docs_of(lengths, 256)
     layout = Layout(dp=dp, memory_gib=8.0, context=4096)

@@ -27,9 +27,16 @@ def test_concat_rows_cut_documents_into_independent_pieces(ucost):
     docs = docs_of([100, 50, 90])
     plan = solve(docs, Layout(dp=2, context=128), "concat", cost=ucost)
     # rows of 128: [d0 100, d1 0:28] and [d1 28:50, d2 90]; row j -> rank j % 2
-    assert [(d.doc_id, d.offset, d.length) for d in plan.docs] == [(0, 0, 100), (1, 0, 28), (1, 28, 22), (2, 0, 90)]
+    assert [(d.doc_id, d.offset, d.length) for d in plan.docs] == [
+        (0, 0, 100),
+        (1, 0, 28),
+        (1, 28, 22),
+        (2, 0, 90),
+    ]
     assert rank_tokens(plan) == [128, 112]
-    assert [[s for s in p.slices] for p in plan.ranks[0].forward] == [[Slice(0, 0, 100), Slice(1, 0, 28)]]
+    assert [[s for s in p.slices] for p in plan.ranks[0].forward] == [
+        [Slice(0, 0, 100), Slice(1, 0, 28)]
+    ]
     assert plan.meta["rows"] == 2
     # every pack priced: forward 1 s/token
     assert plan.ranks[1].forward[0].cost == 112.0 and plan.ranks[1].backward[0].cost == 224.0
@@ -54,7 +61,9 @@ def test_wlb_pack_by_hand():
 
 def test_sorted_groups_similar_lengths(ucost):
     plan = solve(docs_of([10, 120, 20, 110, 30]), Layout(dp=1, context=128), "sorted", cost=ucost)
-    packs = sorted(tuple(sorted(plan.docs[s.doc].length for s in p.slices)) for p in plan.ranks[0].forward)
+    packs = sorted(
+        tuple(sorted(plan.docs[s.doc].length for s in p.slices)) for p in plan.ranks[0].forward
+    )
     assert packs == [(10, 20, 30), (110,), (120,)]
 
 
@@ -62,7 +71,9 @@ def test_sorted_groups_similar_lengths(ucost):
 def test_every_strategy_small_batch(strategy, ucost):
     docs = docs_of([300, 100, 50, 20, 200, 128, 7])
     for mode in ("free", "lockstep"):
-        plan = solve(docs, Layout(dp=3, context=256, memory_gib=100, mode=mode), strategy, seed=1, cost=ucost)
+        plan = solve(
+            docs, Layout(dp=3, context=256, memory_gib=100, mode=mode), strategy, seed=1, cost=ucost
+        )
         assert sum(rank_tokens(plan)) == 805
         assert plan.meta["seed"] == 1 and "solve_ms" in plan.meta
         assert all(p.cost >= 0 for rs in plan.ranks for p in rs.forward)
@@ -97,7 +108,9 @@ def test_slimpack_impossible_layouts_name_the_document():
     with pytest.raises(PlanError, match="memory cap"):
         solve(docs_of([512], slice_tokens=512), Layout(dp=4, memory_gib=1.0), "slimpack", cost=cost)
     with pytest.raises(PlanError, match="token cap"):
-        solve(docs_of([512], slice_tokens=512), Layout(dp=1, pack_tokens=256), "slimpack", cost=cost)
+        solve(
+            docs_of([512], slice_tokens=512), Layout(dp=1, pack_tokens=256), "slimpack", cost=cost
+        )
     with pytest.raises(ConfigError):
         Layout(dp=0)
 
@@ -105,7 +118,16 @@ def test_slimpack_impossible_layouts_name_the_document():
 def test_pack_rank_lockstep_docstring_example():
     from slimdata.cost import CostModel
 
-    cost = CostModel(fwd_lin=1.0, fwd_att=0.0, fwd_const=0.0, bwd_lin=2.0, bwd_att=0.0, bwd_const=0.0, act_bytes_per_token=1.0, kv_bytes_per_token=0.0)
+    cost = CostModel(
+        fwd_lin=1.0,
+        fwd_att=0.0,
+        fwd_const=0.0,
+        bwd_lin=2.0,
+        bwd_att=0.0,
+        bwd_const=0.0,
+        act_bytes_per_token=1.0,
+        kv_bytes_per_token=0.0,
+    )
     view = BatchView.build(docs_of([512]), cost)  # 4 slices of 128
     p = pack_rank(view, [range(4)], cap=512, mem=1e9, m=2)
     assert p.forward == [[0, 1], [2, 3]]

@@ -5,14 +5,19 @@ costlier than the balanced per-rank time, become DP-Merge groups of the fewest r
 (:mod:`slimdata.solver.merge`); every other document goes whole to one rank by a
 two-dimensional LPT on *predicted time*: documents in decreasing time order, each to the rank
 minimising ``max(fwd_load / fwd_share, bwd_load / bwd_share)`` after adding it (forward and
-backward scale differently, ~2x vs ~3x for attention, so both are balanced, not their sum).
-No document is delayed to another step.
+backward scale differently, ~2x vs ~3x for attention, so both are balanced, not their sum),
+then a local search trades documents between the most loaded rank and any other. In free mode
+slices costing more than a quarter of a rank's time are cut finer first
+(:mod:`slimdata.solver.refine`) and documents too backward-heavy to balance whole are merged
+(:func:`~slimdata.solver.merge.skew_group_sizes`). No document is delayed to another step.
 
 Phase 2 (asymmetric MicroPacks, :mod:`slimdata.solver.micropack`): per rank, forward packs
 balanced on forward cost and backward packs balanced on backward cost, under the token cap
 (``layout.token_cap``) and the memory cap (``layout.memory_bytes``). In lockstep mode every
 rank gets the same pack count ``m`` (``layout.microbatches`` or the smallest that fits) and
-pack ``i`` is the ``i``-th cost quantile of each rank's (balanced) load.
+pack ``i`` is the ``i``-th cost quantile of each rank's (balanced) load; memory is checked
+per pipeline stage as the simulator accounts it (first stage's share of the layers, 1F1B's
+extra packs in flight, merge buffers; :func:`~slimdata.solver.micropack.pack_rank_lockstep`).
 
 An optional MILP refinement (``milp_seconds > 0``, :mod:`slimdata.solver.milp`) improves the
 phase-1 assignment under a wall-time budget, warm-started from it; the heuristic answer is kept
@@ -45,10 +50,19 @@ __all__ = ["assign_lpt", "slimpack", "stage_share"]
 MAX_LAG = 5
 """Largest backward lag (in forward packs) a lockstep plan may use."""
 
+MORE_PACKS = (4, 6)
+"""With ``pp > 1``, when the best plan of the usual pack counts (1x, 2x, 3x the fewest) has a
+lag below :data:`MAX_LAG` (memory held it down), these multiples are tried too: smaller packs
+let the first pipeline stage hold more of them in flight."""
+
+SKEW_MERGE = True
+"""Free mode: also merge documents whose backward/forward skew leaves their rank unbalanced
+(:func:`~slimdata.solver.merge.skew_group_sizes`)."""
+
 MERGE_GATHER = 2.0
-"""Lockstep plans size merge members for the simulator's merge buffers
-(:mod:`slimdata.sim.memory`): the group's gathered K/V while the merge forward pack runs and
-twice that (K/V and their gradients) while the merge backward pack runs."""
+"""Merge members are sized for the simulator's merge buffers (:mod:`slimdata.sim.memory`): the
+group's gathered K/V while the merge forward pack runs and twice that (K/V and their
+gradients) while the merge backward pack runs."""
 
 IMPROVE_TARGET = 1.004
 """The local search stops once every rank is within this factor of the balanced forward and
@@ -64,8 +78,9 @@ def assign_lpt(
     """Two-dimensional LPT with eligibility: whole ``docs`` on any rank, the slices of each merge
     group ``(ranks, slice indices)`` only on its members.
 
-    Merge slices go first (they have the fewest choices), then documents, each part in
-    decreasing time order; every item goes to the eligible rank minimising
+    Merge slices go first (they have the fewest choices, and members' shares come out even in
+    both dimensions), then documents, each part in decreasing time order; every item goes to
+    the eligible rank minimising
     ``max(fwd_load / fwd_share, bwd_load / bwd_share)`` after adding it; once items are below
     4% of a share, whole documents go by a (lazy) heap on the summed load, equivalent for small,
     nearly proportional items and O(log dp). Returns per-rank document lists and per-rank merge
@@ -80,8 +95,9 @@ def assign_lpt(
     ).astype(np.int64)
     fshare = max(float(f.sum()) / dp, 1e-30)
     bshare = max(float(b.sum()) / dp, 1e-30)
-    # constrained items first (merge slices can only go to their members), then documents;
-    # each part in decreasing time order
+    # constrained items first (merge slices can only go to their members; a group's merge pack
+    # runs in lockstep on its members, so their shares should be equal), then documents; each
+    # part in decreasing time order
     order = np.lexsort((-(f / fshare + b / bshare), grp < 0))
     fn = (f / fshare)[order].tolist()
     bn = (b / bshare)[order].tolist()
@@ -150,8 +166,10 @@ def improve(
     lowers the larger load of the pair: one of ``hi``'s ``top`` costliest whole documents to
     any other rank, or swapped with any document of another rank (vectorized over all of
     them: a backward-heavy rank trades a long document for a shorter, forward-heavy one), or a
-    merge slice to/with another member of its group (if both members' merge memory stays
-    within ``mem`` minus the group's merge ``buffers`` bytes, default 0). Stops when no move lowers the top load by ``min_gain`` (relative), when
+    merge slice to/with another member of its group (if no member's share then exceeds the
+    group's largest, in either dimension: the merge pack runs in lockstep on the members and
+    takes the largest share; and both members' merge memory stays within ``mem`` minus the
+    group's merge ``buffers`` bytes, default 0). Stops when no move lowers the top load by ``min_gain`` (relative), when
     the top load is at most ``target`` (default :data:`IMPROVE_TARGET`: good enough, saves
     time) or after ``rounds`` moves. Returns the number of moves; deterministic.
     """
@@ -174,12 +192,16 @@ def improve(
     gslices: list[np.ndarray] = []
     roomy: list[bool] = []  # the group's documents fit one rank whole: no memory check
     limit: list[float] = []  # bytes a member's merge share may hold
+    SF = np.zeros(dp)  # members' merge shares (normalized forward, backward)
+    SB = np.zeros(dp)
     for g, grp in enumerate(groups):
         for r in grp:
             group_of[r] = g
             sowner[shares[r]] = r
-            F[r] += sf[shares[r]].sum()
-            B[r] += sb[shares[r]].sum()
+            SF[r] = sf[shares[r]].sum()
+            SB[r] = sb[shares[r]].sum()
+            F[r] += SF[r]
+            B[r] += SB[r]
         gs = np.concatenate([np.asarray(shares[r], dtype=np.int64) for r in grp])
         gslices.append(gs)
         limit.append(mem - (buffers[g] if len(buffers) else 0.0))
@@ -200,7 +222,7 @@ def improve(
             los = ranks[ranks != hi]
             yid = np.concatenate([ys, np.full(len(los), -1)])
             yown = np.concatenate([owner[ys], los])
-            cands.append(("doc", xs, yid, yown, cf, cb))
+            cands.append(("doc", xs, yid, yown, cf, cb, 0.0, 0.0))
         if hi in group_of and shares[hi]:
             g = group_of[hi]
             gs = gslices[g]
@@ -209,8 +231,12 @@ def improve(
             los = np.asarray([r for r in groups[g] if r != hi], dtype=np.int64)
             yid = np.concatenate([ys, np.full(len(los), -1)])
             yown = np.concatenate([sowner[ys], los])
-            cands.append(("slice", xs, yid, yown, sf, sb))
-        for kind, xs, yid, yown, xf, xb in cands:
+            # the merge pack runs in lockstep on the members: it takes the largest share, so a
+            # member's share may only grow up to the group's largest
+            members = np.asarray(groups[g], dtype=np.int64)
+            top_f, top_b = float(SF[members].max()), float(SB[members].max())
+            cands.append(("slice", xs, yid, yown, sf, sb, top_f, top_b))
+        for kind, xs, yid, yown, xf, xb, top_f, top_b in cands:
             real = yid >= 0
             yf = np.where(real, xf[yid], 0.0)
             yb = np.where(real, xb[yid], 0.0)
@@ -220,6 +246,11 @@ def improve(
                 np.maximum(F[hi] - df, B[hi] - db),
                 np.maximum(F[yown][None, :] + df, B[yown][None, :] + db),
             )
+            if kind == "slice":
+                grow = (SF[yown][None, :] + df > top_f + 1e-12) | (
+                    SB[yown][None, :] + db > top_b + 1e-12
+                )
+                pm = np.where(grow, np.inf, pm)
             flat = pm.ravel()
             if float(flat.min()) >= load[hi] - min_gain:
                 continue
@@ -264,8 +295,16 @@ def improve(
                 owner[y] = hi
         if kind == "slice":
             sowner[x] = lo
+            SF[hi] -= xf[x]
+            SB[hi] -= xb[x]
+            SF[lo] += xf[x]
+            SB[lo] += xb[x]
             if y >= 0:
                 sowner[y] = hi
+                SF[lo] -= xf[y]
+                SB[lo] -= xb[y]
+                SF[hi] += xf[y]
+                SB[hi] += xb[y]
             shares[hi].sort()
             shares[lo].sort()
         moves += 1
@@ -293,6 +332,7 @@ def slimpack(
     milp_seconds: float = 0.0,
     improve_rounds: int = 400,
     refine_share: float = REFINE_SHARE,
+    skew_merge: bool = SKEW_MERGE,
     validate: bool = True,
 ) -> StepPlan:
     """Plan one step with SlimPack (see the module docstring).
@@ -320,11 +360,12 @@ def slimpack(
         "merge_share": merge_share,
         "improve_rounds": improve_rounds,
         "milp_seconds": milp_seconds,
+        "skew_merge": skew_merge,
     }
     if refine_share != REFINE_SHARE:
         meta["refine_share"] = refine_share
     if layout.mode == "free":
-        p1 = _phase1(view, layout, packs=1, mem=mem, **opts)
+        p1 = _phase1(view, layout, packs=1, mem=mem, gather=MERGE_GATHER, **opts)
         packs, lag = _free(view, p1.units, p1.member_slices, layout), 0
     else:
         share = stage_share(cost.layers, layout.pp)
@@ -375,6 +416,7 @@ def _phase1(
     gather: float = 0.0,
     layer_share: float = 1.0,
     whole: float | None = None,
+    skew_merge: bool = True,
 ) -> _Phase1:
     """DP-Merge groups (member shares sized to one of ``packs`` packs), two-dimensional LPT,
     local search, optional MILP. ``mem``: bytes a rank may hold (full-model bytes: the device
@@ -391,6 +433,7 @@ def _phase1(
         gather=gather,
         layer_share=layer_share,
         whole=whole,
+        balance_ratio=skew_merge,
     )
     buffers = {
         r: gather * view.kv_per_token * float(view.doc_len[list(docs)].sum())
@@ -501,6 +544,7 @@ def _lockstep(
                     pp=pp,
                     layer_share=share,
                     merge_kv=gather.get(r, 0.0),
+                    kv_per_slice=pp > 1,
                 )
                 if p is None:
                     break
@@ -519,7 +563,8 @@ def _solve_lockstep(view: BatchView, layout: Layout, opts: dict, share: float):
 
     Phase 1 sizes merges for a budget of the device cap (in full-model bytes: over the first
     stage's share of the layers) minus the ``pp - 1`` average packs the first stage holds
-    beyond the plan order under 1F1B. When no candidate fits, more and smaller packs are
+    beyond the plan order under 1F1B. With ``pp > 1`` and a best lag below ``MAX_LAG``,
+    :data:`MORE_PACKS` multiples of the fewest packs are tried as well. When no candidate fits, more and smaller packs are
     tried, then phase 1 again with twice and four times that reserve (more documents merged,
     smaller merge shares). Returns ``(estimate, packs, lag, phase 1)``.
     """
@@ -538,7 +583,11 @@ def _solve_lockstep(view: BatchView, layout: Layout, opts: dict, share: float):
             return None
 
     best = None
-    for m in _pack_counts(view, layout):
+    counts = _pack_counts(view, layout)
+    extra = [k * counts[0] for k in MORE_PACKS] if pp > 1 and layout.microbatches is None else []
+    for m in counts + extra:
+        if m in extra and (best is None or best[2] >= MAX_LAG):
+            break  # more, smaller packs only when memory held the lag down
         p1 = phase1(m, 1.0)
         found = _lockstep(view, p1, layout, [m], share) if p1 is not None else None
         if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):

@@ -1,0 +1,209 @@
+"""FSDP support for the executor: lockstep schedules, padding calls and SUM gradient reduction.
+
+FSDP (FSDP2 ``torch.distributed.fsdp.fully_shard``) issues collectives on the default mesh in
+every model forward (parameter all-gather) and every backward call (all-gather when resharded,
+gradient reduce-scatter). Every rank must therefore make the *same sequence of model calls*
+per step. :func:`run_step <slimdata.hooks.executor.run_step>` guarantees that for FSDP-wrapped
+models:
+
+- the plan must be lockstep (:func:`check_lockstep`): every rank has the same forward and
+  backward pack counts and the same F/B order, and each merge group runs its forward and
+  backward merge packs at the same indices on all members (a ``Layout(mode="lockstep")``
+  solver plan qualifies);
+- which forward packs keep their graph and which backward packs are unions of them is decided
+  from the whole plan (:func:`lockstep_schedule`), never from one rank's packs, so every rank
+  makes the same calls: forward pack ``i`` is one forward (graph kept or not, identically on
+  all ranks); a union backward pack is one backward call per forward pack of the union; any
+  other backward pack is one recomputed forward plus one backward;
+- a pack that is empty on some ranks only (lockstep padding) makes a *dummy* call there: the
+  model on one token outside any pack context, loss ``0 * sum(logits)``, whose gradient is
+  exactly zero; a pack empty on every rank makes no call anywhere;
+- FSDP averages gradients over the mesh by default; the executor's loss is already divided by
+  the global loss-token count, so the reduction must be a plain SUM. :func:`prepare` sets
+  ``set_gradient_divide_factor(1.0)`` and ``set_force_sum_reduction_for_comms(True)`` on every
+  FSDP module: the reduce-scatter is then ``ReduceOp.SUM`` with no pre/post division (exact, and
+  supported by gloo, which has no AVG/PREMUL_SUM).
+
+Example (2 ranks, packs ``F0 B0 F1 B1``): rank 0's ``B1`` is a union of its ``F1`` but rank 1's
+``B1`` is asymmetric -> ``B1`` is recomputed on *both* ranks, and ``F1`` runs without a graph
+on both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from slimdata.errors import PlanError
+from slimdata.plan import MicroPack, StepPlan
+
+__all__ = [
+    "LockstepSchedule",
+    "check_lockstep",
+    "dummy_loss",
+    "fsdp_kind",
+    "fsdp_modules",
+    "is_fsdp",
+    "lockstep_schedule",
+    "prepare",
+    "set_gradient_sync",
+]
+
+
+def _fsdp_module_type():
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return None
+    return FSDPModule
+
+
+def fsdp_kind(model: nn.Module) -> str | None:
+    """``"fsdp2"`` (``fully_shard`` applied to ``model``), ``"fsdp1"`` (a
+    ``FullyShardedDataParallel`` wrapper) or None."""
+    t = _fsdp_module_type()
+    if t is not None and isinstance(model, t):
+        return "fsdp2"
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return "fsdp1" if isinstance(model, FullyShardedDataParallel) else None
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    """True when ``model`` is FSDP-wrapped (FSDP2 module or FSDP1 wrapper)."""
+    return fsdp_kind(model) is not None
+
+
+def fsdp_modules(model: nn.Module) -> list[nn.Module]:
+    """Every FSDP2 module inside ``model`` (itself included)."""
+    t = _fsdp_module_type()
+    return [] if t is None else [m for m in model.modules() if isinstance(m, t)]
+
+
+def _sum_hook(group, grad: torch.Tensor, output: torch.Tensor | None = None) -> None:
+    """FSDP1 communication hook: reduce-scatter (sharded) or all-reduce (NO_SHARD), SUM."""
+    import torch.distributed as dist
+
+    if output is None:
+        dist.all_reduce(grad, group=group)
+    else:
+        dist.reduce_scatter_tensor(output, grad, group=group)
+
+
+def prepare(model: nn.Module) -> None:
+    """Make FSDP reduce gradients with a plain SUM (see the module docstring). FSDP1: registers
+    a SUM communication hook on the root wrapper once (FSDP1 accepts one hook per model; a
+    user hook already registered raises)."""
+    if fsdp_kind(model) == "fsdp1":
+        if not getattr(model, "_slimdata_sum_hook", False):
+            model.register_comm_hook(model.process_group, _sum_hook)  # type: ignore[operator]
+            model._slimdata_sum_hook = True
+        return
+    for m in fsdp_modules(model):
+        m.set_gradient_divide_factor(1.0)  # type: ignore[operator]
+        m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+
+
+def set_gradient_sync(model: nn.Module, sync: bool) -> None:
+    """Turn FSDP's per-backward gradient reduce-scatter on or off (all FSDP modules)."""
+    model.set_requires_gradient_sync(sync, recurse=True)  # type: ignore[operator]
+
+
+def check_lockstep(plan: StepPlan) -> None:
+    """Raise :class:`PlanError` unless every rank makes the same sequence of pack calls."""
+    shapes = {(len(rs.forward), len(rs.backward), rs.order) for rs in plan.ranks}
+    if len(shapes) != 1:
+        raise PlanError(
+            f"step {plan.step}: FSDP needs a lockstep plan (same pack counts and F/B order on every "
+            "rank), got "
+            + ", ".join(
+                f"rank {rs.rank}: {len(rs.forward)}F/{len(rs.backward)}B" for rs in plan.ranks
+            )
+            + ' -- solve with Layout(mode="lockstep")'
+        )
+    for g, m in enumerate(plan.merges):
+        for kind in ("forward", "backward"):
+            idx = {
+                r: [i for i, p in enumerate(getattr(plan.ranks[r], kind)) if p.merge == g]
+                for r in m.ranks
+            }
+            if len({tuple(v) for v in idx.values()}) != 1:
+                raise PlanError(
+                    f"step {plan.step}: FSDP lockstep: merge group {g} runs its {kind} merge pack at "
+                    f"different indices on its members {idx}; align them"
+                )
+
+
+@dataclass(frozen=True)
+class LockstepSchedule:
+    """Plan-global execution decisions (identical on every rank)."""
+
+    kept: frozenset[int]
+    """Forward packs that keep their graph (on every rank)."""
+    unions: dict[int, tuple[int, ...]]
+    """Backward pack -> the forward packs it is the union of (on every rank)."""
+    idle_forward: frozenset[int]
+    """Forward packs empty on every rank: no call at all."""
+    idle_backward: frozenset[int]
+    """Backward packs empty on every rank: no call at all."""
+
+
+def _rank_unions(forward: tuple[MicroPack, ...], backward: tuple[MicroPack, ...]):
+    fwd_of = {s: i for i, p in enumerate(forward) for s in p.slices}
+    out: dict[int, tuple[int, ...] | None] = {}
+    for j, p in enumerate(backward):
+        if not p.slices:
+            continue
+        fs = sorted({fwd_of[s] for s in p.slices})
+        whole = all(s in set(p.slices) for i in fs for s in forward[i].slices)
+        out[j] = tuple(fs) if whole else None
+    return out
+
+
+def lockstep_schedule(plan: StepPlan, keep: bool = True) -> LockstepSchedule:
+    """Kept/union decisions from the whole plan.
+
+    Backward pack ``j`` runs as a union of forward packs ``S`` when every rank on which ``j`` is
+    non-empty has ``j`` as exactly the union of its forward packs ``S``, every rank on which ``j``
+    is empty has all of ``S`` empty too (it replays ``S`` with dummy calls), and no forward pack
+    is claimed twice; otherwise ``j`` is recomputed on every rank. ``keep=False``: recompute
+    every backward pack (FSDP1, which supports one backward right after its forward only).
+    Assumes :func:`check_lockstep`.
+    """
+    nf, nb = len(plan.ranks[0].forward), len(plan.ranks[0].backward)
+    per_rank = [_rank_unions(rs.forward, rs.backward) for rs in plan.ranks]
+    unions: dict[int, tuple[int, ...]] = {}
+    claimed: set[int] = set()
+    for j in range(nb if keep else 0):
+        cands = {u[j] for u in per_rank if j in u}
+        if len(cands) != 1:
+            continue  # empty everywhere, disagreement or a recomputed rank
+        s = next(iter(cands))
+        if s is None or claimed & set(s):
+            continue
+        if any(
+            j not in u and any(rs.forward[i].slices for i in s)
+            for u, rs in zip(per_rank, plan.ranks, strict=True)
+        ):
+            continue
+        unions[j] = s
+        claimed.update(s)
+    return LockstepSchedule(
+        kept=frozenset(claimed),
+        unions=unions,
+        idle_forward=frozenset(
+            i for i in range(nf) if not any(rs.forward[i].slices for rs in plan.ranks)
+        ),
+        idle_backward=frozenset(
+            j for j in range(nb) if not any(rs.backward[j].slices for rs in plan.ranks)
+        ),
+    )
+
+
+def dummy_loss(module: nn.Module, forward, device) -> torch.Tensor:
+    """One-token model call outside any pack context with loss ``0 * sum(logits)``: makes the
+    same FSDP collectives as a real pack and contributes an exactly zero gradient."""
+    ids = torch.zeros(1, dtype=torch.long, device=device)
+    return forward(module, ids, ids).float().sum() * 0.0

@@ -1,0 +1,132 @@
+"""Forward AND backward balance of free-mode SlimPack plans: documents whose backward/forward
+skew cannot be evened out whole are merged, costly tail slices are cut finer, and the local
+search trades documents with any rank."""
+
+import numpy as np
+import pytest
+
+from slimdata.cost import CostModel
+from slimdata.solver import Layout, solve
+from slimdata.solver.common import BatchView
+from slimdata.solver.merge import skew_group_sizes
+from slimdata.solver.refine import refine_costly_slices
+
+from .conftest import docs_of, unit_cost
+
+LLAMA8B = CostModel.analytic("llama-8b", "h100", "full")
+
+
+def attention_cost() -> CostModel:
+    """Attention only: forward 1 s per query-key pair, nothing else."""
+    return CostModel(
+        fwd_lin=0.0,
+        fwd_att=1.0,
+        fwd_const=0.0,
+        bwd_lin=0.0,
+        bwd_att=0.0,
+        bwd_const=0.0,
+        act_bytes_per_token=1.0,
+        kv_bytes_per_token=0.0,
+    )
+
+
+def test_refine_halves_costly_slices_only():
+    # one 4096-token document cut at 2048 on 2 ranks: slice [0, 2048) has 2048*2049/2 =
+    # 2,098,176 pairs, [2048, 4096) 2048*2048 + 2,098,176 = 6,292,480; balanced time
+    # 4,195,328. At share 1 only the tail is cut: [2048, 3072) 2,621,952, [3072, 4096) 3,670,528
+    cost = attention_cost()
+    view = BatchView.build(docs_of([4096], 2048), cost)
+    (doc,) = refine_costly_slices(view, 2, cost, share=1.0)
+    assert doc.cuts == (0, 2048, 3072, 4096) and doc.length == 4096
+    # linear toy (3 s per token), two 4096-token documents on 2 ranks: balanced 12288 s;
+    # at share 0.3 (3686.4 s) a 2048-token slice (6144 s) is halved once (3072 s)
+    ucost = unit_cost()
+    view = BatchView.build(docs_of([4096, 4096], 2048), ucost)
+    docs = refine_costly_slices(view, 2, ucost, share=0.3)
+    assert [d.cuts for d in docs] == [(0, 1024, 2048, 3072, 4096)] * 2
+    # slices of 512 tokens are never cut (min_tokens), nothing costly: None
+    assert refine_costly_slices(view, 2, ucost, share=0.5) is None
+    docs = refine_costly_slices(view, 2, ucost, share=0.01)
+    assert [d.cuts for d in docs] == [tuple(range(0, 4097, 512))] * 2
+
+
+def test_skew_group_sizes_by_hand():
+    # toy model: linear forward 1 s/token, backward 1 s/token; attention backward only
+    # (1 s per pair): short documents are forward-heavy, a long one backward-heavy.
+    cost = CostModel(
+        fwd_lin=1.0,
+        fwd_att=0.0,
+        fwd_const=0.0,
+        bwd_lin=1.0,
+        bwd_att=1e-3,
+        bwd_const=0.0,
+        act_bytes_per_token=1.0,
+        kv_bytes_per_token=0.0,
+    )
+    view = BatchView.build(docs_of([3000] + [100] * 30, 4096), cost)
+    f = view.doc_fwd / (view.doc_fwd.sum() / 2)
+    b = view.doc_bwd / (view.doc_bwd.sum() / 2)
+    rho = b[1:].sum() / f[1:].sum()  # the short documents' mean ratio (all below 1)
+    need = (b[0] - rho * f[0]) / (1.005 - rho)
+    k = skew_group_sizes(view, 2, np.zeros(31, dtype=bool), tol=0.005)
+    assert k[0] == min(int(np.ceil(need)), 2) and need > 1
+    assert (k[1:] == 0).all()
+
+
+def synthetic(longs, total, seed):
+    rng = np.random.default_rng(seed)
+    lengths = list(longs)
+    while sum(lengths) < total:
+        lengths.append(int(np.clip(rng.lognormal(7.5, 1.0), 16, 16000)))
+    return docs_of(lengths, 2048)
+
+
+@pytest.mark.parametrize(
+    ("dp", "longs", "total", "context"),
+    [
+        (16, [120000, 90000], 2_000_000, 131072),  # backward-heavy long documents
+        (64, [120000], 1 << 20, 131072),  # a 2048-token tail slice is half a rank's time
+    ],
+)
+def test_free_plans_balance_forward_and_backward(dp, longs, total, context):
+    # the previous solver left 1.025-1.039 here (whole long documents, coarse tail slices)
+    for seed in (0, 1):
+        plan = solve(
+            synthetic(longs, total, seed),
+            Layout(dp=dp, memory_gib=60, context=context),
+            "slimpack",
+            0,
+            LLAMA8B,
+        )
+        assert plan.meta["imbalance_fwd"] <= 1.02
+        assert plan.meta["imbalance_bwd"] <= 1.02
+        assert plan.meta["imbalance"] <= 1.02
+
+
+def test_skew_merge_can_be_turned_off():
+    docs = synthetic([120000, 90000], 2_000_000, 0)
+    layout = Layout(dp=16, memory_gib=60, context=131072)
+    on = solve(docs, layout, "slimpack", 0, LLAMA8B)
+    off = solve(docs, layout, "slimpack", 0, LLAMA8B, skew_merge=False)
+    ranks = lambda p: sum(len(g.ranks) for g in p.merges)  # noqa: E731
+    assert ranks(off) < ranks(on)
+    assert max(off.meta["imbalance_fwd"], off.meta["imbalance_bwd"]) > 1.02
+
+
+def test_members_merge_shares_stay_within_the_group_largest():
+    # the merge pack runs in lockstep on its members: the local search must not make any
+    # member's share larger than the largest share LPT produced
+    docs = synthetic([120000], 1 << 20, 0)
+    plan = solve(docs, Layout(dp=64, memory_gib=60, context=131072), "slimpack", 0, LLAMA8B)
+    solo = solve(
+        docs, Layout(dp=64, memory_gib=60, context=131072), "slimpack", 0, LLAMA8B, improve_rounds=0
+    )
+    for g, g0 in zip(plan.merges, solo.merges, strict=True):
+        assert g.ranks == g0.ranks
+
+        def shares(p, ranks):
+            return [(rs.forward[0].cost, rs.backward[0].cost) for r in ranks for rs in [p.ranks[r]]]
+
+        after, before = shares(plan, g.ranks), shares(solo, g0.ranks)
+        assert max(f for f, _ in after) <= max(f for f, _ in before) * (1 + 1e-9)
+        assert max(b for _, b in after) <= max(b for _, b in before) * (1 + 1e-9)
