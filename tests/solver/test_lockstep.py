@@ -226,9 +226,12 @@ def test_pack_rank_lockstep_can_free_kv_per_slice_like_the_simulator():
     units = [view.slices_of(d) for d in range(5)]
     doc = pack_rank_lockstep(view, units, cap=1024, mem=100 * GIB, m=4, lag=1)
     assert abs(doc.peak - 12.8 * GIB) < 1e3
-    assert pack_rank_lockstep(view, units, cap=1024, mem=11 * GIB, m=4, lag=1) is None
+    # under 11 GiB the per-document rule must cut F2 early (unbalanced packs), per slice not
+    tight = pack_rank_lockstep(view, units, cap=1024, mem=11 * GIB, m=4, lag=1)
+    assert tight.forward == [[0, 1], [2, 3], [4], [5, 6, 7]]
     per_slice = pack_rank_lockstep(
         view, units, cap=1024, mem=11 * GIB, m=4, lag=1, kv_per_slice=True
     )
+    assert per_slice.forward == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert per_slice.backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
     assert abs(per_slice.peak - 10.24 * GIB) < 1e3
