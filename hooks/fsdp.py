@@ -1,10 +1,10 @@
 """FSDP support for the executor: lockstep schedules, padding calls and SUM gradient reduction.
 
-FSDP (FSDP2 ``torch.distributed.fsdp.fully_shard``) issues collectives on the default mesh in
-every model forward (parameter all-gather) and every backward call (all-gather when resharded,
-gradient reduce-scatter). Every rank must therefore make the *same sequence of model calls*
-per step. :func:`run_step <slimdata.hooks.executor.run_step>` guarantees that for FSDP-wrapped
-models:
+FSDP (FSDP2 ``torch.distributed.fsdp.fully_shard``; FSDP1 ``FullyShardedDataParallel``) issues
+collectives in every model forward (parameter all-gather) and every backward call (all-gather
+when resharded, gradient reduce-scatter). Every rank must therefore make the *same sequence of
+model calls* per step. :func:`run_step <slimdata.hooks.executor.run_step>` guarantees that for
+FSDP-wrapped models:
 
 - the plan must be lockstep (:func:`check_lockstep`): every rank has the same forward and
   backward pack counts and the same F/B order, and each merge group runs its forward and
@@ -21,8 +21,11 @@ models:
 - FSDP averages gradients over the mesh by default; the executor's loss is already divided by
   the global loss-token count, so the reduction must be a plain SUM. :func:`prepare` sets
   ``set_gradient_divide_factor(1.0)`` and ``set_force_sum_reduction_for_comms(True)`` on every
-  FSDP module: the reduce-scatter is then ``ReduceOp.SUM`` with no pre/post division (exact, and
-  supported by gloo, which has no AVG/PREMUL_SUM).
+  FSDP module: the reduce-scatter is then ``ReduceOp.SUM`` with no pre/post division (exact;
+  runs on gloo). FSDP1 gets a SUM communication hook.
+- FSDP1: a graph kept across a later forward fails in backward (measured: ``setStorage: ...
+  out of bounds for storage of size 0``, its unsharded parameters were freed); under FSDP1 every backward pack is recomputed (``lockstep_schedule(keep=False)``):
+  FSDP1 only ever sees a forward followed at once by its backward, or a no-grad forward.
 
 Example (2 ranks, packs ``F0 B0 F1 B1``): rank 0's ``B1`` is a union of its ``F1`` but rank 1's
 ``B1`` is asymmetric -> ``B1`` is recomputed on *both* ranks, and ``F1`` runs without a graph

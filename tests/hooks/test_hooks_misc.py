@@ -122,7 +122,10 @@ def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
     assert res.exit_code == 0, res.output
     cm = CostModel.load(out)
     assert cm.source == "profile:cpu" and cm.layers == 1
-    assert cm.fwd_lin + cm.fwd_att + cm.fwd_const > 0 and cm.bwd_lin + cm.bwd_att + cm.bwd_const > 0
+    # a non-degenerate fit; which coefficients stay positive depends on timing noise (one
+    # repeat on a loaded machine can push everything into the per-pack constant)
+    fwd = cm.fwd_lin + cm.fwd_att + cm.fwd_const + cm.fwd_pack_const
+    assert fwd > 0 and cm.bwd_lin + cm.bwd_att + cm.bwd_const + cm.bwd_pack_const > 0
     assert len(json.loads((tmp_path / "raw.json").read_text())) == 8
 
 
