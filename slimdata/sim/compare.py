@@ -197,8 +197,15 @@ def compare_strategies(
             )
         a = np.array(rows, dtype=np.float64)
         m = a.mean(axis=0)
+        step_t, bound, imbal, bubble, mem, ms, comm = (float(x) for x in m[:7])
         results[name] = StrategyStats(
-            *(float(x) for x in m[:7]),
+            step_time=step_t,
+            lower_bound=bound,
+            imbalance=imbal,
+            bubble=bubble,
+            peak_memory_gib=mem,
+            solve_ms=ms,
+            comm_time=comm,
             over_memory_steps=int(a[:, 7].sum()),
             steps=len(rows),
             cp=k,

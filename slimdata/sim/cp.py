@@ -72,7 +72,7 @@ def real_devices(devices: list[int] | tuple[int, ...], groups: int, cp: int) -> 
     """
     if cp == 1:
         return list(devices)
-    out = []
+    out: list[int] = []
     for d in devices:
         s, g = divmod(d, groups)
         base = s * groups * cp + g * cp

@@ -222,7 +222,7 @@ def build_dag(
             mg = plan.merge_of_rank(m)
             tagged = j < n_packs(m, kind) and merge_at.get((m, kind)) == j and mg is not None
             x = cp_comm(c, m, kind, j)
-            if tagged:
+            if tagged and mg is not None:
                 t, nbytes = merge_comm(c, mg)
                 comm.append(t + x)
                 extra.append((dev(c, m), nbytes * (1 if kind == "F" else 2)))  # K/V (+ their grads)
