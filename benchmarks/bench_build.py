@@ -237,6 +237,7 @@ def main() -> None:
                 row["end_to_end_ratio"] = round(e2e[mb]["tok_s"] / ref, 3)
                 row["end_to_end_cpu_seconds"] = round(e2e[mb]["cpu"], 2)
                 row["end_to_end_cpu_ratio"] = round(ref_cpu / e2e[mb]["cpu"], 3)
+                print(json.dumps({"partial": True, **row}), flush=True)
                 if not args.no_warm:
                     shutil.rmtree(out, ignore_errors=True)
                     warm = _python(

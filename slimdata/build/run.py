@@ -209,17 +209,18 @@ def build(
         if done is not None:
             results[i] = done
     resumed = len(results)
+    todo = [i for i in range(len(tasks)) if i not in results]
+    parallel = config.workers > 1 and len(todo) > 1
     jobs = [
         TaskJob(
             index=i,
-            task=t,
+            task=tasks[i],
             output=str(output),
             config=config,
             cost_model=cost_model,
-            single_thread=config.workers > 1,
+            single_thread=parallel,  # a serial build gives the tokenizer every core
         )
-        for i, t in enumerate(tasks)
-        if i not in results
+        for i in todo
     ]
     bar = tqdm(
         total=sum(t.size for t in tasks),
@@ -239,7 +240,7 @@ def build(
         )
 
     with bar:
-        if config.workers > 1 and len(jobs) > 1:
+        if parallel:
             _run_parallel(jobs, min(config.workers, len(jobs)), on_done)
         else:
             for job in jobs:
