@@ -10,7 +10,7 @@ setup: $(VENV)/.synced
 
 $(VENV)/.synced: pyproject.toml uv.lock setup.py
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q uv
-	$(UV) sync --frozen --extra dev
+	$(UV) sync --frozen --extra dev --compile-bytecode
 	@touch $@
 
 demo: setup  ## build shards from the bundled corpus (Python stdlib sources), then summarize them
