@@ -35,6 +35,7 @@ on both.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -102,7 +103,8 @@ def prepare(model: nn.Module) -> None:
     if fsdp_kind(model) == "fsdp1":
         if not getattr(model, "_slimdata_sum_hook", False):
             model.register_comm_hook(model.process_group, _sum_hook)  # type: ignore[operator]
-            model._slimdata_sum_hook = True
+            # nn.Module.__setattr__ is annotated Tensor | Module but accepts any value
+            cast(Any, model)._slimdata_sum_hook = True
         return
     for m in fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)  # type: ignore[operator]

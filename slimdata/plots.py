@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -33,7 +35,8 @@ def write_plots(directory: str | Path, out_dir: str | Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     bins = np.logspace(0, np.log10(max(lengths.max(), 2)) + 0.01, 60)
-    ax.hist(lengths, bins=bins, color="#3a6ea5")
+    # cast: matplotlib's stub types ``bins`` as a Sequence; hist accepts any array-like
+    ax.hist(lengths, bins=cast("Sequence[float]", bins), color="#3a6ea5")
     ax.set_xscale("log")
     ax.set_xlabel("document length (tokens, log scale)")
     ax.set_ylabel("documents")

@@ -25,7 +25,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -122,10 +122,12 @@ def _hf(
     backend: Any, name: str, sha: str, directory: Path | None, eos_token: str | None
 ) -> TextTokenizer:
     vocab = backend.get_vocab(with_added_tokens=True)
-    candidates = (
+    # cast: mypy types ``directory and ...`` as possibly a Path; it is a str or None here
+    candidates = cast(
+        "list[str]",
         [eos_token]
         if eos_token
-        else [*filter(None, [directory and _configured_eos(directory)]), *EOS_CANDIDATES]
+        else [*filter(None, [directory and _configured_eos(directory)]), *EOS_CANDIDATES],
     )
     for token in candidates:
         if token in vocab:

@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from slimdata import __version__
 from slimdata.build.config import COMPRESSIONS, HASHES, BuildConfig
@@ -36,6 +36,7 @@ from slimdata.build.task import (
 )
 from slimdata.corpus import DEFAULT_CORPUS_SOURCE, corpus_info, default_corpus_config
 from slimdata.cost import CostModel, resolve_cost_model
+from slimdata.cost.costmodel import Recompute
 from slimdata.errors import ConfigError, InputError, SlimdataError
 from slimdata.readers import ReadTask, plan_inputs
 from slimdata.tokenize import TextTokenizer
@@ -80,8 +81,8 @@ def plan_build(
         config = config.replace(**default_corpus_config())
     tokenizer = cached_tokenizer(config.tokenizer, config.eos_token)
     cost_model = resolve_cost_model(
-        config.model, config.device, config.recompute, config.cost_profile
-    )  # type: ignore[arg-type]
+        config.model, config.device, cast(Recompute, config.recompute), config.cost_profile
+    )
     tasks = plan_inputs(
         config.inputs,
         opts=config.read_options,

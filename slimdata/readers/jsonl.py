@@ -16,7 +16,7 @@ import json
 import mmap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from slimdata.readers.base import (
     ReadOptions,
@@ -45,7 +45,7 @@ def open_binary(path: str) -> IO[bytes]:
     """Open a possibly compressed file for binary reading (streamed, never fully loaded)."""
     kind = _compression(path)
     if kind == ".gz":
-        return gzip.open(path, "rb")
+        return cast(IO[bytes], gzip.open(path, "rb"))
     if kind in (".zst", ".zstd"):
         import zstandard
 

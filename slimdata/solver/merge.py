@@ -246,6 +246,7 @@ def plan_merges(
                     + ": raise --memory-gib, cut finer slices, or use --oversize split|truncate"
                 )
             continue
+        assert members is not None  # _smallest_k returns k and members together
         if k <= len(free):
             ranks = tuple(free[:k])
             del free[:k]

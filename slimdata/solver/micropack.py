@@ -66,9 +66,9 @@ def pack_rank(
         merge_pack = (0, 0)
     base = len(F)
     lockstep = m is not None
-    if lockstep and base >= m and any(len(u) for u in units):
+    if m is not None and base >= m and any(len(u) for u in units):
         return None
-    rest = (m - base) if lockstep else 1
+    rest = (m - base) if m is not None else 1
     total_f = sum(fwd[i] for u in units for i in u)
     total_b = sum(bwd[i] for u in units for i in u)
 
@@ -156,6 +156,7 @@ def pack_rank(
         else:  # pragma: no cover - free mode drains everything at each close
             raise AssertionError("free mode left slices without a backward pack")
     if lockstep:
+        assert m is not None
         if len(F) > m:
             return None
         if any(sum(tok[i] for i in p) > cap for p in B):

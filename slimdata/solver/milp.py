@@ -17,8 +17,8 @@ objective before and after, HiGHS's status and its relative MIP gap.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -32,7 +32,7 @@ def refine_assignment(
     rest: np.ndarray,
     assign: list[list[int]],
     dp: int,
-    member_slices: dict[int, Sequence[int]],
+    member_slices: Mapping[int, Sequence[int]],
     *,
     seconds: float = 1.0,
     max_docs: int = 48,
@@ -100,7 +100,13 @@ def refine_assignment(
     }
     values = h.getSolution().col_value
     if info.primal_solution_status == 2 and len(values) == n_cols:  # feasible point found
-        where = {d: max(range(dp), key=lambda r, d=d: values[x[d, r].index]) for d in free}
+        where = {
+            d: max(
+                range(dp),
+                key=cast("Callable[[int], float]", lambda r, d=d: values[x[d, r].index]),
+            )
+            for d in free
+        }
         after = objective(where)
         report["gap"] = float(info.mip_gap) if np.isfinite(info.mip_gap) else None
         if after < before - 1e-9:

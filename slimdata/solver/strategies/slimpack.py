@@ -32,6 +32,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -356,7 +357,7 @@ def slimpack(
     cap, mem = layout.token_cap, layout.memory_bytes
     _check_slices(view, cap, mem)
     meta: dict = {"seed": seed, "merge_share": merge_share, "layout": _layout_meta(layout)}
-    opts = {
+    opts: dict[str, Any] = {
         "merge_share": merge_share,
         "improve_rounds": improve_rounds,
         "milp_seconds": milp_seconds,
