@@ -66,3 +66,29 @@ def make_text_corpus(root: Path, files: int = 24, seed: int = 0) -> Path:
         n = int(rng.integers(5, 60)) * (20 if i % 7 == 0 else 1)
         (corpus / f"doc{i:03d}.txt").write_text(" ".join(rng.choice(words, n)) + f"\nend {i}\n")
     return corpus
+
+
+def cli_build_cmd(corpus: Path, out: Path, *extra: str) -> list[str]:
+    """A `slimdata build` command line for a fresh subprocess: tiny tokenizer, 128-token
+    slices, ~600-byte tasks (many tasks from a small corpus), zstd shards, no progress bar."""
+    import sys
+
+    return [
+        sys.executable,
+        "-c",
+        "from slimdata.cli import main; main()",
+        "build",
+        str(corpus),
+        "-o",
+        str(out),
+        "--tokenizer",
+        TINY_TOKENIZER,
+        "--slice-tokens",
+        "128",
+        "--task-bytes",
+        "600",
+        "--compression",
+        "zstd",
+        *extra,
+        "--quiet",
+    ]

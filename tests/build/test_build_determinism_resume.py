@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
-from build_helpers import TINY_TOKENIZER, make_text_corpus, read_shards, tiny_config, tree_bytes
+from build_helpers import (
+    cli_build_cmd,
+    make_text_corpus,
+    read_shards,
+    tiny_config,
+    tree_bytes,
+)
 
 from slimdata.build import build
 from slimdata.errors import ConfigError, SlimdataError
@@ -41,26 +46,7 @@ def test_kill_9_then_resume_equals_uninterrupted(tmp_path, corpus):
     reference = tmp_path / "reference"
     build(config(corpus), reference)
     out = tmp_path / "crashed"
-    cmd = [
-        sys.executable,
-        "-c",
-        "from slimdata.cli import main; main()",
-        "build",
-        str(corpus),
-        "-o",
-        str(out),
-        "--tokenizer",
-        TINY_TOKENIZER,
-        "--slice-tokens",
-        "128",
-        "--task-bytes",
-        "600",
-        "--compression",
-        "zstd",
-        "--hashes",
-        "sha1",
-        "--quiet",
-    ]
+    cmd = cli_build_cmd(corpus, out, "--hashes", "sha1")
     env = {**os.environ, "SLIMDATA_FAULT_KILL": "3:1"}  # SIGKILL after 1 document of task 3
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from build_helpers import TINY_TOKENIZER, make_text_corpus, tiny_config, tree_bytes
+from build_helpers import TINY_TOKENIZER, cli_build_cmd, make_text_corpus, tiny_config, tree_bytes
 
 from slimdata.build import BuildConfig, build
 from slimdata.build.config import COMPRESSIONS, HASHES
@@ -87,26 +87,7 @@ def test_cli_parallel_build_in_fresh_process_equals_serial(tmp_path):
     reference = build(config, tmp_path / "serial")
     assert reference.sidecar["counts"]["tasks"] >= 8
     out = tmp_path / "parallel"
-    cmd = [
-        sys.executable,
-        "-c",
-        "from slimdata.cli import main; main()",
-        "build",
-        str(corpus),
-        "-o",
-        str(out),
-        "--tokenizer",
-        TINY_TOKENIZER,
-        "--slice-tokens",
-        "128",
-        "--task-bytes",
-        "600",
-        "--compression",
-        "zstd",
-        "--workers",
-        "3",
-        "--quiet",
-    ]
+    cmd = cli_build_cmd(corpus, out, "--workers", "3")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert tree_bytes(out) == tree_bytes(tmp_path / "serial")
