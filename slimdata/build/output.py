@@ -96,7 +96,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
 
 
 def _merge_index(output: Path, indices: list[Path]) -> None:
-    from streaming.base.util import merge_index
+    from slimdata.build.mds import merge_index
 
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # merge_index logs a warning about its temp folder

@@ -135,8 +135,10 @@ def _warm_imports() -> None:
     array conversion). A parallel build does this while its workers already tokenize."""
     import numpy as np
     import pyarrow as pa
-    from streaming import MDSWriter  # noqa: F401
 
+    from slimdata.build.mds import writer_class
+
+    writer_class()
     pa.array(np.zeros(1, dtype=np.int64))
 
 

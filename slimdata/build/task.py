@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from slimdata.build.config import BuildConfig
+from slimdata.build.mds import writer_class
 from slimdata.build.stages import (
     COLUMNS,
     Document,
@@ -219,14 +220,12 @@ def collect_task(job: TaskJob) -> list[Chunk]:
 
 def write_task(job: TaskJob, chunks: Iterable[Chunk]) -> TaskResult:
     """Write prepared chunks of one task into ``task-NNNNN/`` (see the module docstring)."""
-    from streaming import MDSWriter
-
     cfg = job.config
     final, partial = task_dir(job.output, job.index), task_dir(job.output, job.index, partial=True)
     shutil.rmtree(partial, ignore_errors=True)
     rows: dict[str, list] = {"doc_id": [], "length": [], "cuts": [], "digest": []}
     quarantined = truncated = dropped = slices = 0
-    writer = MDSWriter(
+    writer = writer_class()(
         out=str(partial),
         columns=COLUMNS,
         compression=cfg.compression,
