@@ -49,7 +49,7 @@ class _DeferredPackage(types.ModuleType):
             raise AttributeError(name)
         with _LOCK:
             if type(self) is _DeferredPackage:
-                self.__class__ = types.ModuleType
+                self.__class__ = types.ModuleType  # type: ignore[assignment]
                 spec = self.__spec__
                 assert spec is not None and spec.loader is not None
                 spec.loader.exec_module(self)
