@@ -9,12 +9,13 @@
    sliced documents (``CostModel.pack_forward/pack_backward``; a recomputed backward pack is
    predicted as its forward plus its backward). Target MAPE <= 5%.
 
-    python benchmarks/bench_hooks.py [--repeats 7] [--threads 1]
+    python benchmarks/bench_hooks.py [--repeats 7] [--threads 1] [--models tiny,small]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -23,9 +24,17 @@ import numpy as np
 import torch
 from slimdata.hooks import make_payload, run_step
 from slimdata.hooks.attention import VarlenBatch, sdpa_varlen
-from slimdata.hooks.profile import ProfileConfig, profile_cost_model, tiny_llama
+from slimdata.hooks.profile import (
+    ProfileConfig,
+    aggregate_points,
+    fit_cost_model,
+    point_jobs,
+    profile_points,
+    round_robin,
+    tiny_llama,
+)
 
-from slimdata.cost import ModelConfig
+from slimdata.cost import CostModel, ModelConfig
 from slimdata.docsource import documents_from_lengths
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 from slimdata.solver import Layout, solve
@@ -33,6 +42,19 @@ from slimdata.solver import Layout, solve
 MODEL = ModelConfig(
     name="bench-tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=512, dtype_bytes=4
 )
+MODELS = {
+    "tiny": MODEL,  # per-call overheads are about a third of a pack's time
+    "small": ModelConfig(
+        name="bench-small",
+        layers=4,
+        hidden=256,
+        heads=8,
+        kv_heads=4,
+        ffn=688,
+        vocab=4096,
+        dtype_bytes=4,
+    ),
+}
 _PLAIN: dict = {}
 DEBUG = False
 
@@ -115,41 +137,47 @@ def bench_overhead(repeats: int) -> dict:
     }
 
 
-def bench_mape(repeats: int, profile_repeats: int, stat: str = "median") -> dict:
-    t0 = time.perf_counter()
-    cm, meas = profile_cost_model(
-        MODEL,
-        ProfileConfig(
-            slice_tokens=(32, 64, 128, 256, 512),
-            prefixes=(0, 256, 1024),
-            repeats=profile_repeats,
-            stat=stat,
-        ),
+def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODEL) -> dict:
+    """Profile ``model_cfg`` and time the packs of three solver plans in the same rounds
+    (:func:`round_robin`: every profile point and every plan once per round), so the drift
+    of a shared machine hits the fit and the packs it predicts alike; then compare."""
+    config = ProfileConfig(
+        slice_tokens=(32, 64, 128, 256, 512), prefixes=(0, 256, 1024), repeats=repeats, stat=stat
     )
-    t_profile = time.perf_counter() - t0
-    model = tiny_llama(MODEL)
+    model = tiny_llama(model_cfg)
     rng = np.random.default_rng(1)
-    rows = []
+    points = profile_points(config)
+    # the plans are solved with the analytic model: they only need to be realistic packs
+    analytic = CostModel.analytic(model_cfg, "h100", "none")
+    plans = []
     for seed in range(3):
         lengths = np.clip(rng.lognormal(5.0, 1.0, 10).astype(int), 2, 1500).tolist()
         docs = documents_from_lengths(lengths, slice_tokens=128)
-        plan = solve(
-            docs,
-            Layout(dp=1, context=512, pack_tokens=512, memory_gib=1),
-            "slimpack",
-            seed=seed,
-            cost=cm,
-        )
-        toks = [rng.integers(0, MODEL.vocab, d.length).astype(np.uint32) for d in plan.docs]
-        payload = make_payload(plan, 0, toks)
-        times: dict = {}
-        for rep in range(repeats + 1):
-            model.zero_grad(set_to_none=True)
-            for e in run_step(model, payload).events:
-                if rep:
-                    times.setdefault((e.pass_, e.pack, e.recomputed), []).append(e.seconds)
+        layout = Layout(dp=1, context=512, pack_tokens=512, memory_gib=1)
+        plan = solve(docs, layout, "slimpack", seed=seed, cost=analytic)
+        toks = [rng.integers(0, model_cfg.vocab, d.length).astype(np.uint32) for d in plan.docs]
+        plans.append((plan, make_payload(plan, 0, toks)))
+
+    def run_plan(payload) -> dict:
+        model.zero_grad(set_to_none=True)
+        return {(e.pass_, e.pack, e.recomputed): e.seconds for e in run_step(model, payload).events}
+
+    for _, payload in plans:  # first calls pay lazy initialisation
+        run_plan(payload)
+    jobs: list = point_jobs(model, config, points)
+    n_points = len(jobs)
+    jobs += [functools.partial(run_plan, payload) for _, payload in plans]
+    t0 = time.perf_counter()
+    results = round_robin(jobs, repeats)
+    seconds = time.perf_counter() - t0
+    meas = aggregate_points(points, results[:n_points], stat)
+    cm = fit_cost_model(model_cfg, meas, config)
+    agg = min if stat == "min" else statistics.median
+    rows = []
+    for (plan, _), runs in zip(plans, results[n_points:], strict=True):
         rs = plan.ranks[0]
-        for (p, i, rec), ts in times.items():
+        for key in runs[0]:
+            p, i, rec = key
             pack = (rs.forward if p == "F" else rs.backward)[i]
             st = np.array([s.start for s in pack.slices])
             en = np.array([s.end for s in pack.slices])
@@ -165,7 +193,7 @@ def bench_mape(repeats: int, profile_repeats: int, stat: str = "median") -> dict
                     "tokens": int((en - st).sum()),
                     "pairs": float(np.sum((en - st) * st + (en - st) * (en - st + 1) / 2)),
                     "rec": rec,
-                    "measured": min(ts) if stat == "min" else statistics.median(ts),
+                    "measured": agg([r[key] for r in runs]),
                     "predicted": pred,
                 }
             )
@@ -178,7 +206,9 @@ def bench_mape(repeats: int, profile_repeats: int, stat: str = "median") -> dict
         for r in rows:
             print(json.dumps(r))
     return {
-        "profile_seconds": t_profile,
+        "model": model_cfg.name,
+        "stat": stat,
+        "rounds_seconds": seconds,
         "profile_points": len(meas),
         "coefficients": {
             k: getattr(cm, k)
@@ -196,6 +226,8 @@ def bench_mape(repeats: int, profile_repeats: int, stat: str = "median") -> dict
         "packs": len(rows),
         "mape_pct": mape(),
         "mape_pct_fwd": mape(lambda r: r["pass"] == "F"),
+        # forwards whose backward recomputes them run without an autograd graph
+        "mape_pct_fwd_nograd": mape(lambda r: r["pass"] == "F" and r["rec"]),
         "mape_pct_bwd": mape(lambda r: r["pass"] == "B"),
         "mape_pct_bwd_recomputed": mape(lambda r: r["pass"] == "B" and r["rec"]),
     }
@@ -203,12 +235,17 @@ def bench_mape(repeats: int, profile_repeats: int, stat: str = "median") -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--profile-repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7, help="timed rounds (one warm-up more)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
         "--stat", choices=["median", "min"], default="median", help="statistic over repeats"
     )
+    ap.add_argument(
+        "--models",
+        default="tiny,small",
+        help=f"cost-model error on these of {sorted(MODELS)}, comma-separated",
+    )
+    ap.add_argument("--only", choices=["overhead", "mape"], default=None)
     ap.add_argument(
         "--rows", action="store_true", help="print every pack's measured and predicted time"
     )
@@ -216,9 +253,14 @@ def main() -> None:
     global DEBUG
     DEBUG = args.rows
     torch.set_num_threads(args.threads)
-    print(json.dumps({"device": "cpu", "threads": args.threads, "model": MODEL.to_dict()}))
-    print(json.dumps({"overhead": bench_overhead(args.repeats)}))
-    print(json.dumps({"cost_model": bench_mape(args.repeats, args.profile_repeats, args.stat)}))
+    print(json.dumps({"device": "cpu", "threads": args.threads}))
+    if args.only in (None, "overhead"):
+        print(json.dumps({"overhead": bench_overhead(args.repeats), "model": MODEL.to_dict()}))
+    if args.only in (None, "mape"):
+        for name in args.models.split(","):
+            m = MODELS[name]
+            res = bench_mape(args.repeats, args.stat, m)
+            print(json.dumps({"cost_model": res, "model": m.to_dict()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ class PackEvent:
     predicted: float = 0.0
     """The plan's predicted seconds for this pack (``MicroPack.cost``)."""
     recomputed: bool = False
-    """True for a backward pack that re-ran its forward (not a union of forward packs)."""
+    """``B``: the pack re-ran its forward (it is not a union of forward packs). ``F``: the
+    pack ran without an autograd graph because its backward recomputes it."""
 
     def record(self) -> dict:
         """The JSON-lines record the simulator's fidelity report reads."""

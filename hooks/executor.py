@@ -306,7 +306,7 @@ def run_step(
                     loss_total += float(loss.detach())
                     if i in kept:
                         graphs[i] = (loss, ctx)
-                emit("F", i, pack, t0)
+                emit("F", i, pack, t0, recomputed=i not in kept)
             else:
                 pack = rs.backward[i]
                 if i in idle_b or (not pack.slices and not fsdp):

@@ -4,9 +4,10 @@ For a model config (preset or JSON) the profiler builds a random-init Llama-styl
 (``transformers.LlamaForCausalLM``, attention through slimdata's registered function) and
 times, with the step executor itself, a pack of ``k`` slices ``[start, start + s)`` of ``k``
 documents, each continuing a prefix of ``start`` tokens, over a grid of ``(s, start, k)``.
-Each point is the median of ``repeats`` runs (or their minimum, ``--stat min``) after a
-warm-up. The pack times of forward and backward are fitted by least squares on the separate
-terms of the cost model (design §5)::
+Each point is the median of ``repeats`` runs (or their minimum, ``--stat min``); the repeats
+go round the whole grid after a warm-up round (:func:`round_robin`), so machine drift hits
+every point alike. The pack times of forward and backward are fitted by least squares on the
+separate terms of the cost model (design §5)::
 
     time = lin * k*s + att * k*pairs + slice_const * k + pack_const
     pairs = s * start + s * (s + 1) / 2
@@ -14,8 +15,7 @@ terms of the cost model (design §5)::
 with non-negative coefficients (a negative term is dropped and the rest refitted), relative
 residuals. ``pack_const`` (one model call per pack) goes to ``CostModel.fwd_pack_const`` /
 ``bwd_pack_const``; with ``--pack-sizes 1`` the two constants cannot be told apart and all of
-it is per slice. Memory
-coefficients come from the analytic model (they are not timed). The output file is a
+it is per slice. Memory coefficients come from the analytic model (they are not timed). The output file is a
 :class:`~slimdata.cost.CostModel` JSON that ``CostModel.load`` and ``--cost-profile`` accept.
 
 Assumes timings are stable on the device (close other jobs); on GPU the device is
@@ -25,10 +25,13 @@ synchronized around every pack.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import click
 import numpy as np
@@ -37,15 +40,23 @@ from slimdata.cost import CostModel, ModelConfig, load_model_config
 
 __all__ = [
     "ProfileConfig",
+    "aggregate_points",
     "command",
+    "fit_cost_model",
     "fit_nonneg",
     "fit_terms",
     "measure_points",
+    "point_jobs",
+    "point_payload",
     "profile_cost_model",
+    "profile_points",
+    "round_robin",
+    "time_point",
     "tiny_llama",
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,35 +142,74 @@ def _slice_plan(start: int, s: int, k: int = 1):
     return plan.validate(), pick
 
 
+def point_payload(model, point: tuple[int, int, int], rng: np.random.Generator):
+    """``(payload, (forward pack, backward pack))`` that times ``point = (s, start, k)``."""
+    from slimdata.hooks import make_payload
+
+    s, start, k = point
+    plan, pick = _slice_plan(start, s, k)
+    vocab = model.config.vocab_size
+    docs = [rng.integers(0, vocab, size=d.length).astype(np.uint32) for d in plan.docs]
+    return make_payload(plan, 0, docs), pick
+
+
+def time_point(model, payload, pick: tuple[int, int], backend: str = "sdpa") -> tuple[float, float]:
+    """Forward and backward seconds of the measured packs ``pick`` in one run of ``payload``."""
+    from slimdata.hooks import run_step
+
+    model.zero_grad(set_to_none=True)
+    ev = run_step(model, payload, backend=backend).events
+    f = next(e.seconds for e in ev if e.pass_ == "F" and e.pack == pick[0])
+    b = next(e.seconds for e in ev if e.pass_ == "B" and e.pack == pick[1])
+    return f, b
+
+
+def round_robin(jobs: Sequence[Callable[[], T]], repeats: int) -> list[list[T]]:
+    """``repeats`` results of every job, run in rounds (job 1, 2, ..., then again) after one
+    discarded warm-up round, so a slow spell of a shared machine lands on every job alike
+    instead of skewing a few."""
+    out: list[list[T]] = [[] for _ in jobs]
+    for rep in range(repeats + 1):
+        for acc, job in zip(out, jobs, strict=True):
+            r = job()
+            if rep:
+                acc.append(r)
+    return out
+
+
+def point_jobs(
+    model, config: ProfileConfig, points: Sequence[tuple[int, int, int]]
+) -> list[Callable[[], tuple[float, float]]]:
+    """One timing job per point, for :func:`round_robin`."""
+    rng = np.random.default_rng(0)
+    return [
+        functools.partial(time_point, model, *point_payload(model, p, rng), config.backend)
+        for p in points
+    ]
+
+
 def measure_points(model, config: ProfileConfig, points: list[tuple[int, int, int]]) -> list[dict]:
     """Forward/backward seconds of the measured pack for every ``(s, start, k)``."""
-    from slimdata.hooks import make_payload, run_step
+    jobs = point_jobs(model, config, points)
+    largest = max(range(len(points)), key=lambda i: (points[i][0] + points[i][1]) * points[i][2])
+    for _ in range(2):  # first calls pay lazy initialisation
+        jobs[largest]()
+    return aggregate_points(points, round_robin(jobs, config.repeats), config.stat)
 
-    vocab = model.config.vocab_size
-    rng = np.random.default_rng(0)
+
+def aggregate_points(
+    points: Sequence[tuple[int, int, int]],
+    times: Sequence[Sequence[tuple[float, float]]],
+    stat: str = "median",
+) -> list[dict]:
+    """Rows ``{s, start, k, fwd, bwd}`` (median or min over repeats) from each point's
+    ``(fwd, bwd)`` timings."""
+    agg = np.min if stat == "min" else np.median
     out = []
-    warm = max(points, key=lambda x: (x[0] + x[1]) * x[2])  # first calls pay lazy init
-    plan, _ = _slice_plan(warm[1], warm[0], warm[2])
-    docs = [rng.integers(0, vocab, size=d.length).astype(np.uint32) for d in plan.docs]
-    for _ in range(3):
-        run_step(model, make_payload(plan, 0, docs), backend=config.backend)
-    model.zero_grad(set_to_none=True)
-    for s, start, k in points:
-        plan, (fi, bi) = _slice_plan(start, s, k)
-        docs = [rng.integers(0, vocab, size=d.length).astype(np.uint32) for d in plan.docs]
-        payload = make_payload(plan, 0, docs)
-        f, b = [], []
-        for rep in range(config.repeats + 1):
-            model.zero_grad(set_to_none=True)
-            ev = run_step(model, payload, backend=config.backend).events
-            if rep:
-                f.append(next(e.seconds for e in ev if e.pass_ == "F" and e.pack == fi))
-                b.append(next(e.seconds for e in ev if e.pass_ == "B" and e.pack == bi))
-        agg = np.min if config.stat == "min" else np.median
-        out.append({"s": s, "start": start, "k": k, "fwd": float(agg(f)), "bwd": float(agg(b))})
-        log.info(
-            "s=%d start=%d k=%d fwd=%.4fs bwd=%.4fs", s, start, k, out[-1]["fwd"], out[-1]["bwd"]
-        )
+    for (s, start, k), ts in zip(points, times, strict=True):
+        f, b = agg([t[0] for t in ts]), agg([t[1] for t in ts])
+        out.append({"s": s, "start": start, "k": k, "fwd": float(f), "bwd": float(b)})
+        log.info("s=%d start=%d k=%d fwd=%.4fs bwd=%.4fs", s, start, k, f, b)
     return out
 
 
@@ -191,36 +241,40 @@ def fit_terms(s, pairs, t, slices=None) -> tuple[float, ...]:
     return tuple(fit_nonneg([s, pairs, slices, ones], t))
 
 
-def profile_cost_model(
-    model_cfg: ModelConfig, config: ProfileConfig = ProfileConfig()
-) -> tuple[CostModel, list[dict]]:
-    """Measure and fit; returns the fitted :class:`CostModel` and the raw measurements."""
+def profile_points(config: ProfileConfig) -> list[tuple[int, int, int]]:
+    """The ``(s, start, k)`` grid of ``config``."""
+    return [
+        (s, p, k) for k in config.pack_sizes for s in config.slice_tokens for p in config.prefixes
+    ]
+
+
+def fit_cost_model(
+    model_cfg: ModelConfig, meas: list[dict], config: ProfileConfig = ProfileConfig()
+) -> CostModel:
+    """The :class:`CostModel` whose time coefficients fit the measurements ``meas`` (rows of
+    :func:`measure_points`); memory coefficients are the analytic model's."""
     import torch
 
     from slimdata.cost import causal_pairs
 
-    model = tiny_llama(model_cfg, config.device, config.dtype)
-    points = [
-        (s, p, k) for k in config.pack_sizes for s in config.slice_tokens for p in config.prefixes
-    ]
-    meas = measure_points(model, config, points)
     s = np.array([m["s"] for m in meas], dtype=float)
     start = np.array([m["start"] for m in meas], dtype=float)
     k = np.array([m["k"] for m in meas], dtype=float)
     pairs = causal_pairs(start, start + s)
-    if len(set(config.pack_sizes)) > 1:
-        fl, fa, fc, fp = fit_terms(k * s, k * pairs, np.array([m["fwd"] for m in meas]), k)
-        bl, ba, bc, bp = fit_terms(k * s, k * pairs, np.array([m["bwd"] for m in meas]), k)
+    fwd_t, bwd_t = np.array([m["fwd"] for m in meas]), np.array([m["bwd"] for m in meas])
+    if len(set(k.tolist())) > 1:
+        fl, fa, fc, fp = fit_terms(k * s, k * pairs, fwd_t, k)
+        bl, ba, bc, bp = fit_terms(k * s, k * pairs, bwd_t, k)
     else:  # one pack size: per-slice and per-pack constants are indistinguishable
-        fl, fa, fc = fit_terms(k * s, k * pairs, np.array([m["fwd"] for m in meas]))
-        bl, ba, bc = fit_terms(k * s, k * pairs, np.array([m["bwd"] for m in meas]))
+        fl, fa, fc = fit_terms(k * s, k * pairs, fwd_t)
+        bl, ba, bc = fit_terms(k * s, k * pairs, bwd_t)
         fp = bp = 0.0
     dtype_bytes = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
     analytic = CostModel.analytic(
         dataclasses.replace(model_cfg, dtype_bytes=dtype_bytes), "h100", "none"
     )
     dev = torch.cuda.get_device_name() if config.device.startswith("cuda") else "cpu"
-    cm = dataclasses.replace(
+    return dataclasses.replace(
         analytic,
         fwd_lin=fl,
         fwd_att=fa,
@@ -233,7 +287,15 @@ def profile_cost_model(
         source=f"profile:{dev}",
         label=f"{model_cfg.name}@{dev}/{config.dtype}",
     )
-    return cm, meas
+
+
+def profile_cost_model(
+    model_cfg: ModelConfig, config: ProfileConfig = ProfileConfig()
+) -> tuple[CostModel, list[dict]]:
+    """Measure and fit; returns the fitted :class:`CostModel` and the raw measurements."""
+    model = tiny_llama(model_cfg, config.device, config.dtype)
+    meas = measure_points(model, config, profile_points(config))
+    return fit_cost_model(model_cfg, meas, config), meas
 
 
 def _ints(text: str) -> tuple[int, ...]:

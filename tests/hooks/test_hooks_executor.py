@@ -79,6 +79,8 @@ def test_mixed_union_and_recompute_and_same_pack_continuation():
     assert kept == {1, 2} and unions == {0: [1, 2]}
     _plan, summary = check(lengths, fwd, bwd)
     assert [e.recomputed for e in summary.events if e.pass_ == "B"] == [False, True, True]
+    # forward pack 0 feeds only recomputing backward packs: it runs without a graph
+    assert [e.recomputed for e in summary.events if e.pass_ == "F"] == [True, False, False]
 
 
 def test_interleaved_order_backward_before_later_forward():
@@ -134,8 +136,9 @@ def test_random_plans(seed):
     check(lengths, fwd, bwd, seed=seed)
 
 
-def test_sdpa_layouts_agree_and_mask_is_bottom_right():
+def test_sdpa_tiles_agree_with_one_masked_call_and_mask_is_bottom_right():
     from slimdata.hooks.attention import VarlenBatch, sdpa_varlen, varlen_mask
+    from slimdata.hooks.attention.sdpa import BLOCK
 
     b = VarlenBatch.from_lengths([2, 3], [4, 3])
     m = varlen_mask(b)
@@ -147,12 +150,28 @@ def test_sdpa_layouts_agree_and_mask_is_bottom_right():
         [0, 0, 0, 0, 1, 1, 0],
         [0, 0, 0, 0, 1, 1, 1],
     ]
+    assert BLOCK == 128
     g = torch.Generator().manual_seed(0)
-    lq, lk = [3, 1, 7, 2, 2], [9, 1, 7, 30, 2]
+    lq, lk = [3, 1, 300, 7, 2, 2], [9, 1, 400, 7, 30, 2]
     q = torch.randn(sum(lq), 4, 8, generator=g)
     k, v = torch.randn(2, sum(lk), 2, 8, generator=g)
     batch = VarlenBatch.from_lengths(lq, lk)
-    split = sdpa_varlen(q, k, v, batch, 0.3)
-    assert batch.cache["layout"] == "split"
-    dense = sdpa_varlen(q, k, v, batch, 0.3, mask=varlen_mask(batch))
-    torch.testing.assert_close(split, dense, rtol=1e-6, atol=1e-6)
+    tiled = sdpa_varlen(q, k, v, batch, 0.3)
+    # the 300 queries after 100 prefix keys: blocks of 128, each reading keys up to its end
+    calls = [(a, b, c, d) for a, b, c, d, _ in batch.cache["calls"]]
+    assert calls == [
+        (0, 3, 0, 9),
+        (3, 4, 9, 10),
+        (4, 132, 10, 238),
+        (132, 260, 10, 366),
+        (260, 304, 10, 410),
+        (304, 311, 410, 417),
+        (311, 313, 417, 447),
+        (313, 315, 447, 449),
+    ]
+    full = varlen_mask(batch)
+    for a, b, c, d, mask in batch.cache["calls"]:  # each tile's mask is the full mask's block
+        assert torch.equal(mask, full[a:b, c:d])
+        assert full[a:b, :c].sum() == 0 and full[a:b, d:].sum() == 0  # nothing left out
+    dense = sdpa_varlen(q, k, v, batch, 0.3, mask=full)
+    torch.testing.assert_close(tiled, dense, rtol=1e-6, atol=1e-6)

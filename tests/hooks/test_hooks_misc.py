@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hooks_helpers import TinyLM, doc_tokens, make_plan, tiny_forward
 from slimdata.hooks import BalanceMeter, Callback, PackTimeRecorder, make_payload, run_step
 from slimdata.hooks.attention import flash
-from slimdata.hooks.profile import fit_terms
+from slimdata.hooks.profile import fit_terms, round_robin
 
 from slimdata.cost import CostModel, causal_pairs
 from slimdata.errors import PlanError
@@ -78,6 +78,22 @@ def test_fit_terms_recovers_exact_coefficients():
     k = np.array([1, 1, 4, 4, 1, 1, 4, 4])
     t = 2e-6 * k * s + 3e-9 * k * pairs + 1e-4 * k + 2e-3
     assert fit_terms(k * s, k * pairs, t, k) == pytest.approx((2e-6, 3e-9, 1e-4, 2e-3), rel=1e-9)
+
+
+def test_round_robin_goes_round_all_jobs_and_drops_the_warm_up_round():
+    calls = []
+
+    def job(name):
+        def run():
+            calls.append(name)
+            return f"{name}{sum(c == name for c in calls)}"
+
+        return run
+
+    out = round_robin([job("a"), job("b"), job("c")], repeats=2)
+    assert calls == ["a", "b", "c"] * 3  # warm-up round, then two timed rounds
+    assert out == [["a2", "a3"], ["b2", "b3"], ["c2", "c3"]]
+    assert round_robin([], repeats=3) == []
 
 
 def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
