@@ -182,10 +182,11 @@ def point_jobs(
 ) -> list[Callable[[], tuple[float, float]]]:
     """One timing job per point, for :func:`round_robin`."""
     rng = np.random.default_rng(0)
-    return [
-        functools.partial(time_point, model, *point_payload(model, p, rng), config.backend)
-        for p in points
-    ]
+    jobs = []
+    for p in points:
+        payload, pick = point_payload(model, p, rng)
+        jobs.append(functools.partial(time_point, model, payload, pick, config.backend))
+    return jobs
 
 
 def measure_points(model, config: ProfileConfig, points: list[tuple[int, int, int]]) -> list[dict]:
