@@ -182,7 +182,7 @@ def point_jobs(
 ) -> list[Callable[[], tuple[float, float]]]:
     """One timing job per point, for :func:`round_robin`."""
     rng = np.random.default_rng(0)
-    jobs = []
+    jobs: list[Callable[[], tuple[float, float]]] = []
     for p in points:
         payload, pick = point_payload(model, p, rng)
         jobs.append(functools.partial(time_point, model, payload, pick, config.backend))
