@@ -15,8 +15,9 @@ separate terms of the cost model (design §5)::
 with non-negative coefficients (a negative term is dropped and the rest refitted), relative
 residuals. ``pack_const`` (one model call per pack) goes to ``CostModel.fwd_pack_const`` /
 ``bwd_pack_const``; with ``--pack-sizes 1`` the two constants cannot be told apart and all of
-it is per slice. Memory coefficients come from the analytic model (they are not timed). The output file is a
-:class:`~slimdata.cost.CostModel` JSON that ``CostModel.load`` and ``--cost-profile`` accept.
+it is per slice. Memory coefficients come from the analytic model (they are not timed). The
+output file is a :class:`~slimdata.cost.CostModel` JSON that ``CostModel.load`` and
+``--cost-profile`` accept.
 
 Assumes timings are stable on the device (close other jobs); on GPU the device is
 synchronized around every pack.
