@@ -21,6 +21,9 @@ For each size, measured in fresh processes, one after the other, ``--repeat`` ti
   smallest and the largest size, i.e. the end-to-end throughput once fixed costs are
   amortized.
 
+After the repeats, the median end-to-end ratio of each size (the development VM's speed
+drifts by up to 1.5x between consecutive runs, so single runs decide nothing).
+
 Ratios are build tokens/s (content tokens, EOS excluded) over raw ``encode_batch_fast``
 tokens/s measured next to it. The load average is printed with each run: this benchmark
 is only meaningful on an otherwise idle machine.
@@ -39,6 +42,7 @@ import os
 import resource
 import shutil
 import site
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -212,6 +216,7 @@ def main() -> None:
             ),
             flush=True,
         )
+        ratios: dict[int, list[float]] = {mb: [] for mb in corpora}
         for rep in range(args.repeat):
             e2e = {}
             for mb, corpus in corpora.items():
@@ -235,6 +240,7 @@ def main() -> None:
                 row["end_to_end_seconds"] = round(e2e[mb]["seconds"], 2)
                 row["end_to_end_tok_s"] = round(e2e[mb]["tok_s"])
                 row["end_to_end_ratio"] = round(e2e[mb]["tok_s"] / ref, 3)
+                ratios[mb].append(row["end_to_end_ratio"])
                 row["end_to_end_cpu_seconds"] = round(e2e[mb]["cpu"], 2)
                 row["end_to_end_cpu_ratio"] = round(ref_cpu / e2e[mb]["cpu"], 3)
                 print(json.dumps({"partial": True, **row}), flush=True)
@@ -270,6 +276,10 @@ def main() -> None:
                     ),
                     flush=True,
                 )
+        for mb, values in ratios.items():
+            summary = {"corpus_mb": mb, "end_to_end_ratios": values}
+            summary["median_end_to_end_ratio"] = statistics.median(values)
+            print(json.dumps({"summary": True, **summary}), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimdata.errors import ConfigError
-from slimdata.readers import DEFAULT_TASK_BYTES, FORMATS, ReadOptions
+from slimdata.readers import FORMATS, ReadOptions
 from slimdata.slicing import DEFAULT_SLICE_TOKENS, check_slice_tokens
 from slimdata.tokenize import DEFAULT_TOKENIZER
 
@@ -130,8 +130,9 @@ class BuildConfig:
     """Shard size limit in bytes."""
     workers: int = 1
     """Worker processes (changes speed only, never the output)."""
-    task_bytes: int = DEFAULT_TASK_BYTES
-    """Target input bytes per task (one output sub-directory each)."""
+    task_bytes: int | None = None
+    """Target input bytes per task (one output sub-directory each); None: automatic, from
+    the inputs' total (:func:`slimdata.readers.auto_task_bytes`: 256 KiB to 4 MiB)."""
     batch_chars: int = 1 << 21
     """Characters per tokenizer batch (bounds memory; large enough for parallel encoding)."""
 
@@ -154,6 +155,8 @@ class BuildConfig:
             )
         for name in ("workers", "task_bytes", "batch_chars"):
             value = getattr(self, name)
+            if name == "task_bytes" and value is None:
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive int")
 

@@ -154,7 +154,7 @@ def _pipeline(name: str | None) -> BuildConfig:
     "--task-bytes",
     type=int,
     default=None,
-    help="Input bytes per task/sub-directory (default 4 MiB).",
+    help="Input bytes per task/sub-directory (default: total/64, within 256 KiB-4 MiB).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing build in OUTPUT.")
 @click.option(

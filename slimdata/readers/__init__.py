@@ -32,6 +32,7 @@ from slimdata.readers.base import (
     ReadTask,
     Record,
     Rejected,
+    auto_task_bytes,
 )
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "ReadTask",
     "Record",
     "Rejected",
+    "auto_task_bytes",
     "plan_inputs",
     "read_task",
 ]
@@ -173,14 +175,35 @@ def plan_inputs(
     fmt: str = "auto",
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
-    task_bytes: int = DEFAULT_TASK_BYTES,
+    task_bytes: int | None = None,
     source: str | None = None,
 ) -> list[ReadTask]:
     """Read tasks of all inputs, in input order then sorted path order.
 
+    ``task_bytes=None`` sizes tasks from the inputs' total (:func:`auto_task_bytes`), so the
+    plan, and with it the output, still depends on the inputs alone.
+
     Raises :class:`InputError` for a missing path, a pattern that matches nothing, or an
     input without any file; :class:`ConfigError` for an unknown format.
     """
+    if task_bytes is not None:
+        return _plan_inputs(inputs, opts, fmt, include, exclude, task_bytes, source)
+    tasks = _plan_inputs(inputs, opts, fmt, include, exclude, DEFAULT_TASK_BYTES, source)
+    size = auto_task_bytes(sum(t.size for t in tasks))
+    if size == DEFAULT_TASK_BYTES:
+        return tasks
+    return _plan_inputs(inputs, opts, fmt, include, exclude, size, source)
+
+
+def _plan_inputs(
+    inputs: Sequence[str | Path],
+    opts: ReadOptions,
+    fmt: str,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    task_bytes: int,
+    source: str | None,
+) -> list[ReadTask]:
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt!r} is unknown; use one of {', '.join(FORMATS)}")
     if not inputs:

@@ -15,7 +15,14 @@ from build_helpers import TINY_TOKENIZER, read_shards, tiny_config
 
 from slimdata.build import build
 from slimdata.errors import InputError
-from slimdata.readers import ReadOptions, plan_inputs, read_task
+from slimdata.readers import (
+    DEFAULT_TASK_BYTES,
+    ReadOptions,
+    auto_task_bytes,
+    plan_inputs,
+    read_task,
+)
+from slimdata.readers.base import MIN_TASK_BYTES
 from slimdata.tokenize import load_tokenizer
 
 TEXTS = ["first document", "second one, a bit longer", "third ✓ unicode", "fourth"]
@@ -87,6 +94,21 @@ def test_big_jsonl_is_split_at_lines_without_loss(tmp_path):
     got = records(tasks)
     assert [r.text for r in got] == texts
     assert [r.doc_id for r in got] == [f"big/big.jsonl:{i}" for i in range(1, 301)]
+
+
+def test_automatic_task_size_follows_the_corpus_total(tmp_path):
+    assert auto_task_bytes(0) == auto_task_bytes(16 << 20) == MIN_TASK_BYTES == 256 << 10
+    assert auto_task_bytes(50_000_000) == 781_250  # 50 MB / 64 tasks
+    assert auto_task_bytes(256 << 20) == auto_task_bytes(10**12) == DEFAULT_TASK_BYTES == 4 << 20
+    line = json.dumps({"text": "x" * 1000}).encode() + b"\n"  # 1013 bytes
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(line * 20_000)  # 20.26 MB: auto size 316,563 bytes (312 lines)
+    auto = plan_inputs([path], opts=ReadOptions())
+    assert [t.to_dict() for t in auto] == [
+        t.to_dict() for t in plan_inputs([path], opts=ReadOptions(), task_bytes=316_563)
+    ]
+    assert len(auto) == 64 and sum(t.size for t in auto) == 20_260_000
+    assert len(plan_inputs([path], opts=ReadOptions(), task_bytes=DEFAULT_TASK_BYTES)) == 5
 
 
 def test_parquet_row_groups_split_and_id_field(tmp_path):
