@@ -30,7 +30,7 @@ format: setup
 	$(BIN)/ruff format .
 
 bench: setup  ## benchmarks print numbers; they are not tests
-	$(BIN)/python benchmarks/bench_build.py
+	$(BIN)/python benchmarks/bench_build.py --mb 50 200 --repeat 3 --no-warm
 	$(BIN)/python benchmarks/bench_solver.py
 	$(BIN)/python benchmarks/bench_sim.py
 	$(BIN)/python benchmarks/bench_hooks.py

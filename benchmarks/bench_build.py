@@ -28,7 +28,8 @@ Ratios are build tokens/s (content tokens, EOS excluded) over raw ``encode_batch
 tokens/s measured next to it. The load average is printed with each run: this benchmark
 is only meaningful on an otherwise idle machine.
 
-    python benchmarks/bench_build.py --mb 50 200 --workers 2 --repeat 2 [--pycache /tmp/pyc]
+    python benchmarks/bench_build.py --mb 50 200 --workers 2 --repeat 3 [--pycache /tmp/pyc]
+    python benchmarks/bench_build.py --mb 50 --repeat 3 --no-warm --variant=--task-bytes=4194304
 
 CPU seconds (user + sys, workers included) are printed too: on a loaded machine their
 ratio (raw CPU / build CPU) is a steadier measure of the build's overhead than wall time.
@@ -48,6 +49,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = str(Path(__file__).resolve().parent)
@@ -147,7 +149,9 @@ def warm_one(corpus: str, out: str, tokenizer: str, workers: int) -> dict[str, f
     return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "cpu": cpu}
 
 
-def end_to_end(corpus: Path, out: Path, tokenizer: str, workers: int) -> dict[str, float]:
+def end_to_end(
+    corpus: Path, out: Path, tokenizer: str, workers: int, extra: Sequence[str] = ()
+) -> dict[str, float]:
     cmd = [
         sys.executable,
         "-c",
@@ -163,6 +167,7 @@ def end_to_end(corpus: Path, out: Path, tokenizer: str, workers: int) -> dict[st
         "--workers",
         str(workers),
         "--quiet",
+        *extra,
     ]
     cpu, start = _children_cpu(), time.perf_counter()
     subprocess.run(cmd, check=True, env=ENV)
@@ -173,6 +178,60 @@ def end_to_end(corpus: Path, out: Path, tokenizer: str, workers: int) -> dict[st
     return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "cpu": cpu}
 
 
+PHASES = """
+import json, resource, sys, time
+T0 = time.perf_counter()
+rows = []
+def mark(what):
+    rows.append({"at_s": round(time.perf_counter() - T0, 2), "cpu_s": round(time.process_time(), 2), "what": what})
+mark("interpreter started")
+from slimdata.cli import cli
+import slimdata.build.run as run
+def timed(name):
+    inner = getattr(run, name)
+    def wrapper(*args, **kwargs):
+        mark(name + " start")
+        out = inner(*args, **kwargs)
+        mark(name + " end")
+        return out
+    setattr(run, name, wrapper)
+for name in ("plan_build", "_warm_imports", "write_task", "finalize"):
+    timed(name)
+try:
+    cli.main(sys.argv[1:], prog_name="slimdata", standalone_mode=False)
+finally:
+    mark("build returned")
+    child = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"phases": rows, "workers_cpu_s": round(child.ru_utime + child.ru_stime, 2)}))
+"""
+
+
+def phases(corpus: Path, out: Path, tokenizer: str, workers: int) -> dict:
+    """One end-to-end build with the build process's wall and CPU clocks read at the start
+    and end of its phases (planning, writer imports, each task's write, finalize)."""
+    args = ["build", str(corpus), "-o", str(out), "--format", "text", "--tokenizer", tokenizer]
+    args += ["--workers", str(workers), "--quiet"]
+    proc = subprocess.run(
+        [sys.executable, "-c", PHASES, *args], capture_output=True, text=True, env=ENV, check=True
+    )
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    marks = data["phases"]
+    writes = [m for m in marks if m["what"].startswith("write_task")]
+    cpu = {"build process total": marks[-1]["cpu_s"], "workers total": data["workers_cpu_s"]}
+    cpu["task writes"] = round(
+        sum(e["cpu_s"] - s["cpu_s"] for s, e in zip(writes[::2], writes[1::2], strict=True)), 2
+    )
+    for name in ("plan_build", "_warm_imports", "finalize"):
+        start, end = (m for m in marks if m["what"] in (f"{name} start", f"{name} end"))
+        cpu[name] = round(end["cpu_s"] - start["cpu_s"], 2)
+    cpu["before planning"] = next(m for m in marks if m["what"] == "plan_build start")["cpu_s"]
+    return {
+        "cpu_seconds": cpu,
+        "tasks": len(writes) // 2,
+        "timeline": [m for m in marks if m not in writes],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, nargs="+", default=[50])
@@ -181,6 +240,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--all-methods", action="store_true", help="also raw encode_batch")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm in-process build")
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="only: one 50 MB-or---mb build with CPU seconds per phase of the build process",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="also time the build with this extra option (e.g. --variant=--task-bytes=4194304), "
+        "right after the default build of each size; repeatable",
+    )
     parser.add_argument(
         "--pycache",
         metavar="DIR",
@@ -207,6 +279,12 @@ def main() -> None:
             corpora[mb].mkdir()
             files, nbytes = make_corpus(corpora[mb], mb)
             print(json.dumps({"corpus_mb": round(nbytes / 1e6, 1), "files": files}), flush=True)
+        if args.phases:
+            corpus = corpora[min(corpora)]
+            print(
+                json.dumps(phases(corpus, work / "out", args.tokenizer, args.workers)), flush=True
+            )
+            return
         print(
             json.dumps(
                 {
@@ -243,6 +321,12 @@ def main() -> None:
                 ratios[mb].append(row["end_to_end_ratio"])
                 row["end_to_end_cpu_seconds"] = round(e2e[mb]["cpu"], 2)
                 row["end_to_end_cpu_ratio"] = round(ref_cpu / e2e[mb]["cpu"], 3)
+                if args.variant:
+                    shutil.rmtree(out, ignore_errors=True)
+                    var = end_to_end(corpus, out, args.tokenizer, args.workers, args.variant)
+                    row["variant"] = args.variant
+                    row["variant_seconds"] = round(var["seconds"], 2)
+                    row["variant_ratio"] = round(var["tok_s"] / ref, 3)
                 print(json.dumps({"partial": True, **row}), flush=True)
                 if not args.no_warm:
                     shutil.rmtree(out, ignore_errors=True)
