@@ -206,11 +206,14 @@ finally:
 """
 
 
-def phases(corpus: Path, out: Path, tokenizer: str, workers: int) -> dict:
+def phases(
+    corpus: Path, out: Path, tokenizer: str, workers: int, extra: Sequence[str] = ()
+) -> dict:
     """One end-to-end build with the build process's wall and CPU clocks read at the start
-    and end of its phases (planning, writer imports, each task's write, finalize)."""
+    and end of its phases (planning, writer imports, each task's write, finalize); also when
+    each prepared task reached the writer (the last ones show the tail where workers idle)."""
     args = ["build", str(corpus), "-o", str(out), "--format", "text", "--tokenizer", tokenizer]
-    args += ["--workers", str(workers), "--quiet"]
+    args += ["--workers", str(workers), "--quiet", *extra]
     proc = subprocess.run(
         [sys.executable, "-c", PHASES, *args], capture_output=True, text=True, env=ENV, check=True
     )
@@ -228,6 +231,7 @@ def phases(corpus: Path, out: Path, tokenizer: str, workers: int) -> dict:
     return {
         "cpu_seconds": cpu,
         "tasks": len(writes) // 2,
+        "task_ready_at_s": [m["at_s"] for m in writes[::2]],
         "timeline": [m for m in marks if m not in writes],
     }
 
@@ -243,7 +247,8 @@ def main() -> None:
     parser.add_argument(
         "--phases",
         action="store_true",
-        help="only: one 50 MB-or---mb build with CPU seconds per phase of the build process",
+        help="only: one build of the smallest --mb size (with the --variant options) and the "
+        "CPU seconds of each phase of the build process",
     )
     parser.add_argument(
         "--variant",
@@ -282,7 +287,10 @@ def main() -> None:
         if args.phases:
             corpus = corpora[min(corpora)]
             print(
-                json.dumps(phases(corpus, work / "out", args.tokenizer, args.workers)), flush=True
+                json.dumps(
+                    phases(corpus, work / "out", args.tokenizer, args.workers, args.variant)
+                ),
+                flush=True,
             )
             return
         print(

@@ -47,8 +47,8 @@ TARGET_TASKS = 64
 def auto_task_bytes(total_bytes: int) -> int:
     """Task size for a corpus of ``total_bytes``: ``total / 64`` within [256 KiB, 4 MiB].
 
-    A parallel build ends when its last task does, while the other workers idle; with
-    4 MiB tasks a 50 MB corpus makes 13 tasks and the last one ran alone for 2.6 of 22 s
+    A parallel build ends when its last task does, while the other workers may idle for up
+    to one task's time; with 4 MiB tasks a 50 MB corpus makes 13 tasks of about 2 s each
     (2 workers, development VM). Smaller tasks for small corpora bound that tail; corpora
     over 256 MiB keep 4 MiB tasks. Depends on the inputs alone, so output stays
     independent of ``workers``.
