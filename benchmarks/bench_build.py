@@ -149,26 +149,19 @@ def warm_one(corpus: str, out: str, tokenizer: str, workers: int) -> dict[str, f
     return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "cpu": cpu}
 
 
+def build_args(
+    corpus: Path, out: Path, tokenizer: str, workers: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """``slimdata build`` arguments of every timed build."""
+    args = ["build", str(corpus), "-o", str(out), "--format", "text", "--tokenizer", tokenizer]
+    return [*args, "--workers", str(workers), "--quiet", *extra]
+
+
 def end_to_end(
     corpus: Path, out: Path, tokenizer: str, workers: int, extra: Sequence[str] = ()
 ) -> dict[str, float]:
-    cmd = [
-        sys.executable,
-        "-c",
-        "from slimdata.cli import main; main()",
-        "build",
-        str(corpus),
-        "-o",
-        str(out),
-        "--format",
-        "text",
-        "--tokenizer",
-        tokenizer,
-        "--workers",
-        str(workers),
-        "--quiet",
-        *extra,
-    ]
+    cmd = [sys.executable, "-c", "from slimdata.cli import main; main()"]
+    cmd += build_args(corpus, out, tokenizer, workers, extra)
     cpu, start = _children_cpu(), time.perf_counter()
     subprocess.run(cmd, check=True, env=ENV)
     seconds = time.perf_counter() - start
@@ -212,8 +205,7 @@ def phases(
     """One end-to-end build with the build process's wall and CPU clocks read at the start
     and end of its phases (planning, writer imports, each task's write, finalize); also when
     each prepared task reached the writer (the last ones show the tail where workers idle)."""
-    args = ["build", str(corpus), "-o", str(out), "--format", "text", "--tokenizer", tokenizer]
-    args += ["--workers", str(workers), "--quiet", *extra]
+    args = build_args(corpus, out, tokenizer, workers, extra)
     proc = subprocess.run(
         [sys.executable, "-c", PHASES, *args], capture_output=True, text=True, env=ENV, check=True
     )

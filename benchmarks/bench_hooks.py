@@ -37,7 +37,7 @@ from slimdata.hooks.profile import (
     tiny_llama,
 )
 
-from slimdata.cost import CostModel, ModelConfig
+from slimdata.cost import CostModel, ModelConfig, causal_pairs
 from slimdata.docsource import documents_from_lengths
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 from slimdata.solver import Layout, solve
@@ -194,7 +194,7 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
                     "pass": p,
                     "slices": len(st),
                     "tokens": int((en - st).sum()),
-                    "pairs": float(np.sum((en - st) * st + (en - st) * (en - st + 1) / 2)),
+                    "pairs": float(causal_pairs(st, en).sum()),
                     "rec": rec,
                     "measured": agg([r[key] for r in runs]),
                     "predicted": pred,
