@@ -85,6 +85,7 @@ class PackContext:
                 recompute=self.mode == "recompute",
             )
         ks, vs, k_lens = [], [], []
+        prefixes = False  # does any slice read keys before its own?
         for s in self.slices:
             if s.doc in merged:
                 fk, fv = merged[s.doc]
@@ -101,6 +102,7 @@ class PackContext:
                 pk, pv = own[p] if p in own else self.store.get(layer, p)
                 ks.append(pk)
                 vs.append(pv)
+                prefixes = True
             ks.append(own[s][0])
             vs.append(own[s][1])
             k_lens.append(s.end)
@@ -108,6 +110,8 @@ class PackContext:
             self._batch = VarlenBatch.from_lengths(
                 [s.tokens for s in self.slices], k_lens, device=q.device
             )
+        if not prefixes and not merged:  # every slice reads its own keys only: no copy
+            return get_backend(self.backend)(q, k, v, self._batch, scale)
         return get_backend(self.backend)(q, torch.cat(ks), torch.cat(vs), self._batch, scale)
 
 
