@@ -7,11 +7,12 @@
    store, contexts, labels, timing). The two alternate which runs first; printed are the
    ratio of the median step times and the median of the per-round ratios. Target <= 3%.
 2. Cost-model error: ``slimdata profile`` coefficients (fitted here on the same model, with
-   per-slice and per-pack constants) against measured per-pack times of solver plans with
-   sliced documents (``CostModel.pack_forward/pack_backward``; a recomputed backward pack is
-   predicted as its forward plus its backward). Target MAPE <= 5%. Also printed: the
-   in-sample floor (the same terms fitted to the plans' own pack times), which separates
-   what a better profile could gain from the scatter of the pack times themselves.
+   per-slice and per-pack constants and the graph-free forward's share) against measured
+   per-pack times of solver plans with sliced documents. The prediction is the simulator's
+   (``slimdata.sim.pack_times``: packs as the executor runs them, a recomputed backward pack
+   is its forward plus its backward). Target MAPE <= 5%. Also printed: the in-sample floor
+   (the same terms fitted to the plans' own pack times), which separates what a better
+   profile could gain from the scatter of the pack times themselves.
 
     python benchmarks/bench_hooks.py [--repeats 7] [--threads 1] [--models tiny,small]
 """
@@ -42,6 +43,7 @@ from slimdata.hooks.profile import (
 from slimdata.cost import CostModel, ModelConfig, causal_pairs
 from slimdata.docsource import documents_from_lengths
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
+from slimdata.sim import pack_times
 from slimdata.solver import Layout, solve
 
 MODEL = ModelConfig(
@@ -200,16 +202,15 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
     rows = []
     for (plan, _), runs in zip(plans, results[n_points:], strict=True):
         rs = plan.ranks[0]
+        # the simulator's prediction of each pack, as the executor runs it (slimdata.plan
+        # .execution): pack constants, graph-free forwards, recomputed backward packs
+        pt = pack_times(plan, cm)
         for key in runs[0]:
             p, i, rec = key
             pack = (rs.forward if p == "F" else rs.backward)[i]
             st = np.array([s.start for s in pack.slices])
             en = np.array([s.end for s in pack.slices])
-            # the model's prediction of this pack: slice costs + one pack constant; a
-            # recomputed backward pack also re-runs its forward
-            pred = cm.pack_forward(st, en) if p == "F" else cm.pack_backward(st, en)
-            if p == "B" and rec:
-                pred += cm.pack_forward(st, en)
+            pred = pt.forward_of(0, i) if p == "F" else pt.backward_of(0, i)
             rows.append(
                 {
                     "pass": p,
@@ -246,6 +247,7 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
                 "bwd_att",
                 "bwd_const",
                 "bwd_pack_const",
+                "graph_free_scale",
             )
         },
         "packs": len(rows),

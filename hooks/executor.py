@@ -44,6 +44,7 @@ from slimdata.hooks.payload import StepPayload
 from torch import nn
 
 from slimdata.plan import MicroPack, Slice
+from slimdata.plan.schedule import kept_forward_packs
 
 __all__ = ["ForwardFn", "hf_forward", "kept_forward_packs", "reduce_gradients", "run_step"]
 
@@ -58,27 +59,6 @@ def hf_forward(
     return module(
         input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False
     ).logits[0]
-
-
-def kept_forward_packs(
-    forward: Sequence[MicroPack], backward: Sequence[MicroPack]
-) -> tuple[set[int], dict[int, list[int]]]:
-    """Which forward packs keep their graph, and the forward packs of each union backward pack.
-
-    Backward pack ``j`` is a union when every slice of every forward pack it touches is in
-    ``j``: ``fwd [[a], [b, c]]`` and ``bwd [[b, c, a]]`` -> union; ``bwd [[c], [a, b]]`` -> none.
-    """
-    fwd_of = {s: i for i, p in enumerate(forward) for s in p.slices}
-    kept: set[int] = set()
-    unions: dict[int, list[int]] = {}
-    for j, p in enumerate(backward):
-        fs = sorted({fwd_of[s] for s in p.slices})
-        if sum(forward[i].tokens for i in fs) == p.tokens and all(
-            s in set(p.slices) for i in fs for s in forward[i].slices
-        ):
-            unions[j] = fs
-            kept.update(fs)
-    return kept, unions
 
 
 def reduce_gradients(params: Sequence[nn.Parameter], group=None) -> None:

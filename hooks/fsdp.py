@@ -34,14 +34,12 @@ on both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 from torch import nn
 
-from slimdata.errors import PlanError
-from slimdata.plan import MicroPack, StepPlan
+from slimdata.plan.schedule import LockstepSchedule, check_lockstep, lockstep_schedule
 
 __all__ = [
     "LockstepSchedule",
@@ -114,97 +112,6 @@ def prepare(model: nn.Module) -> None:
 def set_gradient_sync(model: nn.Module, sync: bool) -> None:
     """Turn FSDP's per-backward gradient reduce-scatter on or off (all FSDP modules)."""
     model.set_requires_gradient_sync(sync, recurse=True)  # type: ignore[operator]
-
-
-def check_lockstep(plan: StepPlan) -> None:
-    """Raise :class:`PlanError` unless every rank makes the same sequence of pack calls."""
-    shapes = {(len(rs.forward), len(rs.backward), rs.order) for rs in plan.ranks}
-    if len(shapes) != 1:
-        raise PlanError(
-            f"step {plan.step}: FSDP needs a lockstep plan (same pack counts and F/B order on every "
-            "rank), got "
-            + ", ".join(
-                f"rank {rs.rank}: {len(rs.forward)}F/{len(rs.backward)}B" for rs in plan.ranks
-            )
-            + ' -- solve with Layout(mode="lockstep")'
-        )
-    for g, m in enumerate(plan.merges):
-        for kind in ("forward", "backward"):
-            idx = {
-                r: [i for i, p in enumerate(getattr(plan.ranks[r], kind)) if p.merge == g]
-                for r in m.ranks
-            }
-            if len({tuple(v) for v in idx.values()}) != 1:
-                raise PlanError(
-                    f"step {plan.step}: FSDP lockstep: merge group {g} runs its {kind} merge pack at "
-                    f"different indices on its members {idx}; align them"
-                )
-
-
-@dataclass(frozen=True)
-class LockstepSchedule:
-    """Plan-global execution decisions (identical on every rank)."""
-
-    kept: frozenset[int]
-    """Forward packs that keep their graph (on every rank)."""
-    unions: dict[int, tuple[int, ...]]
-    """Backward pack -> the forward packs it is the union of (on every rank)."""
-    idle_forward: frozenset[int]
-    """Forward packs empty on every rank: no call at all."""
-    idle_backward: frozenset[int]
-    """Backward packs empty on every rank: no call at all."""
-
-
-def _rank_unions(forward: tuple[MicroPack, ...], backward: tuple[MicroPack, ...]):
-    fwd_of = {s: i for i, p in enumerate(forward) for s in p.slices}
-    out: dict[int, tuple[int, ...] | None] = {}
-    for j, p in enumerate(backward):
-        if not p.slices:
-            continue
-        fs = sorted({fwd_of[s] for s in p.slices})
-        whole = all(s in set(p.slices) for i in fs for s in forward[i].slices)
-        out[j] = tuple(fs) if whole else None
-    return out
-
-
-def lockstep_schedule(plan: StepPlan, keep: bool = True) -> LockstepSchedule:
-    """Kept/union decisions from the whole plan.
-
-    Backward pack ``j`` runs as a union of forward packs ``S`` when every rank on which ``j`` is
-    non-empty has ``j`` as exactly the union of its forward packs ``S``, every rank on which ``j``
-    is empty has all of ``S`` empty too (it replays ``S`` with dummy calls), and no forward pack
-    is claimed twice; otherwise ``j`` is recomputed on every rank. ``keep=False``: recompute
-    every backward pack (FSDP1, which supports one backward right after its forward only).
-    Assumes :func:`check_lockstep`.
-    """
-    nf, nb = len(plan.ranks[0].forward), len(plan.ranks[0].backward)
-    per_rank = [_rank_unions(rs.forward, rs.backward) for rs in plan.ranks]
-    unions: dict[int, tuple[int, ...]] = {}
-    claimed: set[int] = set()
-    for j in range(nb if keep else 0):
-        cands = {u[j] for u in per_rank if j in u}
-        if len(cands) != 1:
-            continue  # empty everywhere, disagreement or a recomputed rank
-        s = next(iter(cands))
-        if s is None or claimed & set(s):
-            continue
-        if any(
-            j not in u and any(rs.forward[i].slices for i in s)
-            for u, rs in zip(per_rank, plan.ranks, strict=True)
-        ):
-            continue
-        unions[j] = s
-        claimed.update(s)
-    return LockstepSchedule(
-        kept=frozenset(claimed),
-        unions=unions,
-        idle_forward=frozenset(
-            i for i in range(nf) if not any(rs.forward[i].slices for rs in plan.ranks)
-        ),
-        idle_backward=frozenset(
-            j for j in range(nb) if not any(rs.backward[j].slices for rs in plan.ranks)
-        ),
-    )
 
 
 def dummy_loss(module: nn.Module, forward, device) -> torch.Tensor:

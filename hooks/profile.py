@@ -46,10 +46,12 @@ __all__ = [
     "fit_cost_model",
     "fit_nonneg",
     "fit_terms",
+    "graph_free_scale",
     "measure_points",
     "point_jobs",
     "point_payload",
     "profile_cost_model",
+    "profile_plan",
     "profile_points",
     "round_robin",
     "time_point",
@@ -80,6 +82,10 @@ class ProfileConfig:
     """Attention backend (``flash`` on GPU when flash-attn is installed)."""
     stat: str = "median"
     """Statistic over repeats: ``median``, or ``min`` (robust on a shared, noisy machine)."""
+    lead_packs: int = 2
+    """Identical packs of the same step run before the measured one (:func:`profile_plan`):
+    the first pack of a step runs in another state than the packs of a plan (its backward
+    allocates the gradients, for one)."""
 
     def __post_init__(self) -> None:
         if (
@@ -89,9 +95,10 @@ class ProfileConfig:
             or min(self.prefixes, default=0) < 0
             or not self.pack_sizes
             or min(self.pack_sizes) < 1
+            or self.lead_packs < 0
         ):
             raise ValueError(
-                f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, repeats={self.repeats}: use positive sizes and repeats >= 1"
+                f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, repeats={self.repeats}, lead_packs={self.lead_packs}: use positive sizes, repeats >= 1 and lead_packs >= 0"
             )
         if self.stat not in ("median", "min"):
             raise ValueError(f"stat={self.stat!r}: use 'median' or 'min'")
@@ -118,37 +125,68 @@ def tiny_llama(model: ModelConfig, device: str = "cpu", dtype: str = "float32"):
     return net.to(device=device, dtype=getattr(torch, dtype))  # type: ignore[call-arg]
 
 
-def _slice_plan(start: int, s: int, k: int = 1):
+def profile_plan(start: int, s: int, k: int = 1, lead: int = 0, graph: bool = True):
     """Plan whose measured pack holds slice ``[start, start + s)`` of ``k`` documents; the
-    prefixes ``[0, start)`` run in a pack before it (forward) and after it (backward)."""
+    prefixes ``[0, start)`` run in a pack before it (forward) and after it (backward). The
+    measured pack comes last, after ``lead`` identical packs of other documents of the same
+    step (each with its prefix pack), so it runs in the state of a pack inside a plan: the
+    gradients already allocated, the previous pack's memory just freed.
+
+    ``start=4, s=2, k=1, lead=1``: docs 0, 1 of 6 tokens; forward ``[0,4)`` of doc 0, ``[4,6)``
+    of doc 0, backward ``[4,6)``, ``[0,4)``, then the same for doc 1, whose ``[4,6)`` is timed.
+
+    ``graph=False`` (``k >= 2``): every pack of slices ``[start, start + s)`` runs its backward
+    as two packs (its first ``k // 2`` slices, then the rest), so the executor runs its
+    forward without a graph and the backward packs recompute it.
+    """
     from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 
+    if not graph and k < 2:
+        raise ValueError("a graph-free forward needs a pack of at least 2 slices")
     n = start + s
-    tails = MicroPack(tuple(Slice(d, start, n) for d in range(k)))
-    fwd: tuple[MicroPack, ...]
-    bwd: tuple[MicroPack, ...]
-    if start == 0:
-        fwd = bwd = (tails,)
-        pick = (0, 0)
-    else:
-        heads = MicroPack(tuple(Slice(d, 0, start) for d in range(k)))
-        fwd, bwd = (heads, tails), (tails, heads)
-        pick = (1, 0)
+    fwd: list[MicroPack] = []
+    bwd: list[MicroPack] = []
+    order: list[tuple[str, int]] = []
+    for c in range(lead + 1):
+        docs = range(c * k, (c + 1) * k)
+        tails = MicroPack(tuple(Slice(d, start, n) for d in docs))
+        back = (
+            [tails]
+            if graph
+            else [MicroPack(tails.slices[: k // 2]), MicroPack(tails.slices[k // 2 :])]
+        )
+        if start:
+            fwd.append(MicroPack(tuple(Slice(d, 0, start) for d in docs)))
+            order.append(("F", len(fwd) - 1))
+        fwd.append(tails)
+        order.append(("F", len(fwd) - 1))
+        pick = (len(fwd) - 1, len(bwd))
+        order += [("B", len(bwd) + i) for i in range(len(back) + (1 if start else 0))]
+        bwd += back
+        if start:
+            bwd.append(fwd[-2])
     plan = StepPlan(
         step=0,
         strategy="profile",
-        docs=tuple(Document(doc_id=d, length=n) for d in range(k)),
-        ranks=(RankStep(rank=0, forward=fwd, backward=bwd),),
+        docs=tuple(Document(doc_id=d, length=n) for d in range((lead + 1) * k)),
+        ranks=(RankStep(rank=0, forward=tuple(fwd), backward=tuple(bwd), order=tuple(order)),),
     )
     return plan.validate(), pick
 
 
-def point_payload(model, point: tuple[int, int, int], rng: np.random.Generator):
-    """``(payload, (forward pack, backward pack))`` that times ``point = (s, start, k)``."""
+def point_payload(
+    model,
+    point: tuple[int, int, int],
+    rng: np.random.Generator,
+    lead: int = 0,
+    graph: bool = True,
+):
+    """``(payload, (forward pack, backward pack))`` that times ``point = (s, start, k)``
+    after ``lead`` identical packs (:func:`profile_plan`)."""
     from slimdata.hooks import make_payload
 
     s, start, k = point
-    plan, pick = _slice_plan(start, s, k)
+    plan, pick = profile_plan(start, s, k, lead, graph)
     vocab = model.config.vocab_size
     docs = [rng.integers(0, vocab, size=d.length).astype(np.uint32) for d in plan.docs]
     return make_payload(plan, 0, docs), pick
@@ -163,6 +201,12 @@ def time_point(model, payload, pick: tuple[int, int], backend: str = "sdpa") -> 
     f = next(e.seconds for e in ev if e.pass_ == "F" and e.pack == pick[0])
     b = next(e.seconds for e in ev if e.pass_ == "B" and e.pack == pick[1])
     return f, b
+
+
+def _time_variants(model, variants, backend: str) -> tuple[float, ...]:
+    """``(fwd, bwd)`` of the first variant, then the forward of a graph-free one if given."""
+    f, b = time_point(model, *variants[0], backend)
+    return (f, b, *(time_point(model, *v, backend)[0] for v in variants[1:]))
 
 
 def round_robin(jobs: Sequence[Callable[[], T]], repeats: int) -> list[list[T]]:
@@ -180,13 +224,16 @@ def round_robin(jobs: Sequence[Callable[[], T]], repeats: int) -> list[list[T]]:
 
 def point_jobs(
     model, config: ProfileConfig, points: Sequence[tuple[int, int, int]]
-) -> list[Callable[[], tuple[float, float]]]:
-    """One timing job per point, for :func:`round_robin`."""
+) -> list[Callable[[], tuple[float, ...]]]:
+    """One timing job per point, for :func:`round_robin`: ``(fwd, bwd)`` of the measured
+    pack, and for packs of 2 or more slices also its forward without a graph."""
     rng = np.random.default_rng(0)
-    jobs: list[Callable[[], tuple[float, float]]] = []
+    jobs: list[Callable[[], tuple[float, ...]]] = []
     for p in points:
-        payload, pick = point_payload(model, p, rng)
-        jobs.append(functools.partial(time_point, model, payload, pick, config.backend))
+        variants = [point_payload(model, p, rng, config.lead_packs)]
+        if p[2] >= 2:
+            variants.append(point_payload(model, p, rng, config.lead_packs, graph=False))
+        jobs.append(functools.partial(_time_variants, model, variants, config.backend))
     return jobs
 
 
@@ -201,16 +248,19 @@ def measure_points(model, config: ProfileConfig, points: list[tuple[int, int, in
 
 def aggregate_points(
     points: Sequence[tuple[int, int, int]],
-    times: Sequence[Sequence[tuple[float, float]]],
+    times: Sequence[Sequence[tuple[float, ...]]],
     stat: str = "median",
 ) -> list[dict]:
-    """Rows ``{s, start, k, fwd, bwd}`` (median or min over repeats) from each point's
-    ``(fwd, bwd)`` timings."""
+    """Rows ``{s, start, k, fwd, bwd[, fwd_graph_free]}`` (median or min over repeats) from
+    each point's ``(fwd, bwd[, fwd_graph_free])`` timings."""
     agg = np.min if stat == "min" else np.median
     out = []
     for (s, start, k), ts in zip(points, times, strict=True):
         f, b = agg([t[0] for t in ts]), agg([t[1] for t in ts])
-        out.append({"s": s, "start": start, "k": k, "fwd": float(f), "bwd": float(b)})
+        row = {"s": s, "start": start, "k": k, "fwd": float(f), "bwd": float(b)}
+        if len(ts[0]) > 2:
+            row["fwd_graph_free"] = float(agg([t[2] for t in ts]))
+        out.append(row)
         log.info("s=%d start=%d k=%d fwd=%.4fs bwd=%.4fs", s, start, k, f, b)
     return out
 
@@ -286,9 +336,17 @@ def fit_cost_model(
         bwd_const=bc,
         fwd_pack_const=fp,
         bwd_pack_const=bp,
+        graph_free_scale=graph_free_scale(meas),
         source=f"profile:{dev}",
         label=f"{model_cfg.name}@{dev}/{config.dtype}",
     )
+
+
+def graph_free_scale(meas: Sequence[dict]) -> float:
+    """Median ratio of a pack's forward without and with its graph over the rows that timed
+    both (``fwd_graph_free``); 1.0 when none did (a grid of 1-slice packs only)."""
+    r = [m["fwd_graph_free"] / m["fwd"] for m in meas if "fwd_graph_free" in m and m["fwd"] > 0]
+    return float(np.median(r)) if r else 1.0
 
 
 def profile_cost_model(
@@ -337,6 +395,12 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--pack-sizes", default="1,4", show_default=True, help="Slices per measured pack.")
 @click.option("--repeats", default=3, show_default=True, help="Timed runs per point.")
 @click.option(
+    "--lead-packs",
+    default=ProfileConfig.lead_packs,
+    show_default=True,
+    help="Identical packs of the same step run before each measured one.",
+)
+@click.option(
     "--stat",
     type=click.Choice(["median", "min"]),
     default="median",
@@ -359,6 +423,7 @@ def command(
     prefixes,
     pack_sizes,
     repeats,
+    lead_packs,
     stat,
     measurements,
 ) -> None:
@@ -368,6 +433,7 @@ def command(
         prefixes=_ints(prefixes),
         pack_sizes=_ints(pack_sizes),
         repeats=repeats,
+        lead_packs=lead_packs,
         device=device,
         dtype=dtype,
         backend=backend,
@@ -380,5 +446,6 @@ def command(
     click.echo(
         f"wrote {output}: fwd = {cm.fwd_lin:.3e}*s + {cm.fwd_att:.3e}*pairs + {cm.fwd_const:.3e}/slice"
         f" + {cm.fwd_pack_const:.3e}/pack; bwd = {cm.bwd_lin:.3e}*s + {cm.bwd_att:.3e}*pairs"
-        f" + {cm.bwd_const:.3e}/slice + {cm.bwd_pack_const:.3e}/pack ({len(meas)} points)"
+        f" + {cm.bwd_const:.3e}/slice + {cm.bwd_pack_const:.3e}/pack; graph-free forward"
+        f" x{cm.graph_free_scale:.3f} ({len(meas)} points)"
     )

@@ -115,6 +115,12 @@ class CostModel:
     costs; 0 in the analytic model. Use :meth:`pack_forward` to include it."""
     bwd_pack_const: float = 0.0
     """Backward seconds per MicroPack; see :attr:`fwd_pack_const`."""
+    graph_free_scale: float = 1.0
+    """Time of a forward pack run without an autograd graph, as a share of the same pack's
+    forward with its graph. The step executor runs a forward that way when the backward packs
+    of its slices recompute it (``slimdata.plan.execution``). 1 in the analytic model (kernel
+    time is the same); on a CPU, where recording the graph is a visible share, ``slimdata
+    profile`` measures it. Use ``pack_forward(..., graph=False)`` to apply it."""
     source: str = "analytic"
     """Where the coefficients came from: ``analytic`` or ``profile:<device>``."""
     label: str = ""
@@ -132,6 +138,10 @@ class CostModel:
             v = getattr(self, f)
             if not np.isfinite(v) or v < 0:
                 raise ConfigError(f"cost model: {f}={v} must be finite and >= 0")
+        if not np.isfinite(self.graph_free_scale) or self.graph_free_scale <= 0:
+            raise ConfigError(
+                f"cost model: graph_free_scale={self.graph_free_scale} must be finite and > 0"
+            )
 
     # -- evaluation -------------------------------------------------------------------------
     def forward(self, start, end) -> np.ndarray:
@@ -173,9 +183,11 @@ class CostModel:
         cuts = np.asarray(cuts, dtype=np.float64)
         return self.slice_costs(cuts[:-1], cuts[1:])
 
-    def pack_forward(self, starts, ends) -> float:
-        """Forward seconds of one MicroPack of slices ``[starts[i], ends[i])``."""
-        return float(np.sum(self.forward(starts, ends))) + self.fwd_pack_const
+    def pack_forward(self, starts, ends, graph: bool = True) -> float:
+        """Forward seconds of one MicroPack of slices ``[starts[i], ends[i])``; ``graph=False``:
+        run without an autograd graph (:attr:`graph_free_scale`)."""
+        t = float(np.sum(self.forward(starts, ends))) + self.fwd_pack_const
+        return t if graph else t * self.graph_free_scale
 
     def pack_backward(self, starts, ends) -> float:
         """Backward seconds of one MicroPack of slices ``[starts[i], ends[i])``."""

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from slimdata.plan.schedule import (
+    LockstepSchedule,
+    RankExecution,
+    check_lockstep,
+    execution,
+    kept_forward_packs,
+    lockstep_schedule,
+)
 from slimdata.plan.types import (
     Document,
     MergeGroup,
@@ -15,11 +23,17 @@ from slimdata.plan.validate import validate_plan
 
 __all__ = [
     "Document",
+    "LockstepSchedule",
     "MergeGroup",
     "MicroPack",
+    "RankExecution",
     "RankStep",
     "Slice",
     "StepPlan",
+    "check_lockstep",
     "eager_order",
+    "execution",
+    "kept_forward_packs",
+    "lockstep_schedule",
     "validate_plan",
 ]

@@ -1,12 +1,20 @@
 """Pack durations recomputed from the cost model, so every strategy is judged alike.
 
 ``MicroPack.cost`` is whatever the producer of a plan predicted; the simulator ignores it
-and sums the per-slice costs of :class:`~slimdata.cost.CostModel` over the pack's slices
-(``MicroPack.cost`` stays available for a cross-check). Times are seconds of the full model
-(all layers); a pipeline chunk holding ``k`` of ``L`` layers takes ``k / L`` of them.
+and sums the per-slice costs of :class:`~slimdata.cost.CostModel` over the pack's slices,
+plus the per-pack constant (``fwd_pack_const``/``bwd_pack_const``) for every pack that holds
+slices (``MicroPack.cost`` stays available for a cross-check). Times are seconds of the full
+model (all layers); a pipeline chunk holding ``k`` of ``L`` layers takes ``k / L`` of them.
+
+Packs run the way the step executor runs them (:func:`slimdata.plan.execution`): a backward
+pack that is not a union of forward packs re-runs the forward of its own slices first (its
+time is that forward, with its pack constant, plus its backward), and a forward pack whose
+backward packs recompute it runs without an autograd graph (its time times
+``CostModel.graph_free_scale``).
 
 Example: a pack holding slices ``[0, 4)`` of doc 0 and ``[0, 3)`` of doc 1 has forward time
-``cost.forward(0, 4) + cost.forward(0, 3)`` (two per-slice constants, 7 tokens, 10 + 6 pairs).
+``cost.forward(0, 4) + cost.forward(0, 3) + cost.fwd_pack_const`` (two per-slice constants,
+7 tokens, 10 + 6 pairs).
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from slimdata.cost import CostModel
-from slimdata.plan import StepPlan
+from slimdata.errors import PlanError
+from slimdata.plan import StepPlan, check_lockstep, execution
 
 __all__ = ["PackTimes", "chunk_fractions", "pack_times"]
 
@@ -42,9 +51,10 @@ class PackTimes:
     b_att: np.ndarray
     """Attention part of :attr:`bwd`."""
     f_const: np.ndarray
-    """Per-slice fixed part of :attr:`fwd` (``CostModel.fwd_const`` times the slice count)."""
+    """Fixed part of :attr:`fwd` (``CostModel.fwd_const`` per slice, ``fwd_pack_const`` per
+    pack)."""
     b_const: np.ndarray
-    """Per-slice fixed part of :attr:`bwd`."""
+    """Fixed part of :attr:`bwd` (a recomputed pack's forward constants included)."""
     # one entry per slice of the plan
     s_rank: np.ndarray
     s_doc: np.ndarray
@@ -58,6 +68,10 @@ class PackTimes:
     """Activation bytes of each slice (full model)."""
     s_kv: np.ndarray
     """Key/value bytes of each slice's own tokens (full model)."""
+    f_graph_free: np.ndarray
+    """Per flat forward pack: runs without an autograd graph."""
+    b_recomputed: np.ndarray
+    """Per flat backward pack: re-runs its forward (its time includes that forward)."""
 
     def forward_of(self, rank: int, i: int) -> float:
         return float(self.fwd[self.f_offset[rank] + i])
@@ -66,8 +80,11 @@ class PackTimes:
         return float(self.bwd[self.b_offset[rank] + j])
 
 
-def pack_times(plan: StepPlan, cost: CostModel) -> PackTimes:
-    """Sum the cost model over the slices of every pack of ``plan`` (vectorized)."""
+def pack_times(plan: StepPlan, cost: CostModel, lockstep: bool = False) -> PackTimes:
+    """Sum the cost model over the slices of every pack of ``plan`` (vectorized).
+
+    ``lockstep``: the executor's FSDP rules decide what is recomputed (plan-global, see
+    :func:`slimdata.plan.lockstep_schedule`) when the plan is lockstep; else per rank."""
     nf = np.array([len(rs.forward) for rs in plan.ranks], dtype=np.int64)
     nb = np.array([len(rs.backward) for rs in plan.ranks], dtype=np.int64)
     f_offset = np.concatenate(([0], np.cumsum(nf)[:-1]))
@@ -94,17 +111,44 @@ def pack_times(plan: StepPlan, cost: CostModel) -> PackTimes:
     sc = cost.slice_costs(s_start, s_end)
     n_f, n_b = int(nf.sum()), int(nb.sum())
     tokens = (s_end - s_start).astype(np.float64)
+    f_slices = np.bincount(s_fpack, minlength=n_f).astype(np.float64)
+    b_slices = np.bincount(s_bpack, minlength=n_b).astype(np.float64)
+    f_pack = cost.fwd_pack_const * (f_slices > 0)
+    b_pack = cost.bwd_pack_const * (b_slices > 0)
+    fwd = np.bincount(s_fpack, weights=sc.fwd, minlength=n_f) + f_pack
+    bwd = np.bincount(s_bpack, weights=sc.bwd, minlength=n_b) + b_pack
+    f_att = np.bincount(s_fpack, weights=sc.fwd_att, minlength=n_f)
+    b_att = np.bincount(s_bpack, weights=sc.bwd_att, minlength=n_b)
+    f_const = cost.fwd_const * f_slices + f_pack
+    b_const = cost.bwd_const * b_slices + b_pack
+    # how the executor runs them: graph-free forwards, backward packs that recompute
+    if lockstep:
+        try:
+            check_lockstep(plan)
+        except PlanError:  # the executor refuses it under FSDP; time it by per-rank rules
+            lockstep = False
+    free = np.zeros(n_f, dtype=bool)
+    rec = np.zeros(n_b, dtype=bool)
+    for rs, ex in zip(plan.ranks, execution(plan, lockstep), strict=True):
+        free[[int(f_offset[rs.rank]) + i for i in ex.graph_free]] = True
+        rec[[int(b_offset[rs.rank]) + j for j in ex.recomputed]] = True
+    if rec.any():  # the forward of the backward pack's own slices, with its pack constant
+        b_fpack = cost.fwd_pack_const * (b_slices > 0)
+        bwd += rec * (np.bincount(s_bpack, weights=sc.fwd, minlength=n_b) + b_fpack)
+        b_att += rec * np.bincount(s_bpack, weights=sc.fwd_att, minlength=n_b)
+        b_const += rec * (cost.fwd_const * b_slices + b_fpack)
+    scale = np.where(free, cost.graph_free_scale, 1.0)
     return PackTimes(
         f_offset=f_offset,
         b_offset=b_offset,
-        fwd=np.bincount(s_fpack, weights=sc.fwd, minlength=n_f),
-        bwd=np.bincount(s_bpack, weights=sc.bwd, minlength=n_b),
+        fwd=fwd * scale,
+        bwd=bwd,
         f_tokens=np.bincount(s_fpack, weights=tokens, minlength=n_f),
         b_tokens=np.bincount(s_bpack, weights=tokens, minlength=n_b),
-        f_att=np.bincount(s_fpack, weights=sc.fwd_att, minlength=n_f),
-        b_att=np.bincount(s_bpack, weights=sc.bwd_att, minlength=n_b),
-        f_const=cost.fwd_const * np.bincount(s_fpack, minlength=n_f).astype(np.float64),
-        b_const=cost.bwd_const * np.bincount(s_bpack, minlength=n_b).astype(np.float64),
+        f_att=f_att * scale,
+        b_att=b_att,
+        f_const=f_const * scale,
+        b_const=b_const,
         s_rank=s_rank,
         s_doc=s_doc,
         s_start=s_start,
@@ -113,6 +157,8 @@ def pack_times(plan: StepPlan, cost: CostModel) -> PackTimes:
         s_bpack=s_bpack,
         s_act=sc.act_bytes,
         s_kv=cost.kv_bytes_per_token * tokens,
+        f_graph_free=free,
+        b_recomputed=rec,
     )
 
 

@@ -63,7 +63,7 @@ def simulate_step(
     dag = build_dag(
         plan,
         cost,
-        pack_times(plan, cost),
+        pack_times(plan, cost, lockstep=config.parallelism == "fsdp"),
         pp=layout.pp,
         ranks_per_node=layout.ranks_per_node,
         config=config,

@@ -77,6 +77,30 @@ def test_slice_costs_split_terms_and_sum():
     assert c.fwd_lin[0] == c.fwd_lin[1]
 
 
+def test_pack_times_with_pack_constant_and_graph_free_forward():
+    cm = CostModel(
+        fwd_lin=1.0,
+        fwd_att=0.0,
+        fwd_const=0.5,
+        bwd_lin=2.0,
+        bwd_att=0.0,
+        bwd_const=0.0,
+        act_bytes_per_token=0.0,
+        kv_bytes_per_token=0.0,
+        fwd_pack_const=3.0,
+        bwd_pack_const=4.0,
+        graph_free_scale=0.8,
+    )
+    # slices [0,2) and [5,9): 6 tokens + 2 slices * 0.5 + 3 = 10; without a graph 8
+    assert cm.pack_forward([0, 5], [2, 9]) == 10.0
+    assert cm.pack_forward([0, 5], [2, 9], graph=False) == 8.0
+    assert cm.pack_backward([0, 5], [2, 9]) == 16.0
+    assert CostModel.analytic("llama-1b").graph_free_scale == 1.0
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="graph_free_scale"):
+            CostModel.from_dict({**cm.to_dict(), "graph_free_scale": bad})
+
+
 def test_profile_file_round_trip(tmp_path):
     cm = CostModel.analytic("llama-7b", "a100", "full")
     path = tmp_path / "profile.json"

@@ -18,6 +18,8 @@ from hooks_helpers import (
 )
 from slimdata.hooks import kept_forward_packs, make_payload, run_step
 
+from slimdata.plan import RankExecution, execution
+
 pytestmark = pytest.mark.timeout(120)
 TOL = 1e-5
 
@@ -81,6 +83,8 @@ def test_mixed_union_and_recompute_and_same_pack_continuation():
     assert [e.recomputed for e in summary.events if e.pass_ == "B"] == [False, True, True]
     # forward pack 0 feeds only recomputing backward packs: it runs without a graph
     assert [e.recomputed for e in summary.events if e.pass_ == "F"] == [True, False, False]
+    # the simulator times the packs the same way
+    assert execution(plan) == [RankExecution(frozenset({0}), frozenset({1, 2}))]
 
 
 def test_interleaved_order_backward_before_later_forward():

@@ -11,10 +11,11 @@ from click.testing import CliRunner
 from hooks_helpers import TinyLM, doc_tokens, make_plan, tiny_forward
 from slimdata.hooks import BalanceMeter, Callback, PackTimeRecorder, make_payload, run_step
 from slimdata.hooks.attention import flash
-from slimdata.hooks.profile import fit_terms, round_robin
+from slimdata.hooks.profile import fit_terms, graph_free_scale, profile_plan, round_robin
 
 from slimdata.cost import CostModel, causal_pairs
 from slimdata.errors import PlanError
+from slimdata.plan import RankExecution, execution
 
 pytestmark = pytest.mark.timeout(120)
 FWD = [[(0, 0, 6)], [(0, 6, 10), (1, 0, 4)]]
@@ -142,7 +143,40 @@ def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
     # repeat on a loaded machine can push everything into the per-pack constant)
     fwd = cm.fwd_lin + cm.fwd_att + cm.fwd_const + cm.fwd_pack_const
     assert fwd > 0 and cm.bwd_lin + cm.bwd_att + cm.bwd_const + cm.bwd_pack_const > 0
-    assert len(json.loads((tmp_path / "raw.json").read_text())) == 8
+    raw = json.loads((tmp_path / "raw.json").read_text())
+    assert len(raw) == 8
+    assert [("fwd_graph_free" in r) for r in raw] == [False] * 4 + [True] * 4  # k = 1, 2
+    assert cm.graph_free_scale == graph_free_scale(raw) > 0
+
+
+def test_profile_plans_time_a_pack_after_identical_ones():
+    # s=2 after a 4-token prefix, 2 docs per pack, one lead copy: the copy (docs 0, 1) runs
+    # first, the measured pack [4,6) of docs 2, 3 is forward pack 3 and backward pack 2
+    plan, pick = profile_plan(4, 2, k=2, lead=1)
+    rs = plan.ranks[0]
+    assert pick == (3, 2)
+    assert [s.doc for s in rs.forward[pick[0]].slices] == [2, 3]
+    assert rs.forward[pick[0]].slices == rs.backward[pick[1]].slices
+    assert rs.order[:4] == (("F", 0), ("F", 1), ("B", 0), ("B", 1))
+    assert execution(plan) == [RankExecution(frozenset(), frozenset())]
+    # graph-free variant: each [4,6) pack's backward is split, so its forward runs without
+    # a graph and both halves recompute; the prefix packs keep theirs
+    plan, pick = profile_plan(4, 2, k=2, lead=1, graph=False)
+    assert pick[0] == 3
+    assert execution(plan) == [RankExecution(frozenset({1, 3}), frozenset({0, 1, 3, 4}))]
+    with pytest.raises(ValueError, match="at least 2 slices"):
+        profile_plan(0, 4, k=1, graph=False)
+
+
+def test_graph_free_scale_is_the_median_ratio():
+    rows = [
+        {"fwd": 2.0, "fwd_graph_free": 1.0},
+        {"fwd": 4.0, "fwd_graph_free": 3.0},
+        {"fwd": 1.0, "fwd_graph_free": 0.9},
+        {"fwd": 1.0},
+    ]
+    assert graph_free_scale(rows) == 0.75
+    assert graph_free_scale(rows[3:]) == 1.0
 
 
 def test_payload_with_wrong_token_count_is_rejected():

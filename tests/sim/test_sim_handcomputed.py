@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from sim_helpers import linear_cost, merge_plan, whole_doc_plan
@@ -52,6 +54,75 @@ def test_pack_times_recomputed_not_trusted():
     pt = pack_times(plan, linear_cost(att_f=1.0, att_b=1.0))
     assert pt.fwd.tolist() == [6 + 21]  # 6 tokens + 21 causal pairs
     assert pt.bwd.tolist() == [12 + 21]
+
+
+def test_pack_times_follow_the_executor():
+    # doc 0 = a [0,2) + b [2,4), doc 1 = c [0,3); fwd [a, c] [b], bwd [b] [c] [a]
+    # B0 = [b] is the union of F1 (kept); B1 = [c] and B2 = [a] are no union of forward
+    # packs: they re-run their own forward, and F0 = [a, c] runs graph-free
+    docs = (Document(doc_id=0, length=4, cuts=(0, 2, 4)), Document(doc_id=1, length=3))
+    a, b, c = Slice(0, 0, 2), Slice(0, 2, 4), Slice(1, 0, 3)
+    plan = StepPlan(
+        step=0,
+        strategy="t",
+        docs=docs,
+        ranks=(
+            RankStep(
+                rank=0,
+                forward=(MicroPack((a, c)), MicroPack((b,))),
+                backward=(MicroPack((b,)), MicroPack((c,)), MicroPack((a,))),
+            ),
+        ),
+    ).validate()
+    cost = dataclasses.replace(
+        linear_cost(fwd=1.0, bwd=2.0),
+        fwd_const=0.5,
+        bwd_const=0.25,
+        fwd_pack_const=10.0,
+        bwd_pack_const=20.0,
+        graph_free_scale=0.5,
+    )
+    pt = pack_times(plan, cost)
+    assert pt.f_graph_free.tolist() == [True, False]
+    assert pt.b_recomputed.tolist() == [False, True, True]
+    # F0: (5 tokens + 2 slices * 0.5 + 10) * 0.5 = 8; F1: 2 + 0.5 + 10 = 12.5
+    assert pt.fwd.tolist() == [8.0, 12.5]
+    # B0: 2*2 + 0.25 + 20 = 24.25; B1: forward 3 + 0.5 + 10 plus backward 6 + 0.25 + 20
+    # = 39.75; B2: forward 2 + 0.5 + 10 plus backward 4 + 0.25 + 20 = 36.75
+    assert pt.bwd.tolist() == [24.25, 39.75, 36.75]
+    assert pt.f_const.tolist() == [5.5, 10.5]  # (2 * 0.5 + 10) * 0.5, 0.5 + 10
+    assert pt.b_const.tolist() == [20.25, 30.75, 30.75]  # + 0.5 + 10 where recomputed
+    # the simulator adds up the same times: one rank, no communication
+    r = simulate_step(plan, cost, Layout(dp=1, context=128))
+    assert r.step_time == 8.0 + 12.5 + 24.25 + 39.75 + 36.75
+
+
+def test_lockstep_rules_recompute_on_every_rank():
+    # 2 ranks, F0 B0 each: rank 0's B0 is the union of its F0, rank 1's B0 [y] is not (F0 =
+    # [x, y], B0 = [y], B1 = [x]). Free (DDP) mode decides per rank; lockstep (FSDP) makes
+    # every rank recompute B0 so they all make the same model calls.
+    docs = tuple(Document(doc_id=i, length=n) for i, n in enumerate((4, 2, 3)))
+    p0 = MicroPack((Slice(0, 0, 4),))
+    x, y = Slice(1, 0, 2), Slice(2, 0, 3)
+    plan = StepPlan(
+        step=0,
+        strategy="t",
+        docs=docs,
+        ranks=(
+            RankStep(rank=0, forward=(p0,), backward=(p0, MicroPack(()))),
+            RankStep(
+                rank=1, forward=(MicroPack((x, y)),), backward=(MicroPack((y,)), MicroPack((x,)))
+            ),
+        ),
+    ).validate()
+    cost = linear_cost(fwd=1.0, bwd=2.0)
+    free = pack_times(plan, cost)
+    assert free.b_recomputed.tolist() == [False, False, True, True]
+    assert free.bwd.tolist() == [8.0, 0.0, 3.0 + 6.0, 2.0 + 4.0]
+    lock = pack_times(plan, cost, lockstep=True)
+    assert lock.f_graph_free.tolist() == [True, True]
+    assert lock.b_recomputed.tolist() == [True, False, True, True]
+    assert lock.bwd.tolist() == [4.0 + 8.0, 0.0, 3.0 + 6.0, 2.0 + 4.0]
 
 
 def test_continuation_pairs_count_the_prefix():

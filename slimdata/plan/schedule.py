@@ -1,0 +1,177 @@
+"""How the step executor runs a plan's packs: which forwards keep their graph, which backward
+packs recompute (design §9). Pure Python, shared by the runtime and the simulator.
+
+A backward pack that is exactly a union of forward packs runs backward through the graphs
+those forward packs kept. Any other backward pack (asymmetric partitioning) recomputes its
+forward from the saved boundary states and runs backward through that; a forward pack that
+feeds only such packs runs without a graph (*graph-free*).
+
+Free mode (DDP, one rank alone) decides per rank (:func:`kept_forward_packs`). Lockstep mode
+(FSDP) decides from the whole plan so that every rank makes the same model calls
+(:func:`lockstep_schedule`). Example, packs ``fwd [[a], [b, c]]``: ``bwd [[b, c, a]]`` is a
+union of both forward packs (no recompute); ``bwd [[c], [a, b]]`` has no union, so both
+backward packs recompute and both forward packs run graph-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slimdata.errors import PlanError
+from slimdata.plan.types import MicroPack, StepPlan
+
+__all__ = [
+    "LockstepSchedule",
+    "RankExecution",
+    "check_lockstep",
+    "execution",
+    "kept_forward_packs",
+    "lockstep_schedule",
+]
+
+
+def kept_forward_packs(
+    forward: Sequence[MicroPack], backward: Sequence[MicroPack]
+) -> tuple[set[int], dict[int, list[int]]]:
+    """Which forward packs keep their graph, and the forward packs of each union backward pack.
+
+    Backward pack ``j`` is a union when every slice of every forward pack it touches is in
+    ``j``: ``fwd [[a], [b, c]]`` and ``bwd [[b, c, a]]`` -> union; ``bwd [[c], [a, b]]`` -> none.
+    """
+    fwd_of = {s: i for i, p in enumerate(forward) for s in p.slices}
+    kept: set[int] = set()
+    unions: dict[int, list[int]] = {}
+    for j, p in enumerate(backward):
+        fs = sorted({fwd_of[s] for s in p.slices})
+        if sum(forward[i].tokens for i in fs) == p.tokens and all(
+            s in set(p.slices) for i in fs for s in forward[i].slices
+        ):
+            unions[j] = fs
+            kept.update(fs)
+    return kept, unions
+
+
+def check_lockstep(plan: StepPlan) -> None:
+    """Raise :class:`PlanError` unless every rank makes the same sequence of pack calls."""
+    shapes = {(len(rs.forward), len(rs.backward), rs.order) for rs in plan.ranks}
+    if len(shapes) != 1:
+        raise PlanError(
+            f"step {plan.step}: FSDP needs a lockstep plan (same pack counts and F/B order on every "
+            "rank), got "
+            + ", ".join(
+                f"rank {rs.rank}: {len(rs.forward)}F/{len(rs.backward)}B" for rs in plan.ranks
+            )
+            + ' -- solve with Layout(mode="lockstep")'
+        )
+    for g, m in enumerate(plan.merges):
+        for kind in ("forward", "backward"):
+            idx = {
+                r: [i for i, p in enumerate(getattr(plan.ranks[r], kind)) if p.merge == g]
+                for r in m.ranks
+            }
+            if len({tuple(v) for v in idx.values()}) != 1:
+                raise PlanError(
+                    f"step {plan.step}: FSDP lockstep: merge group {g} runs its {kind} merge pack at "
+                    f"different indices on its members {idx}; align them"
+                )
+
+
+@dataclass(frozen=True)
+class LockstepSchedule:
+    """Plan-global execution decisions (identical on every rank)."""
+
+    kept: frozenset[int]
+    """Forward packs that keep their graph (on every rank)."""
+    unions: dict[int, tuple[int, ...]]
+    """Backward pack -> the forward packs it is the union of (on every rank)."""
+    idle_forward: frozenset[int]
+    """Forward packs empty on every rank: no call at all."""
+    idle_backward: frozenset[int]
+    """Backward packs empty on every rank: no call at all."""
+
+
+def _rank_unions(forward: tuple[MicroPack, ...], backward: tuple[MicroPack, ...]):
+    fwd_of = {s: i for i, p in enumerate(forward) for s in p.slices}
+    out: dict[int, tuple[int, ...] | None] = {}
+    for j, p in enumerate(backward):
+        if not p.slices:
+            continue
+        fs = sorted({fwd_of[s] for s in p.slices})
+        whole = all(s in set(p.slices) for i in fs for s in forward[i].slices)
+        out[j] = tuple(fs) if whole else None
+    return out
+
+
+def lockstep_schedule(plan: StepPlan, keep: bool = True) -> LockstepSchedule:
+    """Kept/union decisions from the whole plan.
+
+    Backward pack ``j`` runs as a union of forward packs ``S`` when every rank on which ``j`` is
+    non-empty has ``j`` as exactly the union of its forward packs ``S``, every rank on which ``j``
+    is empty has all of ``S`` empty too (it replays ``S`` with dummy calls), and no forward pack
+    is claimed twice; otherwise ``j`` is recomputed on every rank. ``keep=False``: recompute
+    every backward pack (FSDP1, which supports one backward right after its forward only).
+    Assumes :func:`check_lockstep`.
+    """
+    nf, nb = len(plan.ranks[0].forward), len(plan.ranks[0].backward)
+    per_rank = [_rank_unions(rs.forward, rs.backward) for rs in plan.ranks]
+    unions: dict[int, tuple[int, ...]] = {}
+    claimed: set[int] = set()
+    for j in range(nb if keep else 0):
+        cands = {u[j] for u in per_rank if j in u}
+        if len(cands) != 1:
+            continue  # empty everywhere, disagreement or a recomputed rank
+        s = next(iter(cands))
+        if s is None or claimed & set(s):
+            continue
+        if any(
+            j not in u and any(rs.forward[i].slices for i in s)
+            for u, rs in zip(per_rank, plan.ranks, strict=True)
+        ):
+            continue
+        unions[j] = s
+        claimed.update(s)
+    return LockstepSchedule(
+        kept=frozenset(claimed),
+        unions=unions,
+        idle_forward=frozenset(
+            i for i in range(nf) if not any(rs.forward[i].slices for rs in plan.ranks)
+        ),
+        idle_backward=frozenset(
+            j for j in range(nb) if not any(rs.backward[j].slices for rs in plan.ranks)
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RankExecution:
+    """One rank's packs that do not run the plain way (only packs that hold slices)."""
+
+    graph_free: frozenset[int]
+    """Forward packs run without an autograd graph (their backward packs recompute them)."""
+    recomputed: frozenset[int]
+    """Backward packs that re-run their own forward before their backward."""
+
+
+def execution(plan: StepPlan, lockstep: bool = False) -> list[RankExecution]:
+    """Per rank, what the executor recomputes: free-mode rules, or with ``lockstep`` the
+    plan-global rules of FSDP2 (:func:`lockstep_schedule`; assumes :func:`check_lockstep`)."""
+    sched = lockstep_schedule(plan) if lockstep else None
+    out = []
+    for rs in plan.ranks:
+        if sched is not None:
+            kept, unions = set(sched.kept), set(sched.unions)
+        else:
+            k, u = kept_forward_packs(rs.forward, rs.backward)
+            kept, unions = k, set(u)
+        out.append(
+            RankExecution(
+                graph_free=frozenset(
+                    i for i, p in enumerate(rs.forward) if p.slices and i not in kept
+                ),
+                recomputed=frozenset(
+                    j for j, p in enumerate(rs.backward) if p.slices and j not in unions
+                ),
+            )
+        )
+    return out
