@@ -107,8 +107,7 @@ def plain_step(model, batches: list[tuple], loss_tokens: int) -> None:
         _PLAIN["batch"] = batch
         logits = model(input_ids=ids[None], position_ids=pos[None], use_cache=False).logits[0]
         (
-            torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-            / loss_tokens
+            torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum") / loss_tokens
         ).backward()
 
 
