@@ -204,9 +204,10 @@ def time_point(model, payload, pick: tuple[int, int], backend: str = "sdpa") -> 
 
 
 def _time_variants(model, variants, backend: str) -> tuple[float, ...]:
-    """``(fwd, bwd)`` of the first variant, then the forward of a graph-free one if given."""
-    f, b = time_point(model, *variants[0], backend)
-    return (f, b, *(time_point(model, *v, backend)[0] for v in variants[1:]))
+    """``(fwd, bwd)`` of the first ``(payload, pick)``, then the forward of a graph-free one
+    if given."""
+    f, b = time_point(model, variants[0][0], variants[0][1], backend)
+    return (f, b, *(time_point(model, p, pick, backend)[0] for p, pick in variants[1:]))
 
 
 def round_robin(jobs: Sequence[Callable[[], T]], repeats: int) -> list[list[T]]:
