@@ -44,8 +44,9 @@ def kept_forward_packs(
     unions: dict[int, list[int]] = {}
     for j, p in enumerate(backward):
         fs = sorted({fwd_of[s] for s in p.slices})
+        mine = set(p.slices)
         if sum(forward[i].tokens for i in fs) == p.tokens and all(
-            s in set(p.slices) for i in fs for s in forward[i].slices
+            s in mine for i in fs for s in forward[i].slices
         ):
             unions[j] = fs
             kept.update(fs)
@@ -98,7 +99,8 @@ def _rank_unions(forward: tuple[MicroPack, ...], backward: tuple[MicroPack, ...]
         if not p.slices:
             continue
         fs = sorted({fwd_of[s] for s in p.slices})
-        whole = all(s in set(p.slices) for i in fs for s in forward[i].slices)
+        mine = set(p.slices)
+        whole = all(s in mine for i in fs for s in forward[i].slices)
         out[j] = tuple(fs) if whole else None
     return out
 
