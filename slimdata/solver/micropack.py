@@ -9,9 +9,15 @@ cost and backward packs balanced on *backward* cost, under the token cap and the
   cap or (lockstep) the next forward-cost quantile is reached;
 - after forward pack ``i`` closes, backward work may run on every document whose forwards are
   all done (rule 3), slices taken from each document's end backwards (rule 2). In *free* mode
-  every ready slice runs at once (cut at the token cap), which frees memory soonest; in
-  *lockstep* mode backward pack ``i`` stops at the ``(i+1)/m`` quantile of the rank's backward
-  cost, so backward packs are balanced on backward cost independently of the forward cuts;
+  (DDP: only the rank's total time matters) the backward packs are the forward packs
+  themselves, newest first, as soon as no document spans the cut behind them: a backward pack
+  that is not a union of forward packs would make the executor recompute its forward
+  (:func:`slimdata.plan.execution`), and free mode has no cross-rank balance to buy with it.
+  A document that does not fit the memory cap beside what the rank holds starts a new forward
+  pack after such a clean cut, which frees everything before it. In *lockstep* mode backward
+  pack ``i`` stops at the ``(i+1)/m`` quantile of the rank's backward cost, so backward packs
+  are balanced on backward cost independently of the forward cuts (the pipeline and FSDP
+  advance pack by pack, so pack ``i`` must cost alike on every rank);
 - a merge member runs its merge share first, as forward pack 0 and backward pack 0 (the same
   index on every member, so the group meets in lockstep and in free mode alike).
 
@@ -72,7 +78,7 @@ def pack_rank(
     total_f = sum(fwd[i] for u in units for i in u)
     total_b = sum(bwd[i] for u in units for i in u)
 
-    ready: deque[list[int]] = deque()  # completed documents: slices not yet backwarded
+    ready: dict[int, list[int]] = {}  # completed documents (in order): slices not backwarded
     held = 0.0  # activation + K/V bytes held now
     doc_kv: dict[int, float] = {}
     doc_left: dict[int, int] = {}
@@ -81,40 +87,66 @@ def pack_rank(
     cum_b = 0.0
     cur: list[int] = []
     cur_tok = 0
+    unioned = base  # free mode: forward packs before this one have run their backward
+    done: set[int] = set()  # slices backwarded
 
-    def backward_after_close(final: bool) -> None:
+    def take(i: int) -> None:
+        """Backward slice ``i`` (the last of its document not yet backwarded)."""
         nonlocal held, cum_b
+        d = docl[i]
+        doc_slices = ready[d]
+        assert doc_slices[-1] == i, "backward must run from a document's end (rule 2)"
+        doc_slices.pop()
+        if not doc_slices:
+            del ready[d]
+        done.add(i)
+        cum_b += bwd[i]
+        held -= act[i]
+        doc_left[d] -= 1
+        if doc_left[d] == 0:
+            held -= doc_kv.pop(d)
+
+    def union_backward(open_pack: int | None) -> None:
+        """Free mode: every forward pack before the latest clean cut (no document on both sides)
+        at or before ``open_pack`` (the pack holding the open document's head; ``None``: no
+        document is open) runs its backward, newest first, each as one backward pack: a union
+        of forward packs, so the executor recomputes nothing."""
+        nonlocal unioned
+        stop = len(F)
+        if open_pack is not None:
+            stop = open_pack
+            while stop > unioned and docl[F[stop][0]] == docl[F[stop - 1][-1]]:
+                stop -= 1
+        for k in range(stop - 1, unioned - 1, -1):
+            pack = [i for i in reversed(F[k]) if i not in done]
+            for i in pack:
+                take(i)
+            if pack:
+                B.append(pack)
+        unioned = max(unioned, stop)
+
+    def backward_after_close(final: bool, open_pack: int | None = None) -> None:
+        """Backward work after a forward pack closes: unions of forward packs in free mode
+        (:func:`union_backward`), the next backward-cost quantile in lockstep mode."""
+        if not lockstep:
+            union_backward(open_pack)
+            return
         k = len(F) - base - 1  # index of the closed pack among the stream's packs
         target = (
             total_b * (k + 1) / rest
-            if lockstep and balance_backward and not final
+            if balance_backward and not final
             else float("inf")
         )
         pack: list[int] = []
         pack_tok = 0
         while ready:
-            doc_slices = ready[0]
-            i = doc_slices[-1]
-            if lockstep and pack and cum_b + bwd[i] / 2 > target:
+            i = next(iter(ready.values()))[-1]
+            if pack and (cum_b + bwd[i] / 2 > target or pack_tok + tok[i] > cap):
                 break
-            if pack_tok + tok[i] > cap and pack:
-                if lockstep:
-                    break
-                B.append(pack)
-                pack, pack_tok = [], 0
-            doc_slices.pop()
+            take(i)
             pack.append(i)
             pack_tok += tok[i]
-            cum_b += bwd[i]
-            held -= act[i]
-            d = docl[i]
-            doc_left[d] -= 1
-            if doc_left[d] == 0:
-                held -= doc_kv.pop(d)
-            if not doc_slices:
-                ready.popleft()
-        if pack or lockstep:
-            B.append(pack)
+        B.append(pack)
 
     for u in units:
         if not len(u):
@@ -122,11 +154,15 @@ def pack_rank(
         d = docl[u[0]]
         doc_left[d] = len(u)
         doc_kv[d] = 0.0
+        head_pack = -1  # forward pack of u's first slice (``cur`` becomes F[len(F)])
+        # free mode: a document that does not fit beside what is held starts after a clean cut
+        clean = not lockstep and held + sum(act[i] + kvp * tok[i] for i in u) > mem
         for i in u:
             extra = act[i] + kvp * tok[i]
             if cur and (
                 cur_tok + tok[i] > cap
                 or held + extra > mem
+                or (clean and i == u[0])
                 or (
                     lockstep
                     and len(F) - base < rest - 1
@@ -135,24 +171,26 @@ def pack_rank(
             ):
                 F.append(cur)
                 cur, cur_tok = [], 0
-                backward_after_close(False)
+                backward_after_close(False, None if i == u[0] else head_pack)
                 if lockstep and len(F) - base >= rest:
                     return None
             if held + extra > mem or tok[i] > cap:
                 return None
+            if i == u[0]:
+                head_pack = len(F)
             cur.append(i)
             cur_tok += tok[i]
             cum_f += fwd[i]
             held += extra
             doc_kv[d] += kvp * tok[i]
             peak = max(peak, held)
-        ready.append(list(u))
+        ready[d] = list(u)
     if cur:
         F.append(cur)
         backward_after_close(True)
     if ready:  # lockstep: whatever the quantiles left behind runs in the last pack
         if lockstep:
-            B[-1].extend(i for doc_slices in ready for i in reversed(doc_slices))
+            B[-1].extend(i for doc_slices in ready.values() for i in reversed(doc_slices))
         else:  # pragma: no cover - free mode drains everything at each close
             raise AssertionError("free mode left slices without a backward pack")
     if lockstep:

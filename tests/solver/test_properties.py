@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
+from slimdata.plan import execution
 from slimdata.solver import STRATEGIES, Layout, plan_peak_memory, solve
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import skew_group_sizes, split_group
@@ -61,6 +62,8 @@ def test_every_plan_validates_and_covers_every_token_once(lengths, layout, strat
         assert len({(len(rs.forward), len(rs.backward), rs.order) for rs in plan.ranks}) == 1
     if strategy == "slimpack":
         assert (plan_peak_memory(plan, COST) <= layout.memory_bytes + 1).all()
+        if layout.mode == "free":  # backward packs are unions of forward packs: no recompute
+            assert all(not ex.recomputed and not ex.graph_free for ex in execution(plan))
         ranks = [r for m in plan.merges for r in m.ranks]
         assert len(ranks) == len(set(ranks))  # disjoint
         view = BatchView.build(plan.docs, COST)

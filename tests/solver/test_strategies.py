@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from slimdata.cost import CostModel
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan.types import Slice
 from slimdata.solver import STRATEGIES, Layout, plan_peak_memory, solve
@@ -11,6 +12,18 @@ from slimdata.solver.strategies.multipack import ffd
 from slimdata.solver.strategies.wlb import wlb_pack
 
 from .conftest import docs_of, unit_cost
+
+LINEAR = CostModel(
+    fwd_lin=1.0,
+    fwd_att=0.0,
+    fwd_const=0.0,
+    bwd_lin=2.0,
+    bwd_att=0.0,
+    bwd_const=0.0,
+    act_bytes_per_token=1.0,
+    kv_bytes_per_token=0.0,
+)
+"""Linear work only, backward twice forward, one byte of activations per token, no K/V."""
 
 
 def rank_tokens(plan):
@@ -116,18 +129,7 @@ def test_slimpack_impossible_layouts_name_the_document():
 
 
 def test_pack_rank_lockstep_docstring_example():
-    from slimdata.cost import CostModel
-
-    cost = CostModel(
-        fwd_lin=1.0,
-        fwd_att=0.0,
-        fwd_const=0.0,
-        bwd_lin=2.0,
-        bwd_att=0.0,
-        bwd_const=0.0,
-        act_bytes_per_token=1.0,
-        kv_bytes_per_token=0.0,
-    )
+    cost = LINEAR
     view = BatchView.build(docs_of([512]), cost)  # 4 slices of 128
     p = pack_rank(view, [range(4)], cap=512, mem=1e9, m=2)
     assert p.forward == [[0, 1], [2, 3]]
@@ -135,6 +137,31 @@ def test_pack_rank_lockstep_docstring_example():
     view2 = BatchView.build(docs_of([256, 256]), cost)
     p2 = pack_rank(view2, [range(2), range(2, 4)], cap=512, mem=1e9, m=2)
     assert p2.forward == [[0, 1], [2, 3]] and p2.backward == [[1, 0], [3, 2]]
+
+
+def test_pack_rank_free_mode_backward_packs_are_forward_packs():
+    cost = LINEAR
+    # slices of 128: doc 0 = [0], doc 1 = [1, 2] (spans the cut), doc 2 = [3]
+    view = BatchView.build(docs_of([128, 256, 128]), cost)
+    units = [range(0, 1), range(1, 3), range(3, 4)]
+    p = pack_rank(view, units, cap=256, mem=1e9)
+    # no cut is clean until the end: both forward packs run backward then, newest first
+    assert p.forward == [[0, 1], [2, 3]]
+    assert p.backward == [[3, 2], [1, 0]]
+    # a clean cut (doc 1 ends with the pack) frees the packs behind it at once
+    view2 = BatchView.build(docs_of([128, 128, 256]), cost)
+    p2 = pack_rank(view2, [range(0, 1), range(1, 2), range(2, 4)], cap=256, mem=1e9)
+    assert p2.forward == [[0, 1], [2, 3]] and p2.backward == [[1, 0], [3, 2]]
+    # memory: a document that does not fit beside the held one starts after a clean cut,
+    # even though the token cap would let it share the pack (doc 0 holds 256 bytes)
+    view3 = BatchView.build(docs_of([256, 256]), cost)
+    units3 = [range(0, 2), range(2, 4)]
+    p3 = pack_rank(view3, units3, cap=1024, mem=400)
+    assert p3.forward == [[0, 1], [2, 3]] and p3.backward == [[1, 0], [3, 2]]
+    assert p3.peak == 256
+    p4 = pack_rank(view3, units3, cap=1024, mem=512)
+    assert p4.forward == [[0, 1, 2, 3]] and p4.backward == [[3, 2, 1, 0]]
+    assert pack_rank(view3, units3, cap=1024, mem=255) is None  # one document alone is too big
 
 
 def test_slimpack_respects_memory_with_continuation():
