@@ -34,6 +34,9 @@ class PackEvent:
     recomputed: bool = False
     """``B``: the pack re-ran its forward (it is not a union of forward packs). ``F``: the
     pack ran without an autograd graph because its backward recomputes it."""
+    calls: int = 1
+    """Model calls the pass made: ``F`` split into one call per backward pack its slices go to
+    (``run_step(asymmetric="split")``), ``B`` one backward per kept graph it runs through."""
 
     def record(self) -> dict:
         """The JSON-lines record the simulator's fidelity report reads."""

@@ -44,7 +44,7 @@ from slimdata.hooks.payload import StepPayload
 from torch import nn
 
 from slimdata.plan import MicroPack, Slice
-from slimdata.plan.schedule import kept_forward_packs
+from slimdata.plan.schedule import kept_forward_packs, split_calls, splittable
 
 __all__ = ["ForwardFn", "hf_forward", "kept_forward_packs", "reduce_gradients", "run_step"]
 
@@ -197,6 +197,7 @@ def run_step(
     reduce_grads: bool | None = None,
     group=None,
     fsdp_grad_sync: str = "each",
+    asymmetric: str = "split",
 ) -> StepSummary:
     """Run ``payload.rank``'s forward and backward packs of ``payload.plan``; accumulate grads.
 
@@ -211,6 +212,14 @@ def run_step(
     after every backward call (FSDP's default, sharded accumulation); ``"last"`` turns gradient
     sync off until the step's last backward call (one reduce-scatter per step, unsharded
     gradients held meanwhile) and leaves it on afterwards.
+
+    ``asymmetric``: how a backward pack that is not a union of forward packs runs outside FSDP.
+    ``"split"`` (default) runs each forward pack as one call per backward pack its slices go
+    to, every call keeping its graph (:func:`slimdata.plan.split_calls`: more, smaller calls,
+    no extra compute, activations held as the solver's memory rule assumes); ``"recompute"``
+    runs such forward packs without a graph and recomputes them in their backward packs (one
+    extra forward, less memory held). FSDP always uses the plan-global recompute rules (every
+    rank must make the same calls).
     """
     t_step = time.perf_counter()
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -221,6 +230,8 @@ def run_step(
         raise ValueError(f"fsdp_grad_sync={fsdp_grad_sync!r}: use 'each' or 'last'")
     if kind == "fsdp1" and fsdp_grad_sync == "last":
         raise ValueError("fsdp_grad_sync='last' needs FSDP2 (fully_shard); FSDP1 supports 'each'")
+    if asymmetric not in ("split", "recompute"):
+        raise ValueError(f"asymmetric={asymmetric!r}: use 'split' or 'recompute'")
     if fsdp and reduce_grads:
         raise ValueError("reduce_grads=True with an FSDP model: FSDP reduces the gradients itself")
     if reduce_grads is None:
@@ -242,15 +253,33 @@ def run_step(
         fsdp_rt.prepare(model)
     else:
         kept, unions = kept_forward_packs(rs.forward, rs.backward)
+    # the calls of every pack: forward pack i -> (graph key, slices, keep graph?); backward
+    # pack j -> graph keys to run backward through, or None: recompute pack j
+    fcalls = [[(i, p, i in kept)] for i, p in enumerate(rs.forward)]
+    bcalls: list[list | None] = [
+        [f for f in reversed(unions[j])] if j in unions else None for j in range(len(rs.backward))
+    ]
+    if not fsdp and asymmetric == "split" and splittable(rs):
+        sc = split_calls(rs.forward, rs.backward)
+        fcalls = [
+            [((i, j), MicroPack(sl, merge=rs.forward[i].merge), True) for j, sl in calls]
+            for i, calls in enumerate(sc.forward)
+        ]
+        bcalls = [[(i, j) for i in fs] for j, fs in enumerate(sc.backward)]
+        kept = set(range(len(rs.forward)))
     calls = [
-        len(unions[j]) if j in unions else 1 for j in range(len(rs.backward)) if j not in idle_b
+        1 if bcalls[j] is None else len(bcalls[j])
+        for j in range(len(rs.backward))
+        if j not in idle_b
     ]
     n_calls, done_calls = sum(calls), 0
-    graphs: dict[int, tuple[torch.Tensor, PackContext | None]] = {}
+    graphs: dict[object, tuple[torch.Tensor, PackContext | None]] = {}
     events: list[PackEvent] = []
     loss_total = 0.0
 
-    def emit(pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool = False) -> None:
+    def emit(
+        pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool, calls: int
+    ) -> None:
         _sync(device)
         ev = PackEvent(
             plan.step,
@@ -261,6 +290,7 @@ def run_step(
             pack.tokens,
             pack.cost,
             recomputed,
+            calls,
         )
         events.append(ev)
         for cb in callbacks:
@@ -278,29 +308,37 @@ def run_step(
             t0 = time.perf_counter()
             if kind == "F":
                 pack = rs.forward[i]
-                if pack.slices or (fsdp and i not in idle_f):  # else no work, nothing to match
-                    if pack.slices:
-                        loss, ctx = st.run_pack(pack, "keep" if i in kept else "nograd")
-                    else:
-                        loss, ctx = st.dummy(grad=i in kept)
+                n = 0
+                if pack.slices:
+                    for key, sub, keep in fcalls[i]:
+                        loss, ctx = st.run_pack(sub, "keep" if keep else "nograd")
+                        loss_total += float(loss.detach())
+                        if keep:
+                            graphs[key] = (loss, ctx)
+                    n = len(fcalls[i])
+                elif fsdp and i not in idle_f:  # a padding pack: match the other ranks' call
+                    loss, ctx = st.dummy(grad=i in kept)
                     loss_total += float(loss.detach())
                     if i in kept:
                         graphs[i] = (loss, ctx)
-                emit("F", i, pack, t0, recomputed=i not in kept)
+                    n = 1
+                emit("F", i, pack, t0, i not in kept, n)
             else:
                 pack = rs.backward[i]
+                keys = bcalls[i]
+                n = 0
                 if i in idle_b or (not pack.slices and not fsdp):
                     pass  # no work, nothing to match
-                elif i in unions:
-                    for f in reversed(unions[i]):
-                        backward(*graphs.pop(f))
-                elif pack.slices:
-                    backward(*st.run_pack(pack, "recompute"))
+                elif keys is not None:
+                    for key in keys:
+                        backward(*graphs.pop(key))
+                    n = len(keys)
                 else:
-                    backward(*st.dummy(grad=True))
+                    backward(*(st.run_pack(pack, "recompute") if pack.slices else st.dummy(True)))
+                    n = 1
                 for s in pack.slices:
                     st.store.drop(s)
-                emit("B", i, pack, t0, recomputed=i not in unions)
+                emit("B", i, pack, t0, keys is None, n)
         if graphs or len(st.store):
             raise RuntimeError(
                 f"step {plan.step} rank {st.rank}: packs {sorted(graphs)} never ran backward"

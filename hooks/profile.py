@@ -197,7 +197,8 @@ def time_point(model, payload, pick: tuple[int, int], backend: str = "sdpa") -> 
     from slimdata.hooks import run_step
 
     model.zero_grad(set_to_none=True)
-    ev = run_step(model, payload, backend=backend).events
+    # recompute: the graph-free variant (profile_plan(graph=False)) is timed as it runs
+    ev = run_step(model, payload, backend=backend, asymmetric="recompute").events
     f = next(e.seconds for e in ev if e.pass_ == "F" and e.pack == pick[0])
     b = next(e.seconds for e in ev if e.pass_ == "B" and e.pack == pick[1])
     return f, b

@@ -9,6 +9,7 @@ from slimdata.plan.schedule import (
     execution,
     kept_forward_packs,
     lockstep_schedule,
+    split_calls,
 )
 from slimdata.plan.types import (
     Document,
@@ -35,5 +36,6 @@ __all__ = [
     "execution",
     "kept_forward_packs",
     "lockstep_schedule",
+    "split_calls",
     "validate_plan",
 ]

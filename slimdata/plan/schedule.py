@@ -11,6 +11,12 @@ Free mode (DDP, one rank alone) decides per rank (:func:`kept_forward_packs`). L
 (:func:`lockstep_schedule`). Example, packs ``fwd [[a], [b, c]]``: ``bwd [[b, c, a]]`` is a
 union of both forward packs (no recompute); ``bwd [[c], [a, b]]`` has no union, so both
 backward packs recompute and both forward packs run graph-free.
+
+Outside FSDP the executor's default is to *split* instead (:func:`split_calls`): a forward pack
+runs one model call per backward pack its slices go to, every call keeps its graph, and a
+backward pack runs backward through its calls. Nothing is recomputed; the price is more,
+smaller calls. Same example, ``bwd [[c], [a, b]]``: forward pack 1 runs ``[c]`` then ``[b]``,
+backward pack 0 runs ``[c]``'s graph, backward pack 1 runs ``[b]``'s then ``[a]``'s.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slimdata.errors import PlanError
-from slimdata.plan.types import MicroPack, StepPlan
+from slimdata.plan.types import MicroPack, RankStep, Slice, StepPlan
 
 __all__ = [
     "LockstepSchedule",
@@ -28,6 +34,8 @@ __all__ = [
     "execution",
     "kept_forward_packs",
     "lockstep_schedule",
+    "split_calls",
+    "splittable",
 ]
 
 
@@ -146,6 +154,37 @@ def lockstep_schedule(plan: StepPlan, keep: bool = True) -> LockstepSchedule:
 
 
 @dataclass(frozen=True)
+class SplitCalls:
+    """One rank's model calls when forward packs are split by backward pack."""
+
+    forward: tuple[tuple[tuple[int, tuple[Slice, ...]], ...], ...]
+    """Per forward pack, its calls in run order: ``(backward pack, slices)``, backward packs
+    descending (a document's earlier slices go to later backward packs and run first)."""
+    backward: tuple[tuple[int, ...], ...]
+    """Per backward pack, the forward packs whose calls it runs backward through, latest
+    first (readers before the slices they read)."""
+
+
+def split_calls(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> SplitCalls:
+    """Split every forward pack into one call per backward pack its slices belong to.
+
+    ``fwd [[a], [b, c]]``, ``bwd [[c], [a, b]]`` -> forward calls ``[[(1, [a])], [(1, [b]),
+    (0, [c])]]``, backward calls ``[[1], [1, 0]]``. A backward pack that is a union of forward
+    packs gets one call per forward pack, which then run whole.
+    """
+    bwd_of = {s: j for j, p in enumerate(backward) for s in p.slices}
+    fcalls = []
+    into: list[set[int]] = [set() for _ in backward]
+    for i, p in enumerate(forward):
+        groups: dict[int, list[Slice]] = {}
+        for s in p.slices:
+            groups.setdefault(bwd_of[s], []).append(s)
+            into[bwd_of[s]].add(i)
+        fcalls.append(tuple((j, tuple(groups[j])) for j in sorted(groups, reverse=True)))
+    return SplitCalls(tuple(fcalls), tuple(tuple(sorted(f, reverse=True)) for f in into))
+
+
+@dataclass(frozen=True)
 class RankExecution:
     """One rank's packs that do not run the plain way (only packs that hold slices)."""
 
@@ -153,19 +192,35 @@ class RankExecution:
     """Forward packs run without an autograd graph (their backward packs recompute them)."""
     recomputed: frozenset[int]
     """Backward packs that re-run their own forward before their backward."""
+    f_calls: tuple[int, ...]
+    """Model calls of each forward pack (0 for an empty pack)."""
+    b_calls: tuple[int, ...]
+    """Backward calls of each backward pack (a recomputed pack: 1, after its 1 forward)."""
 
 
-def execution(plan: StepPlan, lockstep: bool = False) -> list[RankExecution]:
-    """Per rank, what the executor recomputes: free-mode rules, or with ``lockstep`` the
-    plan-global rules of FSDP2 (:func:`lockstep_schedule`; assumes :func:`check_lockstep`)."""
+def execution(plan: StepPlan, lockstep: bool = False, split: bool = False) -> list[RankExecution]:
+    """Per rank, how the executor runs the packs: free-mode rules, with ``split`` the split
+    calls of :func:`split_calls` (the executor's default outside FSDP), or with ``lockstep``
+    the plan-global rules of FSDP2 (:func:`lockstep_schedule`; assumes :func:`check_lockstep`;
+    ``split`` is then ignored, as FSDP never splits)."""
     sched = lockstep_schedule(plan) if lockstep else None
     out = []
     for rs in plan.ranks:
+        if sched is None and split and splittable(rs):
+            sc = split_calls(rs.forward, rs.backward)
+            out.append(
+                RankExecution(
+                    frozenset(),
+                    frozenset(),
+                    tuple(len(c) for c in sc.forward),
+                    tuple(len(c) for c in sc.backward),
+                )
+            )
+            continue
         if sched is not None:
-            kept, unions = set(sched.kept), set(sched.unions)
+            kept, unions = set(sched.kept), {j: list(f) for j, f in sched.unions.items()}
         else:
-            k, u = kept_forward_packs(rs.forward, rs.backward)
-            kept, unions = k, set(u)
+            kept, unions = kept_forward_packs(rs.forward, rs.backward)
         out.append(
             RankExecution(
                 graph_free=frozenset(
@@ -174,6 +229,18 @@ def execution(plan: StepPlan, lockstep: bool = False) -> list[RankExecution]:
                 recomputed=frozenset(
                     j for j, p in enumerate(rs.backward) if p.slices and j not in unions
                 ),
+                f_calls=tuple(int(bool(p.slices)) for p in rs.forward),
+                b_calls=tuple(
+                    (len(unions[j]) if j in unions else 1) if p.slices else 0
+                    for j, p in enumerate(rs.backward)
+                ),
             )
         )
     return out
+
+
+def splittable(rs: RankStep) -> bool:
+    """Split calls keep a merge pack's forward one call (one gather on every member): a rank
+    whose merge forward pack feeds several backward packs runs by the recompute rules."""
+    bwd_of = {s: j for j, p in enumerate(rs.backward) for s in p.slices}
+    return all(len({bwd_of[s] for s in p.slices}) <= 1 for p in rs.forward if p.merge is not None)

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from slimdata.cost import Interconnect
 from slimdata.errors import ConfigError
 
-__all__ = ["PARALLELISMS", "SCHEDULE_NAMES", "SimConfig"]
+__all__ = ["ASYMMETRIC", "PARALLELISMS", "SCHEDULE_NAMES", "SimConfig"]
 
 PARALLELISMS: tuple[str, ...] = ("ddp", "fsdp")
+ASYMMETRIC: tuple[str, ...] = ("split", "recompute")
 SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "interleaved")
 
 
@@ -21,6 +22,10 @@ class SimConfig:
     """``ddp``: replicated parameters, one gradient all-reduce at step end; ``fsdp``
     (ZeRO-3): per-pack parameter all-gather and gradient reduce-scatter, all DP ranks in
     lockstep pack by pack."""
+    asymmetric: str = "split"
+    """How the executor runs a backward pack that is not a union of forward packs
+    (``run_step(asymmetric=...)``): ``split`` forward packs into one call per backward pack,
+    or ``recompute`` the pack's forward. ``fsdp`` always recomputes (plan-global rules)."""
     schedule: str = "1f1b"
     """Pipeline schedule when ``pp > 1``: ``1f1b`` or ``interleaved`` (1F1B over
     ``virtual_stages`` model chunks per device)."""
@@ -44,6 +49,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.parallelism not in PARALLELISMS:
             raise ConfigError(f"parallelism={self.parallelism!r}: use one of {PARALLELISMS}")
+        if self.asymmetric not in ASYMMETRIC:
+            raise ConfigError(f"asymmetric={self.asymmetric!r}: use one of {ASYMMETRIC}")
         if self.schedule not in SCHEDULE_NAMES:
             raise ConfigError(f"schedule={self.schedule!r}: use one of {SCHEDULE_NAMES}")
         if not isinstance(self.virtual_stages, int) or self.virtual_stages < 1:
@@ -56,6 +63,11 @@ class SimConfig:
             raise ConfigError(f"cp_overlap={self.cp_overlap!r} must be in [0, 1] (e.g. 1.0)")
         if self.grad_bytes not in (1, 2, 4):
             raise ConfigError(f"grad_bytes={self.grad_bytes!r}: use 2 (bf16) or 4 (fp32)")
+
+    @property
+    def split(self) -> bool:
+        """Does the executor split forward packs (``asymmetric="split"`` outside FSDP)?"""
+        return self.asymmetric == "split" and self.parallelism != "fsdp"
 
     @property
     def chunks_per_device(self) -> int:

@@ -132,7 +132,7 @@ def fidelity_report(
     errors: list[float] = []
     steps = []
     for step, plan in sorted(by_step.items()):
-        pt = pack_times(plan, cost, lockstep=config.parallelism == "fsdp")
+        pt = pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split)
         frac = chunk_fractions(cost.layers, layout.pp * v)
         durations: Durations = {}
         wall = None

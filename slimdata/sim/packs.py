@@ -6,11 +6,15 @@ plus the per-pack constant (``fwd_pack_const``/``bwd_pack_const``) for every pac
 slices (``MicroPack.cost`` stays available for a cross-check). Times are seconds of the full
 model (all layers); a pipeline chunk holding ``k`` of ``L`` layers takes ``k / L`` of them.
 
-Packs run the way the step executor runs them (:func:`slimdata.plan.execution`): a backward
-pack that is not a union of forward packs re-runs the forward of its own slices first (its
-time is that forward, with its pack constant, plus its backward), and a forward pack whose
-backward packs recompute it runs without an autograd graph (its time times
-``CostModel.graph_free_scale``).
+Packs run the way the step executor runs them (:func:`slimdata.plan.execution`), and the
+pack constant is paid once per model call. By default (``split``) a forward pack runs one call
+per backward pack its slices go to and a backward pack one backward call per forward pack it
+draws from (:func:`slimdata.plan.split_calls`); nothing is recomputed. With
+``split=False`` (``run_step(asymmetric="recompute")``, and always under FSDP) a backward pack
+that is a union of forward packs runs one backward call per forward pack, any other re-runs
+the forward of its own slices first (its time is that forward, with its pack constant, plus
+its backward), and a forward pack whose backward packs recompute it runs without an autograd
+graph (its time times ``CostModel.graph_free_scale``).
 
 Example: a pack holding slices ``[0, 4)`` of doc 0 and ``[0, 3)`` of doc 1 has forward time
 ``cost.forward(0, 4) + cost.forward(0, 3) + cost.fwd_pack_const`` (two per-slice constants,
@@ -52,7 +56,7 @@ class PackTimes:
     """Attention part of :attr:`bwd`."""
     f_const: np.ndarray
     """Fixed part of :attr:`fwd` (``CostModel.fwd_const`` per slice, ``fwd_pack_const`` per
-    pack)."""
+    model call)."""
     b_const: np.ndarray
     """Fixed part of :attr:`bwd` (a recomputed pack's forward constants included)."""
     # one entry per slice of the plan
@@ -72,6 +76,10 @@ class PackTimes:
     """Per flat forward pack: runs without an autograd graph."""
     b_recomputed: np.ndarray
     """Per flat backward pack: re-runs its forward (its time includes that forward)."""
+    f_calls: np.ndarray
+    """Per flat forward pack: model calls (0 for an empty pack)."""
+    b_calls: np.ndarray
+    """Per flat backward pack: backward calls (a recomputed pack: 1, after 1 forward)."""
 
     def forward_of(self, rank: int, i: int) -> float:
         return float(self.fwd[self.f_offset[rank] + i])
@@ -80,11 +88,14 @@ class PackTimes:
         return float(self.bwd[self.b_offset[rank] + j])
 
 
-def pack_times(plan: StepPlan, cost: CostModel, lockstep: bool = False) -> PackTimes:
+def pack_times(
+    plan: StepPlan, cost: CostModel, lockstep: bool = False, split: bool = False
+) -> PackTimes:
     """Sum the cost model over the slices of every pack of ``plan`` (vectorized).
 
     ``lockstep``: the executor's FSDP rules decide what is recomputed (plan-global, see
-    :func:`slimdata.plan.lockstep_schedule`) when the plan is lockstep; else per rank."""
+    :func:`slimdata.plan.lockstep_schedule`) when the plan is lockstep; else per rank.
+    ``split``: forward packs split by backward pack (ignored with ``lockstep``)."""
     nf = np.array([len(rs.forward) for rs in plan.ranks], dtype=np.int64)
     nb = np.array([len(rs.backward) for rs in plan.ranks], dtype=np.int64)
     f_offset = np.concatenate(([0], np.cumsum(nf)[:-1]))
@@ -113,15 +124,7 @@ def pack_times(plan: StepPlan, cost: CostModel, lockstep: bool = False) -> PackT
     tokens = (s_end - s_start).astype(np.float64)
     f_slices = np.bincount(s_fpack, minlength=n_f).astype(np.float64)
     b_slices = np.bincount(s_bpack, minlength=n_b).astype(np.float64)
-    f_pack = cost.fwd_pack_const * (f_slices > 0)
-    b_pack = cost.bwd_pack_const * (b_slices > 0)
-    fwd = np.bincount(s_fpack, weights=sc.fwd, minlength=n_f) + f_pack
-    bwd = np.bincount(s_bpack, weights=sc.bwd, minlength=n_b) + b_pack
-    f_att = np.bincount(s_fpack, weights=sc.fwd_att, minlength=n_f)
-    b_att = np.bincount(s_bpack, weights=sc.bwd_att, minlength=n_b)
-    f_const = cost.fwd_const * f_slices + f_pack
-    b_const = cost.bwd_const * b_slices + b_pack
-    # how the executor runs them: graph-free forwards, backward packs that recompute
+    # how the executor runs them: model calls, graph-free forwards, backward packs that recompute
     if lockstep:
         try:
             check_lockstep(plan)
@@ -129,9 +132,22 @@ def pack_times(plan: StepPlan, cost: CostModel, lockstep: bool = False) -> PackT
             lockstep = False
     free = np.zeros(n_f, dtype=bool)
     rec = np.zeros(n_b, dtype=bool)
-    for rs, ex in zip(plan.ranks, execution(plan, lockstep), strict=True):
-        free[[int(f_offset[rs.rank]) + i for i in ex.graph_free]] = True
-        rec[[int(b_offset[rs.rank]) + j for j in ex.recomputed]] = True
+    f_calls = np.zeros(n_f, dtype=np.int64)
+    b_calls = np.zeros(n_b, dtype=np.int64)
+    for rs, ex in zip(plan.ranks, execution(plan, lockstep, split), strict=True):
+        fo, bo = int(f_offset[rs.rank]), int(b_offset[rs.rank])
+        free[[fo + i for i in ex.graph_free]] = True
+        rec[[bo + j for j in ex.recomputed]] = True
+        f_calls[fo : fo + len(ex.f_calls)] = ex.f_calls
+        b_calls[bo : bo + len(ex.b_calls)] = ex.b_calls
+    f_pack = cost.fwd_pack_const * f_calls
+    b_pack = cost.bwd_pack_const * b_calls
+    fwd = np.bincount(s_fpack, weights=sc.fwd, minlength=n_f) + f_pack
+    bwd = np.bincount(s_bpack, weights=sc.bwd, minlength=n_b) + b_pack
+    f_att = np.bincount(s_fpack, weights=sc.fwd_att, minlength=n_f)
+    b_att = np.bincount(s_bpack, weights=sc.bwd_att, minlength=n_b)
+    f_const = cost.fwd_const * f_slices + f_pack
+    b_const = cost.bwd_const * b_slices + b_pack
     if rec.any():  # the forward of the backward pack's own slices, with its pack constant
         b_fpack = cost.fwd_pack_const * (b_slices > 0)
         bwd += rec * (np.bincount(s_bpack, weights=sc.fwd, minlength=n_b) + b_fpack)
@@ -159,6 +175,8 @@ def pack_times(plan: StepPlan, cost: CostModel, lockstep: bool = False) -> PackT
         s_kv=cost.kv_bytes_per_token * tokens,
         f_graph_free=free,
         b_recomputed=rec,
+        f_calls=f_calls,
+        b_calls=b_calls,
     )
 
 

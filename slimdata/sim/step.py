@@ -63,7 +63,7 @@ def simulate_step(
     dag = build_dag(
         plan,
         cost,
-        pack_times(plan, cost, lockstep=config.parallelism == "fsdp"),
+        pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split),
         pp=layout.pp,
         ranks_per_node=layout.ranks_per_node,
         config=config,

@@ -24,13 +24,15 @@ pytestmark = pytest.mark.timeout(120)
 TOL = 1e-5
 
 
-def check(lengths, fwd, bwd, order=(), seed=0):
+def check(lengths, fwd, bwd, order=(), seed=0, asymmetric="split"):
     plan = make_plan(lengths, [(fwd, bwd, order)] if order else [(fwd, bwd)])
     toks = doc_tokens(lengths, seed)
     model = TinyLM(seed=seed)
     ref_loss, ref = reference_grads(model, tiny_forward, toks, plan)
     model.zero_grad(set_to_none=True)
-    summary = run_step(model, make_payload(plan, 0, toks), forward=tiny_forward)
+    summary = run_step(
+        model, make_payload(plan, 0, toks), forward=tiny_forward, asymmetric=asymmetric
+    )
     assert summary.loss == pytest.approx(ref_loss, rel=1e-6)
     err = max_rel_err(grads_of(model), ref)
     assert err <= TOL, err
@@ -58,7 +60,11 @@ def test_many_short_docs_packed_together():
     check(lengths, fwd, fwd)
 
 
-def test_asymmetric_backward_packs_recompute():
+def calls(summary, pass_):
+    return [(e.recomputed, e.calls) for e in summary.events if e.pass_ == pass_]
+
+
+def test_asymmetric_backward_packs_recompute_or_split():
     # forward groups by one split, backward by another: no backward pack is a union
     lengths = [30, 8, 14]
     fwd = [[(0, 0, 12), (1, 0, 8)], [(0, 12, 30), (2, 0, 6)], [(2, 6, 14)]]
@@ -66,25 +72,37 @@ def test_asymmetric_backward_packs_recompute():
     rs = make_plan(lengths, [(fwd, bwd)]).ranks[0]
     kept, unions = kept_forward_packs(rs.forward, rs.backward)
     assert kept == set() and unions == {}
+    _plan, summary = check(lengths, fwd, bwd, asymmetric="recompute")
+    assert calls(summary, "F") == [(True, 1)] * 3
+    assert calls(summary, "B") == [(True, 1)] * 3
+    # split: F0 -> [0,12) for B2, [0,8) of doc 1 for B1 (B2's call first); F1 -> B1, B0; F2 -> B0
     _plan, summary = check(lengths, fwd, bwd)
-    assert all(e.recomputed for e in summary.events if e.pass_ == "B")
+    assert calls(summary, "F") == [(False, 2), (False, 2), (False, 1)]
+    assert calls(summary, "B") == [(False, 2), (False, 2), (False, 1)]
 
 
-def test_mixed_union_and_recompute_and_same_pack_continuation():
-    # slices [0,6) and [6,15) of doc 0 in one forward pack (read in-graph), backward pack 0 is
-    # the union of forward packs 1 and 2, backward pack 1 recomputes
+@pytest.mark.parametrize("asymmetric", ["recompute", "split"])
+def test_mixed_union_and_recompute_and_same_pack_continuation(asymmetric):
+    # slices [0,6) and [6,15) of doc 0 in one forward pack (read in-graph when whole; split,
+    # [6,15) reads [0,6) from the store), backward pack 0 is the union of forward packs 1 and 2,
+    # backward packs 1 and 2 are not unions
     lengths = [15, 10, 4]
     fwd = [[(0, 0, 6), (0, 6, 15)], [(1, 0, 5)], [(1, 5, 10), (2, 0, 4)]]
     bwd = [[(2, 0, 4), (1, 5, 10), (1, 0, 5)], [(0, 6, 15)], [(0, 0, 6)]]
     plan = make_plan(lengths, [(fwd, bwd)])
     kept, unions = kept_forward_packs(plan.ranks[0].forward, plan.ranks[0].backward)
     assert kept == {1, 2} and unions == {0: [1, 2]}
-    _plan, summary = check(lengths, fwd, bwd)
-    assert [e.recomputed for e in summary.events if e.pass_ == "B"] == [False, True, True]
-    # forward pack 0 feeds only recomputing backward packs: it runs without a graph
-    assert [e.recomputed for e in summary.events if e.pass_ == "F"] == [True, False, False]
-    # the simulator times the packs the same way
-    assert execution(plan) == [RankExecution(frozenset({0}), frozenset({1, 2}))]
+    _plan, summary = check(lengths, fwd, bwd, asymmetric=asymmetric)
+    ex = execution(plan, split=asymmetric == "split")
+    if asymmetric == "recompute":
+        assert calls(summary, "B") == [(False, 2), (True, 1), (True, 1)]
+        # forward pack 0 feeds only recomputing backward packs: it runs without a graph
+        assert calls(summary, "F") == [(True, 1), (False, 1), (False, 1)]
+        assert ex == [RankExecution(frozenset({0}), frozenset({1, 2}), (1, 1, 1), (2, 1, 1))]
+    else:
+        assert calls(summary, "B") == [(False, 2), (False, 1), (False, 1)]
+        assert calls(summary, "F") == [(False, 2), (False, 1), (False, 1)]
+        assert ex == [RankExecution(frozenset(), frozenset(), (2, 1, 1), (2, 1, 1))]
 
 
 def test_interleaved_order_backward_before_later_forward():
@@ -132,12 +150,17 @@ def test_loss_mask_matches_masked_reference():
     assert max_rel_err(grads_of(model), ref) <= TOL
 
 
+@pytest.mark.parametrize("asymmetric", ["recompute", "split"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_plans(seed):
+def test_random_plans(seed, asymmetric):
     rng = random.Random(seed)
     lengths = [rng.randint(1, 24) for _ in range(rng.randint(1, 5))]
     fwd, bwd = random_rank_plan(rng, lengths)
-    check(lengths, fwd, bwd, seed=seed)
+    plan, summary = check(lengths, fwd, bwd, seed=seed, asymmetric=asymmetric)
+    ex = execution(plan, split=asymmetric == "split")[0]
+    assert [e.calls for e in summary.events if e.pass_ == "F"] == list(ex.f_calls)
+    assert [e.calls for e in summary.events if e.pass_ == "B"] == list(ex.b_calls)
+    assert {e.pack for e in summary.events if e.pass_ == "B" and e.recomputed} == ex.recomputed
 
 
 def test_sdpa_tiles_agree_with_one_masked_call_and_mask_is_bottom_right():

@@ -93,8 +93,18 @@ def test_pack_times_follow_the_executor():
     assert pt.f_const.tolist() == [5.5, 10.5]  # (2 * 0.5 + 10) * 0.5, 0.5 + 10
     assert pt.b_const.tolist() == [20.25, 30.75, 30.75]  # + 0.5 + 10 where recomputed
     # the simulator adds up the same times: one rank, no communication
-    r = simulate_step(plan, cost, Layout(dp=1, context=128))
+    recompute = SimConfig(asymmetric="recompute")
+    r = simulate_step(plan, cost, Layout(dp=1, context=128), recompute)
     assert r.step_time == 8.0 + 12.5 + 24.25 + 39.75 + 36.75
+    # split (the executor's default): F0 runs [a] (for B2) and [c] (for B1) as two calls,
+    # every call keeps its graph, nothing is recomputed; one pack constant per call
+    sp = pack_times(plan, cost, split=True)
+    assert not sp.f_graph_free.any() and not sp.b_recomputed.any()
+    assert sp.f_calls.tolist() == [2, 1] and sp.b_calls.tolist() == [1, 1, 1]
+    assert sp.fwd.tolist() == [5.0 + 2 * 0.5 + 2 * 10.0, 12.5]
+    assert sp.bwd.tolist() == [24.25, 6.0 + 0.25 + 20.0, 24.25]
+    r = simulate_step(plan, cost, Layout(dp=1, context=128))
+    assert r.step_time == 26.0 + 12.5 + 24.25 + 26.25 + 24.25
 
 
 def test_lockstep_rules_recompute_on_every_rank():
@@ -119,7 +129,8 @@ def test_lockstep_rules_recompute_on_every_rank():
     free = pack_times(plan, cost)
     assert free.b_recomputed.tolist() == [False, False, True, True]
     assert free.bwd.tolist() == [8.0, 0.0, 3.0 + 6.0, 2.0 + 4.0]
-    lock = pack_times(plan, cost, lockstep=True)
+    lock = pack_times(plan, cost, lockstep=True, split=True)  # FSDP never splits
+    assert lock.f_calls.tolist() == [1, 1] and lock.b_calls.tolist() == [1, 0, 1, 1]
     assert lock.f_graph_free.tolist() == [True, True]
     assert lock.b_recomputed.tolist() == [True, False, True, True]
     assert lock.bwd.tolist() == [4.0 + 8.0, 0.0, 3.0 + 6.0, 2.0 + 4.0]

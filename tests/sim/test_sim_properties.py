@@ -66,8 +66,9 @@ def _groups(seq: list[Slice], rng: random.Random) -> list[MicroPack]:
 
 
 configs = st.builds(
-    lambda par, sched, v, lat, ov: SimConfig(
+    lambda par, sched, v, lat, ov, asym: SimConfig(
         parallelism=par,
+        asymmetric=asym,
         schedule=sched,
         virtual_stages=v,
         interconnect=Interconnect(latency_s=lat, intra_node_gbps=1e-6, inter_node_gbps=1e-7),
@@ -78,6 +79,7 @@ configs = st.builds(
     st.integers(1, 3),
     st.sampled_from([0.0, 0.5]),
     st.booleans(),
+    st.sampled_from(["split", "recompute"]),
 )
 cases = st.tuples(
     st.integers(0, 10**6),
@@ -125,8 +127,12 @@ def test_more_work_never_shortens_the_step(case, seed):
     stretched_work = 0.0
     from slimdata.sim import chunk_fractions, pack_times
 
+    config = case[5]
     pt = pack_times(
-        plan, linear_cost(fwd=1.0, bwd=2.0, att_f=0.01, att_b=0.03, layers=6, params=1000)
+        plan,
+        linear_cost(fwd=1.0, bwd=2.0, att_f=0.01, att_b=0.03, layers=6, params=1000),
+        lockstep=config.parallelism == "fsdp",
+        split=config.split,
     )
     frac = chunk_fractions(6, pp * v)
     for rs in plan.ranks:
