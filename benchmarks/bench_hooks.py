@@ -202,8 +202,8 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
     for (plan, _), runs in zip(plans, results[n_points:], strict=True):
         rs = plan.ranks[0]
         # the simulator's prediction of each pack, as the executor runs it (slimdata.plan
-        # .execution): pack constants, graph-free forwards, recomputed backward packs
-        pt = pack_times(plan, cm)
+        # .execution, run_step's default asymmetric="split"): one pack constant per call
+        pt = pack_times(plan, cm, split=True)
         for key in runs[0]:
             p, i, rec = key
             pack = (rs.forward if p == "F" else rs.backward)[i]

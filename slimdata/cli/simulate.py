@@ -70,6 +70,14 @@ __all__ = ["command"]
     help="DDP all-reduce at step end, or FSDP/ZeRO-3 lockstep packs.",
 )
 @click.option(
+    "--asymmetric",
+    type=click.Choice(["split", "recompute"]),
+    default="split",
+    show_default=True,
+    help="How the executor runs backward packs that are no union of forward packs: split "
+    "forward packs into one call per backward pack, or recompute (FSDP always recomputes).",
+)
+@click.option(
     "--schedule",
     type=click.Choice(["1f1b", "interleaved"]),
     default="1f1b",
@@ -134,6 +142,7 @@ def command(
     global_batch_tokens,
     memory_gib,
     parallelism,
+    asymmetric,
     schedule,
     cp_overlap,
     strategies,
@@ -180,7 +189,12 @@ def command(
         steps=steps,
         seed=seed,
         global_batch_tokens=global_batch_tokens,
-        config=SimConfig(parallelism=parallelism, schedule=schedule, cp_overlap=cp_overlap),
+        config=SimConfig(
+            parallelism=parallelism,
+            asymmetric=asymmetric,
+            schedule=schedule,
+            cp_overlap=cp_overlap,
+        ),
         oversize=oversize,
     )
     click.echo(

@@ -68,6 +68,23 @@ def test_cli_table_json_gantt(lengths_file, tmp_path):
     assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_cli_asymmetric_split_beats_recompute(lengths_file, tmp_path):
+    # lockstep (pp 2) slimpack plans balance backward packs apart from forward packs, so some
+    # backward packs are no unions: recomputing them costs more than splitting the forwards
+    times = {}
+    for mode in ("split", "recompute"):
+        out = tmp_path / f"{mode}.json"
+        args = ["simulate", "--lengths", str(lengths_file), "--model", "llama-1b"]
+        args += ["--context", "8192", "--dp", "2", "--pp", "2", "--memory-gib", "200"]
+        args += ["--strategies", "slimpack", "--asymmetric", mode, "--json", str(out)]
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, res.output
+        times[mode] = json.loads(out.read_text())["results"]["slimpack"]["step_time"]
+    assert times["split"] < times["recompute"]
+    res = CliRunner().invoke(cli, ["simulate", "--lengths", str(lengths_file), "--asymmetric", "x"])
+    assert res.exit_code != 0 and "asymmetric" in res.output
+
+
 def test_cli_needs_exactly_one_input(lengths_file):
     res = CliRunner().invoke(cli, ["simulate"])
     assert res.exit_code != 0 and "exactly one of --shards" in res.output
