@@ -277,9 +277,7 @@ def run_step(
     events: list[PackEvent] = []
     loss_total = 0.0
 
-    def emit(
-        pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool, calls: int
-    ) -> None:
+    def emit(pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool, calls: int) -> None:
         _sync(device)
         ev = PackEvent(
             plan.step,

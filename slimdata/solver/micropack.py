@@ -132,11 +132,7 @@ def pack_rank(
             union_backward(open_pack)
             return
         k = len(F) - base - 1  # index of the closed pack among the stream's packs
-        target = (
-            total_b * (k + 1) / rest
-            if balance_backward and not final
-            else float("inf")
-        )
+        target = total_b * (k + 1) / rest if balance_backward and not final else float("inf")
         pack: list[int] = []
         pack_tok = 0
         while ready:
