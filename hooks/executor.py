@@ -255,9 +255,13 @@ def run_step(
         kept, unions = kept_forward_packs(rs.forward, rs.backward)
     # the calls of every pack: forward pack i -> (graph key, slices, keep graph?); backward
     # pack j -> graph keys to run backward through, or None: recompute pack j
-    fcalls = [[(i, p, i in kept)] for i, p in enumerate(rs.forward)]
-    bcalls: list[list | None] = [
-        [f for f in reversed(unions[j])] if j in unions else None for j in range(len(rs.backward))
+    # (graph keys: (forward pack, backward pack), or (forward pack, -1) for a whole pack)
+    fcalls: list[list[tuple[tuple[int, int], MicroPack, bool]]] = [
+        [((i, -1), p, i in kept)] for i, p in enumerate(rs.forward)
+    ]
+    bcalls: list[list[tuple[int, int]] | None] = [
+        [(f, -1) for f in reversed(unions[j])] if j in unions else None
+        for j in range(len(rs.backward))
     ]
     if not fsdp and asymmetric == "split" and splittable(rs):
         sc = split_calls(rs.forward, rs.backward)
@@ -268,12 +272,12 @@ def run_step(
         bcalls = [[(i, j) for i in fs] for j, fs in enumerate(sc.backward)]
         kept = set(range(len(rs.forward)))
     calls = [
-        1 if bcalls[j] is None else len(bcalls[j])
+        1 if (keys := bcalls[j]) is None else len(keys)
         for j in range(len(rs.backward))
         if j not in idle_b
     ]
     n_calls, done_calls = sum(calls), 0
-    graphs: dict[object, tuple[torch.Tensor, PackContext | None]] = {}
+    graphs: dict[tuple[int, int], tuple[torch.Tensor, PackContext | None]] = {}
     events: list[PackEvent] = []
     loss_total = 0.0
 
@@ -318,7 +322,7 @@ def run_step(
                     loss, ctx = st.dummy(grad=i in kept)
                     loss_total += float(loss.detach())
                     if i in kept:
-                        graphs[i] = (loss, ctx)
+                        graphs[(i, -1)] = (loss, ctx)
                     n = 1
                 emit("F", i, pack, t0, i not in kept, n)
             else:
