@@ -76,6 +76,7 @@ def test_cli_asymmetric_split_beats_recompute(lengths_file, tmp_path):
         out = tmp_path / f"{mode}.json"
         args = ["simulate", "--lengths", str(lengths_file), "--model", "llama-1b"]
         args += ["--context", "8192", "--dp", "2", "--pp", "2", "--memory-gib", "200"]
+        args += ["--global-batch-tokens", "32768"]
         args += ["--strategies", "slimpack", "--asymmetric", mode, "--json", str(out)]
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 0, res.output
