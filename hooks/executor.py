@@ -8,12 +8,14 @@ gradient of the unpacked batch in ``param.grad`` (after the DP reduction) and re
 
 Backward packs. A backward pack that is exactly a union of forward packs runs ``backward``
 through the graphs kept from those forward packs (latest first, so readers go before the
-slices they read). Any other backward pack (asymmetric partitioning) *recomputes* its
-forward from the saved boundary states -- the token ids plus the keys/values of the
-document prefixes in the store -- and runs backward through that; forward packs feeding only
-such packs run without a graph. Either way the backward of a slice receives, as the
-gradient of the keys/values it produced, the sum accumulated in the store by every later
-reader.
+slices they read). Any other backward pack (asymmetric partitioning) runs one of two ways
+(``asymmetric``): *split* (default outside FSDP) runs every forward pack as one call per
+backward pack its slices go to, each keeping its graph, so every backward pack is a union
+of calls (:func:`slimdata.plan.split_calls`); *recompute* re-runs the pack's forward from the
+saved boundary states -- the token ids plus the keys/values of the document prefixes in the
+store -- and runs backward through that, and forward packs feeding only such packs run
+without a graph. Either way the backward of a slice receives, as the gradient of the
+keys/values it produced, the sum accumulated in the store by every later reader.
 
 Wrappers. Under ``DistributedDataParallel`` the executor calls the wrapped module directly
 inside ``no_sync()`` (DDP's hooks assume one forward/backward per step) and then all-reduces
