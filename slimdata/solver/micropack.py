@@ -11,8 +11,9 @@ cost and backward packs balanced on *backward* cost, under the token cap and the
   all done (rule 3), slices taken from each document's end backwards (rule 2). In *free* mode
   (DDP: only the rank's total time matters) the backward packs are the forward packs
   themselves, newest first, as soon as no document spans the cut behind them: a backward pack
-  that is not a union of forward packs would make the executor recompute its forward
-  (:func:`slimdata.plan.execution`), and free mode has no cross-rank balance to buy with it.
+  that is not a union of forward packs makes the executor split forward packs into more calls
+  or recompute them (:func:`slimdata.plan.execution`), and free mode has no cross-rank balance
+  to buy with it.
   A document that does not fit the memory cap beside what the rank holds starts a new forward
   pack after such a clean cut, which frees everything before it. In *lockstep* mode backward
   pack ``i`` stops at the ``(i+1)/m`` quantile of the rank's backward cost, so backward packs
@@ -88,7 +89,6 @@ def pack_rank(
     cur: list[int] = []
     cur_tok = 0
     unioned = base  # free mode: forward packs before this one have run their backward
-    done: set[int] = set()  # slices backwarded
 
     def take(i: int) -> None:
         """Backward slice ``i`` (the last of its document not yet backwarded)."""
@@ -99,7 +99,6 @@ def pack_rank(
         doc_slices.pop()
         if not doc_slices:
             del ready[d]
-        done.add(i)
         cum_b += bwd[i]
         held -= act[i]
         doc_left[d] -= 1
@@ -118,11 +117,9 @@ def pack_rank(
             while stop > unioned and docl[F[stop][0]] == docl[F[stop - 1][-1]]:
                 stop -= 1
         for k in range(stop - 1, unioned - 1, -1):
-            pack = [i for i in reversed(F[k]) if i not in done]
-            for i in pack:
+            B.append(F[k][::-1])
+            for i in B[-1]:
                 take(i)
-            if pack:
-                B.append(pack)
         unioned = max(unioned, stop)
 
     def backward_after_close(final: bool, open_pack: int | None = None) -> None:
