@@ -6,6 +6,9 @@ Assumptions (model states, i.e. parameters, gradients and optimizer, are exclude
 - a slice's activations (``CostModel.act_bytes_per_token`` per token, already shaped by the
   recompute policy) are allocated when its forward pack starts and freed when its backward
   pack ends, on the device of every model chunk, scaled by the chunk's share of the layers;
+  a slice whose forward pack runs graph-free (``PackTimes.f_graph_free``: its backward pack
+  recomputes it) holds them only while its forward pack runs and again while its backward
+  pack (recompute plus backward) runs;
 - with ``recompute="full"`` the per-step K/V store keeps the slice's keys and values over the
   same interval (with ``none``/``selective`` they are part of the activations already);
 - a DP-Merge pack holds the gathered K/V of its documents while it runs (twice that in the
@@ -46,14 +49,22 @@ class MemoryProfile:
 
 def memory_profile(dag: StepDag, timing: Timing, *, retain_kv: bool) -> MemoryProfile:
     pt = dag.pt
-    per_slice = (pt.s_act + (pt.s_kv if retain_kv else 0.0)) / dag.cp
+    free = pt.f_graph_free[pt.s_fpack]  # slices whose activations are not kept
+    kv = pt.s_kv if retain_kv else 0.0
+    held = (np.where(free, 0.0, pt.s_act) + kv) / dag.cp  # forward start -> backward end
+    passing = np.where(free, pt.s_act, 0.0) / dag.cp  # during each of the two passes only
     devs, times, deltas = [], [], []
     for c in range(dag.chunks):
-        nbytes = per_slice * dag.fractions[c]
         d = (c % dag.pp) * dag.dp + pt.s_rank
-        devs += [d, d]
-        times += [timing.start[dag.ftid[c][pt.s_fpack]], timing.end[dag.btid[c][pt.s_bpack]]]
-        deltas += [nbytes, -nbytes]
+        f, b = dag.ftid[c][pt.s_fpack], dag.btid[c][pt.s_bpack]
+        for t0, t1, nbytes in (
+            (timing.start[f], timing.end[b], held),
+            (timing.start[f], timing.end[f], passing),
+            (timing.start[b], timing.end[b], passing),
+        ):
+            devs += [d, d]
+            times += [t0, t1]
+            deltas += [nbytes * dag.fractions[c], -nbytes * dag.fractions[c]]
     if dag.transient:
         t_id, d, b = (np.asarray(x) for x in zip(*dag.transient, strict=True))
         devs += [d.astype(np.int64), d.astype(np.int64)]

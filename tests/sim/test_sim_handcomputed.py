@@ -107,6 +107,31 @@ def test_pack_times_follow_the_executor():
     assert r.step_time == 26.0 + 12.5 + 24.25 + 26.25 + 24.25
 
 
+def test_graph_free_forwards_hold_no_activations_between_passes():
+    # docs a, c, e of 2 tokens, 1 byte per token; F0 = [a, c] feeds the asymmetric B1 = [c],
+    # B2 = [a]; F1 = [e], B0 = [e]. Split: a, c, e are all held after F1 -> 6 bytes.
+    # Recompute: F0 runs graph-free (a, c held only while it runs: 4 bytes), F1 holds e (2),
+    # B1 and B2 hold their own slice while they recompute and run backward (2 each) -> 4.
+    docs = tuple(Document(doc_id=i, length=2) for i in range(3))
+    a, c, e = (Slice(d, 0, 2) for d in range(3))
+    plan = StepPlan(
+        step=0,
+        strategy="t",
+        docs=docs,
+        ranks=(
+            RankStep(
+                rank=0,
+                forward=(MicroPack((a, c)), MicroPack((e,))),
+                backward=(MicroPack((e,)), MicroPack((c,)), MicroPack((a,))),
+            ),
+        ),
+    ).validate()
+    cost, layout = linear_cost(), Layout(dp=1, context=128)
+    assert simulate_step(plan, cost, layout).peak_memory.max() == 6.0
+    rec = simulate_step(plan, cost, layout, SimConfig(asymmetric="recompute"))
+    assert rec.peak_memory.max() == 4.0
+
+
 def test_lockstep_rules_recompute_on_every_rank():
     # 2 ranks, F0 B0 each: rank 0's B0 is the union of its F0, rank 1's B0 [y] is not (F0 =
     # [x, y], B0 = [y], B1 = [x]). Free (DDP) mode decides per rank; lockstep (FSDP) makes
