@@ -32,8 +32,11 @@ from slimdata.hooks.attention import VarlenBatch, sdpa_varlen
 from slimdata.hooks.profile import (
     ProfileConfig,
     aggregate_points,
+    calibrate,
+    calibration_payloads,
     fit_cost_model,
     fit_nonneg,
+    plan_job,
     point_jobs,
     profile_points,
     round_robin,
@@ -189,27 +192,39 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
 
     for _, payload in plans:  # first calls pay lazy initialisation
         run_plan(payload)
+    # slimdata profile's calibration plans (other documents than the evaluated plans)
+    cal = calibration_payloads(model_cfg, config)
     jobs: list = point_jobs(model, config, points)
     n_points = len(jobs)
+    jobs += [plan_job(model, payload) for _, payload in cal]
+    n_fit = len(jobs)
     jobs += [functools.partial(run_plan, payload) for _, payload in plans]
     t0 = time.perf_counter()
     results = round_robin(jobs, repeats)
     seconds = time.perf_counter() - t0
     meas = aggregate_points(points, results[:n_points], stat)
-    cm = fit_cost_model(model_cfg, meas, config)
+    grid_cm = fit_cost_model(model_cfg, meas, config)
+    cm, f_scale, b_scale = calibrate(
+        grid_cm,
+        [p for p, _ in cal],
+        results[n_points:n_fit],
+        stat,
+    )
     agg = min if stat == "min" else statistics.median
     rows = []
-    for (plan, _), runs in zip(plans, results[n_points:], strict=True):
+    for (plan, _), runs in zip(plans, results[n_fit:], strict=True):
         rs = plan.ranks[0]
         # the simulator's prediction of each pack, as the executor runs it (slimdata.plan
         # .execution, run_step's default asymmetric="split"): one pack constant per call
         pt = pack_times(plan, cm, split=True)
+        pt_grid = pack_times(plan, grid_cm, split=True)
         for key in runs[0]:
             p, i, rec = key
             pack = (rs.forward if p == "F" else rs.backward)[i]
             st = np.array([s.start for s in pack.slices])
             en = np.array([s.end for s in pack.slices])
             pred = pt.forward_of(0, i) if p == "F" else pt.backward_of(0, i)
+            grid = pt_grid.forward_of(0, i) if p == "F" else pt_grid.backward_of(0, i)
             rows.append(
                 {
                     "pass": p,
@@ -219,11 +234,12 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
                     "rec": rec,
                     "measured": agg([r[key] for r in runs]),
                     "predicted": pred,
+                    "predicted_uncalibrated": grid,
                 }
             )
 
-    def mape(sel=lambda r: True):
-        v = [abs(r["predicted"] - r["measured"]) / r["measured"] for r in rows if sel(r)]
+    def mape(sel=lambda r: True, key="predicted"):
+        v = [abs(r[key] - r["measured"]) / r["measured"] for r in rows if sel(r)]
         return 100 * float(np.mean(v))
 
     if DEBUG:
@@ -249,8 +265,10 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
                 "graph_free_scale",
             )
         },
+        "calibration": {"plans": len(cal), "forward_scale": f_scale, "backward_scale": b_scale},
         "packs": len(rows),
         "mape_pct": mape(),
+        "mape_pct_uncalibrated": mape(key="predicted_uncalibrated"),
         "mape_pct_fwd": mape(lambda r: r["pass"] == "F"),
         # forwards whose backward recomputes them run without an autograd graph
         "mape_pct_fwd_nograd": mape(lambda r: r["pass"] == "F" and r["rec"]),

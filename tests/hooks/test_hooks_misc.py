@@ -11,7 +11,13 @@ from click.testing import CliRunner
 from hooks_helpers import TinyLM, doc_tokens, make_plan, tiny_forward
 from slimdata.hooks import BalanceMeter, Callback, PackTimeRecorder, make_payload, run_step
 from slimdata.hooks.attention import flash
-from slimdata.hooks.profile import fit_terms, graph_free_scale, profile_plan, round_robin
+from slimdata.hooks.profile import (
+    calibrate,
+    fit_terms,
+    graph_free_scale,
+    profile_plan,
+    round_robin,
+)
 
 from slimdata.cost import CostModel, causal_pairs
 from slimdata.errors import PlanError
@@ -143,7 +149,10 @@ def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
     # repeat on a loaded machine can push everything into the per-pack constant)
     fwd = cm.fwd_lin + cm.fwd_att + cm.fwd_const + cm.fwd_pack_const
     assert fwd > 0 and cm.bwd_lin + cm.bwd_att + cm.bwd_const + cm.bwd_pack_const > 0
-    raw = json.loads((tmp_path / "raw.json").read_text())
+    doc = json.loads((tmp_path / "raw.json").read_text())
+    raw = doc["points"]
+    assert doc["calibration"]["plans"] == 3
+    assert doc["calibration"]["forward_scale"] > 0 and doc["calibration"]["backward_scale"] > 0
     assert len(raw) == 8
     assert [("fwd_graph_free" in r) for r in raw] == [False] * 4 + [True] * 4  # k = 1, 2
     assert cm.graph_free_scale == graph_free_scale(raw) > 0
@@ -168,6 +177,29 @@ def test_profile_plans_time_a_pack_after_identical_ones():
     assert (ex.graph_free, ex.recomputed) == ({1, 3}, {0, 1, 3, 4})
     with pytest.raises(ValueError, match="at least 2 slices"):
         profile_plan(0, 4, k=1, graph=False)
+
+
+def test_calibration_scales_by_the_median_in_plan_ratio():
+    from slimdata.sim import pack_times
+
+    cm = CostModel.analytic("llama-1b", "h100", "none")
+    lengths = [40, 24, 8]
+    fwd = [[(0, 0, 16), (2, 0, 8)], [(0, 16, 40)], [(1, 0, 24)]]
+    bwd = [[(1, 0, 24)], [(0, 16, 40)], [(2, 0, 8), (0, 0, 16)]]
+    plan = make_plan(lengths, [(fwd, bwd)])
+    pt = pack_times(plan, cm, split=True)
+    # measured = 2x (forward) and 3x (backward) the prediction, one forward pack an outlier
+    run = {("F", i): 2 * pt.forward_of(0, i) for i in range(3)}
+    run[("F", 2)] *= 1.5
+    run.update({("B", j): 3 * pt.backward_of(0, j) for j in range(3)})
+    scaled, f, b = calibrate(cm, [plan], [[run, run]])
+    assert (f, b) == pytest.approx((2.0, 3.0))
+    assert scaled.fwd_lin == pytest.approx(2 * cm.fwd_lin)
+    assert scaled.bwd_att == pytest.approx(3 * cm.bwd_att)
+    assert scaled.act_bytes_per_token == cm.act_bytes_per_token  # memory is not timed
+    again = pack_times(plan, scaled, split=True)
+    assert again.backward_of(0, 1) == pytest.approx(run[("B", 1)])
+    assert calibrate(cm, [], []) == (cm, 1.0, 1.0)
 
 
 def test_graph_free_scale_is_the_median_ratio():

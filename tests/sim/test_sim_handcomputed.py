@@ -56,24 +56,23 @@ def test_pack_times_recomputed_not_trusted():
     assert pt.bwd.tolist() == [12 + 21]
 
 
+def one_rank_plan(docs, forward, backward) -> StepPlan:
+    """A validated one-rank plan from lists of slices per forward and backward pack."""
+    rs = RankStep(
+        rank=0,
+        forward=tuple(MicroPack(tuple(p)) for p in forward),
+        backward=tuple(MicroPack(tuple(p)) for p in backward),
+    )
+    return StepPlan(step=0, strategy="t", docs=docs, ranks=(rs,)).validate()
+
+
 def test_pack_times_follow_the_executor():
     # doc 0 = a [0,2) + b [2,4), doc 1 = c [0,3); fwd [a, c] [b], bwd [b] [c] [a]
     # B0 = [b] is the union of F1 (kept); B1 = [c] and B2 = [a] are no union of forward
     # packs: they re-run their own forward, and F0 = [a, c] runs graph-free
     docs = (Document(doc_id=0, length=4, cuts=(0, 2, 4)), Document(doc_id=1, length=3))
     a, b, c = Slice(0, 0, 2), Slice(0, 2, 4), Slice(1, 0, 3)
-    plan = StepPlan(
-        step=0,
-        strategy="t",
-        docs=docs,
-        ranks=(
-            RankStep(
-                rank=0,
-                forward=(MicroPack((a, c)), MicroPack((b,))),
-                backward=(MicroPack((b,)), MicroPack((c,)), MicroPack((a,))),
-            ),
-        ),
-    ).validate()
+    plan = one_rank_plan(docs, [[a, c], [b]], [[b], [c], [a]])
     cost = dataclasses.replace(
         linear_cost(fwd=1.0, bwd=2.0),
         fwd_const=0.5,
@@ -114,18 +113,7 @@ def test_graph_free_forwards_hold_no_activations_between_passes():
     # B1 and B2 hold their own slice while they recompute and run backward (2 each) -> 4.
     docs = tuple(Document(doc_id=i, length=2) for i in range(3))
     a, c, e = (Slice(d, 0, 2) for d in range(3))
-    plan = StepPlan(
-        step=0,
-        strategy="t",
-        docs=docs,
-        ranks=(
-            RankStep(
-                rank=0,
-                forward=(MicroPack((a, c)), MicroPack((e,))),
-                backward=(MicroPack((e,)), MicroPack((c,)), MicroPack((a,))),
-            ),
-        ),
-    ).validate()
+    plan = one_rank_plan(docs, [[a, c], [e]], [[e], [c], [a]])
     cost, layout = linear_cost(), Layout(dp=1, context=128)
     assert simulate_step(plan, cost, layout).peak_memory.max() == 6.0
     rec = simulate_step(plan, cost, layout, SimConfig(asymmetric="recompute"))

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-from slimdata.cost import CostModel
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan.types import Slice
 from slimdata.solver import STRATEGIES, Layout, plan_peak_memory, solve
@@ -13,16 +12,7 @@ from slimdata.solver.strategies.wlb import wlb_pack
 
 from .conftest import docs_of, unit_cost
 
-LINEAR = CostModel(
-    fwd_lin=1.0,
-    fwd_att=0.0,
-    fwd_const=0.0,
-    bwd_lin=2.0,
-    bwd_att=0.0,
-    bwd_const=0.0,
-    act_bytes_per_token=1.0,
-    kv_bytes_per_token=0.0,
-)
+LINEAR = unit_cost(act_tokens_per_gib=1 << 30)
 """Linear work only, backward twice forward, one byte of activations per token, no K/V."""
 
 
