@@ -22,7 +22,9 @@ run in the same rounds as the grid, and the fitted forward and backward coeffici
 scaled by the median ratio of their measured to predicted pack times. On the 2-core CPU VM
 this work was developed on, a pack inside a plan ran about 4-5% slower than the same pack
 timed on its own after identical lead packs (one diagnostic run over 16 plan packs; see
-``docs/hooks.md``). The output file is a :class:`~slimdata.cost.CostModel` JSON that ``CostModel.load`` and
+``docs/hooks.md``).
+
+The output file is a :class:`~slimdata.cost.CostModel` JSON that ``CostModel.load`` and
 ``--cost-profile`` accept.
 
 Assumes timings are stable on the device (close other jobs); on GPU the device is
@@ -369,13 +371,13 @@ def calibration_payloads(model_cfg: ModelConfig, config: ProfileConfig, seed: in
 
     rng = np.random.default_rng(seed)
     cap = max(128, -(-max(config.slice_tokens) // 128) * 128)
+    cut = max(128, cap // 4 // 128 * 128)
+    layout = Layout(dp=1, context=cap, pack_tokens=cap, memory_gib=1e6)
     analytic = CostModel.analytic(model_cfg, "h100", "none")
     out = []
     for i in range(config.calibration_plans):
         lengths = np.exp(rng.uniform(np.log(min(config.slice_tokens)), np.log(3 * cap), 12))
-        cut = max(128, cap // 4 // 128 * 128)
         docs = documents_from_lengths(lengths.astype(int).tolist(), slice_tokens=cut)
-        layout = Layout(dp=1, context=cap, pack_tokens=cap, memory_gib=1e6)
         plan = solve(docs, layout, "slimpack", seed=i, cost=analytic)
         toks = [rng.integers(0, model_cfg.vocab, d.length).astype(np.uint32) for d in plan.docs]
         out.append((plan, make_payload(plan, 0, toks)))
