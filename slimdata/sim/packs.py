@@ -7,10 +7,11 @@ slices (``MicroPack.cost`` stays available for a cross-check). Times are seconds
 model (all layers); a pipeline chunk holding ``k`` of ``L`` layers takes ``k / L`` of them.
 
 Packs run the way the step executor runs them (:func:`slimdata.plan.execution`), and the
-pack constant is paid once per model call. By default (``split``) a forward pack runs one call
-per backward pack its slices go to and a backward pack one backward call per forward pack it
-draws from (:func:`slimdata.plan.split_calls`); nothing is recomputed. With
-``split=False`` (``run_step(asymmetric="recompute")``, and always under FSDP) a backward pack
+pack constant is paid once per model call. With ``split=True`` (``run_step``'s default outside
+FSDP; the simulator passes ``SimConfig.split``) a forward pack runs one call per backward pack
+its slices go to and a backward pack one backward call per forward pack it draws from
+(:func:`slimdata.plan.split_calls`); nothing is recomputed. With ``split=False``
+(``run_step(asymmetric="recompute")``, and always under FSDP) a backward pack
 that is a union of forward packs runs one backward call per forward pack, any other re-runs
 the forward of its own slices first (its time is that forward, with its pack constant, plus
 its backward), and a forward pack whose backward packs recompute it runs without an autograd
