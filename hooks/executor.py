@@ -46,7 +46,7 @@ from slimdata.hooks.payload import StepPayload
 from torch import nn
 
 from slimdata.plan import MicroPack, Slice
-from slimdata.plan.schedule import kept_forward_packs, split_calls, splittable
+from slimdata.plan.schedule import kept_forward_packs, split_calls
 
 __all__ = ["ForwardFn", "hf_forward", "kept_forward_packs", "reduce_gradients", "run_step"]
 
@@ -265,8 +265,8 @@ def run_step(
         [(f, -1) for f in reversed(unions[j])] if j in unions else None
         for j in range(len(rs.backward))
     ]
-    if not fsdp and asymmetric == "split" and splittable(rs):
-        sc = split_calls(rs.forward, rs.backward)
+    sc = split_calls(rs.forward, rs.backward) if not fsdp and asymmetric == "split" else None
+    if sc is not None:
         fcalls = [
             [((i, j), MicroPack(sl, merge=rs.forward[i].merge), True) for j, sl in calls]
             for i, calls in enumerate(sc.forward)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slimdata.errors import PlanError
-from slimdata.plan.types import MicroPack, RankStep, Slice, StepPlan
+from slimdata.plan.types import MicroPack, Slice, StepPlan
 
 __all__ = [
     "LockstepSchedule",
@@ -35,7 +35,6 @@ __all__ = [
     "kept_forward_packs",
     "lockstep_schedule",
     "split_calls",
-    "splittable",
 ]
 
 
@@ -47,18 +46,9 @@ def kept_forward_packs(
     Backward pack ``j`` is a union when every slice of every forward pack it touches is in
     ``j``: ``fwd [[a], [b, c]]`` and ``bwd [[b, c, a]]`` -> union; ``bwd [[c], [a, b]]`` -> none.
     """
-    fwd_of = {s: i for i, p in enumerate(forward) for s in p.slices}
-    kept: set[int] = set()
-    unions: dict[int, list[int]] = {}
-    for j, p in enumerate(backward):
-        fs = sorted({fwd_of[s] for s in p.slices})
-        mine = set(p.slices)
-        if sum(forward[i].tokens for i in fs) == p.tokens and all(
-            s in mine for i in fs for s in forward[i].slices
-        ):
-            unions[j] = fs
-            kept.update(fs)
-    return kept, unions
+    unions: dict[int, list[int]] = {j: [] for j, p in enumerate(backward) if not p.slices}
+    unions.update({j: list(fs) for j, fs in _rank_unions(forward, backward).items() if fs})
+    return {i for fs in unions.values() for i in fs}, unions
 
 
 def check_lockstep(plan: StepPlan) -> None:
@@ -100,7 +90,10 @@ class LockstepSchedule:
     """Backward packs empty on every rank: no call at all."""
 
 
-def _rank_unions(forward: tuple[MicroPack, ...], backward: tuple[MicroPack, ...]):
+def _rank_unions(
+    forward: Sequence[MicroPack], backward: Sequence[MicroPack]
+) -> dict[int, tuple[int, ...] | None]:
+    """Per non-empty backward pack: the forward packs it is exactly the union of, or None."""
     fwd_of = {s: i for i, p in enumerate(forward) for s in p.slices}
     out: dict[int, tuple[int, ...] | None] = {}
     for j, p in enumerate(backward):
@@ -165,8 +158,10 @@ class SplitCalls:
     first (readers before the slices they read)."""
 
 
-def split_calls(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> SplitCalls:
-    """Split every forward pack into one call per backward pack its slices belong to.
+def split_calls(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> SplitCalls | None:
+    """Split every forward pack into one call per backward pack its slices belong to; None
+    when a merge forward pack would be split (it must stay one call, one gather on every
+    member), and the rank then runs by the recompute rules.
 
     ``fwd [[a], [b, c]]``, ``bwd [[c], [a, b]]`` -> forward calls ``[[(1, [a])], [(1, [b]),
     (0, [c])]]``, backward calls ``[[1], [1, 0]]``. A backward pack that is a union of forward
@@ -180,6 +175,8 @@ def split_calls(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> 
         for s in p.slices:
             groups.setdefault(bwd_of[s], []).append(s)
             into[bwd_of[s]].add(i)
+        if p.merge is not None and len(groups) > 1:
+            return None
         fcalls.append(tuple((j, tuple(groups[j])) for j in sorted(groups, reverse=True)))
     return SplitCalls(tuple(fcalls), tuple(tuple(sorted(f, reverse=True)) for f in into))
 
@@ -206,8 +203,8 @@ def execution(plan: StepPlan, lockstep: bool = False, split: bool = False) -> li
     sched = lockstep_schedule(plan) if lockstep else None
     out = []
     for rs in plan.ranks:
-        if sched is None and split and splittable(rs):
-            sc = split_calls(rs.forward, rs.backward)
+        sc = split_calls(rs.forward, rs.backward) if sched is None and split else None
+        if sc is not None:
             out.append(
                 RankExecution(
                     frozenset(),
@@ -237,10 +234,3 @@ def execution(plan: StepPlan, lockstep: bool = False, split: bool = False) -> li
             )
         )
     return out
-
-
-def splittable(rs: RankStep) -> bool:
-    """Split calls keep a merge pack's forward one call (one gather on every member): a rank
-    whose merge forward pack feeds several backward packs runs by the recompute rules."""
-    bwd_of = {s: j for j, p in enumerate(rs.backward) for s in p.slices}
-    return all(len({bwd_of[s] for s in p.slices}) <= 1 for p in rs.forward if p.merge is not None)
