@@ -194,7 +194,7 @@ def run_step(
     payload: StepPayload,
     *,
     forward: ForwardFn = hf_forward,
-    backend: str = "sdpa",
+    backend: str = "auto",
     callbacks: Sequence[Callback] = (),
     reduce_grads: bool | None = None,
     group=None,

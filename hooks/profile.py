@@ -88,8 +88,9 @@ class ProfileConfig:
     """torch device to profile (``cuda`` on a GPU)."""
     dtype: str = "float32"
     """Parameter/activation dtype: float32, bfloat16 or float16."""
-    backend: str = "sdpa"
-    """Attention backend (``flash`` on GPU when flash-attn is installed)."""
+    backend: str = "auto"
+    """Attention backend (:func:`slimdata.hooks.attention.resolve_backend`; ``auto`` picks the
+    fastest kernel for the device and dtype)."""
     stat: str = "median"
     """Statistic over repeats: ``median``, or ``min`` (robust on a shared, noisy machine)."""
     lead_packs: int = 2
@@ -208,7 +209,7 @@ def point_payload(
     return make_payload(plan, 0, docs), pick
 
 
-def time_point(model, payload, pick: tuple[int, int], backend: str = "sdpa") -> tuple[float, float]:
+def time_point(model, payload, pick: tuple[int, int], backend: str = "auto") -> tuple[float, float]:
     """Forward and backward seconds of the measured packs ``pick`` in one run of ``payload``."""
     from slimdata.hooks import run_step
 
@@ -384,7 +385,7 @@ def calibration_payloads(model_cfg: ModelConfig, config: ProfileConfig, seed: in
     return out
 
 
-def plan_job(model, payload, backend: str = "sdpa") -> Callable[[], dict]:
+def plan_job(model, payload, backend: str = "auto") -> Callable[[], dict]:
     """A :func:`round_robin` job: ``{(pass, pack): seconds}`` of one run of ``payload``."""
     from slimdata.hooks import run_step
 
@@ -480,7 +481,10 @@ def _ints(text: str) -> tuple[int, ...]:
     show_default=True,
 )
 @click.option(
-    "--backend", default="sdpa", show_default=True, help="Attention backend: sdpa, or flash (GPU)."
+    "--backend",
+    default="auto",
+    show_default=True,
+    help="Attention backend: auto (flash-attn or torch varlen on a GPU in bf16/fp16, else sdpa), sdpa, torch-varlen, flash.",
 )
 @click.option(
     "--slice-tokens", default="32,64,128,256,512", show_default=True, help="Slice lengths to time."
