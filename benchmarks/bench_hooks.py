@@ -176,13 +176,14 @@ def heldout_plans(
     docs: int = 10,
     slice_tokens: int = 128,
     pack_tokens: int = 512,
+    memory_gib: float = 1.0,
 ) -> list[tuple]:
     """``n`` one-rank slimpack plans (with payloads) of ``docs`` lognormal document lengths,
     solved with the analytic model (they only need to be realistic packs); other documents
     than the profile's calibration plans."""
     rng = np.random.default_rng(seed)
     analytic = CostModel.analytic(model_cfg, "h100", "none")
-    layout = Layout(dp=1, context=pack_tokens, pack_tokens=pack_tokens, memory_gib=1e6)
+    layout = Layout(dp=1, context=pack_tokens, pack_tokens=pack_tokens, memory_gib=memory_gib)
     plans = []
     for i in range(n):
         lengths = np.clip(rng.lognormal(mu, sigma, docs).astype(int), *clip).tolist()

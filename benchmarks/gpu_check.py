@@ -50,6 +50,8 @@ from slimdata.solver.batches import apply_oversize, make_batches
 from slimdata.solver.memory import rank_memory_trace
 
 GIB = 2**30
+STEPS = 4
+"""Global batches timed per strategy in the speedup section."""
 SAME_WORK = ("slimpack", "bfd", "multipack", "wlb", "sorted")
 """Strategies that keep documents whole (``concat`` cuts them at row ends: less attention)."""
 
@@ -226,15 +228,18 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         dataclasses.replace(eight, name="llama-8b-4layers", layers=4, vocab=129280),
     ]
     config = ProfileConfig(
-        slice_tokens=(512, 1024, 2048, 4096, 8192),
-        prefixes=(0, 4096, 16384),
-        pack_sizes=(1, 4),
+        # the largest point holds 2 x (6144 + 4096) tokens of a 1B model's activations, ~50 GB
+        slice_tokens=(512, 1024, 2048, 4096),
+        prefixes=(0, 2048, 6144),
+        pack_sizes=(1, 2),
+        calibration_memory_gib=32.0,
         repeats=3,
         lead_packs=1,
         device=rep.device,
         dtype=str(rep.dtype).removeprefix("torch."),
     )
-    plan_args = dict(mu=np.log(3000), sigma=1.2, clip=(64, 30000), docs=12, slice_tokens=2048, pack_tokens=8192)
+    plan_args = dict(mu=np.log(3000), sigma=1.2, clip=(64, 8192), docs=12, slice_tokens=2048,
+                     pack_tokens=8192, memory_gib=16.0)
     if rep.quick:
         shapes = [ModelConfig(name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)]
         config = dataclasses.replace(config, slice_tokens=(32, 64, 128), prefixes=(0, 128), repeats=1)
@@ -247,6 +252,7 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         res = bench_mape(config.repeats, "median", shape, config=config, model=model, plans=plans)
         res["seconds"] = time.perf_counter() - t0
         models[shape.name] = res.pop("cost_model")
+        models[shape.name].save(rep.out / f"profile-{shape.name}.json")
         rows = res.pop("rows")
         res["memory_model"] = models[shape.name].to_dict()
         results.append(res)
@@ -264,7 +270,7 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         f"Grid: slices {config.slice_tokens} x prefixes {config.prefixes} x packs of"
         f" {config.pack_sizes} slices, {config.repeats} rounds, calibrated on"
         f" {config.calibration_plans} plans; held out: 3 slimpack plans of 12 lognormal documents"
-        " (slices of 2048, packs <= 8192) timed in the same rounds.",
+        " (slices of 2048, packs <= 8192, 16 GiB budget) timed in the same rounds.",
         "",
         "| model | packs | MAPE | forward | backward | uncalibrated | in-sample floor | seconds |",
         "|---|---|---|---|---|---|---|---|",
@@ -305,8 +311,8 @@ def memory_fidelity(rep: Report, models: dict[str, CostModel]) -> None:
     shape = MODEL_PRESETS["llama-1b"]
     cm = models.get(shape.name) or CostModel.analytic(shape, "h100", "none")
     model = _hf_model(shape, rep)
-    plans = heldout_plans(shape, n=3, seed=7, mu=np.log(3000), sigma=1.2, clip=(64, 30000),
-                          docs=12, slice_tokens=2048, pack_tokens=8192)
+    plans = heldout_plans(shape, n=3, seed=7, mu=np.log(3000), sigma=1.2, clip=(64, 8192),
+                          docs=12, slice_tokens=2048, pack_tokens=8192, memory_gib=16.0)
     pred, held, peak = [], [], []
     for plan, payload in plans:
         run_step(model, payload)  # gradients allocated: the step's base holds them
@@ -365,8 +371,8 @@ def speedup(rep: Report, models: dict[str, CostModel], shards: str | None) -> No
     if rep.quick:
         shape = ModelConfig(name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=129280)
     dp, context = sizes(rep.quick, (4, 16384), (2, 1024))
-    layout = Layout(dp=dp, context=context, memory_gib=sizes(rep.quick, 24.0, 1.0))
-    docs, tokens = _shard_batches(shards, layout, steps=2)
+    layout = Layout(dp=dp, context=context, memory_gib=sizes(rep.quick, 16.0, 1.0))
+    docs, tokens = _shard_batches(shards, layout, steps=STEPS)
     model = _hf_model(shape, rep)
     results = {}
     for strategy in (*SAME_WORK, "concat"):
@@ -379,7 +385,7 @@ def _shard_batches(shards: str, layout: Layout, steps: int):
 
     all_docs = apply_oversize(load_shard_documents(shards), layout.context, "split")
     batches = make_batches(all_docs, layout.dp * layout.context, seed=0)
-    batches = sorted(batches, key=lambda b: -max(d.length for d in b))[:steps]
+    batches = batches[:steps]  # the epoch's first batches: documents in random order
     ds = StreamingDataset(local=shards, shuffle=False, batch_size=1)
     tokens = {}
     for b in batches:
@@ -428,8 +434,8 @@ def _report_speedup(rep: Report, results: dict, layout: Layout, shape: ModelConf
         f" DP {layout.dp} ranks run one after another on the one GPU (the step is the slowest"
         f" rank; the gradient all-reduce is not measured), context {layout.context},"
         f" {layout.memory_gib:g} GiB activation budget for every strategy; slimpack without"
-        " DP-Merge (one process runs every rank); the two global batches"
-        " of the bundled-corpus shards with the longest documents. Predicted: the profiled cost"
+        f" DP-Merge (one process runs every rank); the first {STEPS} global batches of"
+        " the bundled-corpus shards (documents shuffled, split at the context). Predicted: the profiled cost"
         " model's per-rank pack times (slowest rank), and the simulator's step (all-reduce"
         " included).",
         "",
@@ -453,12 +459,27 @@ def _report_speedup(rep: Report, results: dict, layout: Layout, shape: ModelConf
     rep.section("Measured speedup", "speedup", data, lines)
 
 
+def _load_profiles(directory: str | None) -> dict[str, CostModel]:
+    if directory is None:
+        return {}
+    return {
+        p.stem.removeprefix("profile-"): CostModel.load(p)
+        for p in sorted(Path(directory).glob("profile-*.json"))
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="report directory (report.md, PNGs, results.json)")
     ap.add_argument("--shards", default=None, help="slimdata build output for the speedup section")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU allowed): checks the script")
     ap.add_argument("--sections", default="env,equivalence,curve,profile,memory,speedup")
+    ap.add_argument(
+        "--profiles",
+        default=None,
+        help="directory of profile-<model>.json from an earlier run: memory and speedup use"
+        " them when the profile section is not run",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     cuda = torch.cuda.is_available()
@@ -471,7 +492,7 @@ def main() -> None:
     for name, fn in (("equivalence", equivalence), ("curve", attention_curve)):
         if name in todo:
             fn(rep)
-    models = profile_models(rep) if "profile" in todo else {}
+    models = profile_models(rep) if "profile" in todo else _load_profiles(args.profiles)
     if "memory" in todo:
         memory_fidelity(rep, models)
     if "speedup" in todo:

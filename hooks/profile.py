@@ -102,6 +102,9 @@ class ProfileConfig:
     (:func:`calibration_payloads`); the median ratio of their measured to predicted pack
     times scales the fitted forward and backward coefficients (:func:`calibrate`), because a
     pack inside a plan can run slower than the same pack timed on its own. 0: no calibration."""
+    calibration_memory_gib: float = 16.0
+    """Activation budget (GiB, the analytic model's bytes) the calibration plans are solved
+    for, so that they fit the device being profiled."""
 
     def __post_init__(self) -> None:
         if (
@@ -113,6 +116,7 @@ class ProfileConfig:
             or min(self.pack_sizes) < 1
             or self.lead_packs < 0
             or self.calibration_plans < 0
+            or self.calibration_memory_gib <= 0
         ):
             raise ValueError(
                 f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, repeats={self.repeats}, lead_packs={self.lead_packs}, calibration_plans={self.calibration_plans}: use positive sizes, repeats >= 1, lead_packs >= 0 and calibration_plans >= 0"
@@ -373,7 +377,7 @@ def calibration_payloads(model_cfg: ModelConfig, config: ProfileConfig, seed: in
     rng = np.random.default_rng(seed)
     cap = max(128, -(-max(config.slice_tokens) // 128) * 128)
     cut = max(128, cap // 4 // 128 * 128)
-    layout = Layout(dp=1, context=cap, pack_tokens=cap, memory_gib=1e6)
+    layout = Layout(dp=1, context=cap, pack_tokens=cap, memory_gib=config.calibration_memory_gib)
     analytic = CostModel.analytic(model_cfg, "h100", "none")
     out = []
     for i in range(config.calibration_plans):
