@@ -361,7 +361,9 @@ def memory_fidelity(rep: Report, models: dict[str, CostModel]) -> None:
 
 
 # -- 6. measured speedup -------------------------------------------------------------------------
-def speedup(rep: Report, models: dict[str, CostModel], shards: str | None) -> None:
+def speedup(
+    rep: Report, models: dict[str, CostModel], shards: str | None, dp: int, context: int
+) -> None:
     shape_name = "llama-8b-4layers" if not rep.quick else "q"
     if shards is None or shape_name not in models:
         return
@@ -370,7 +372,7 @@ def speedup(rep: Report, models: dict[str, CostModel], shards: str | None) -> No
     shape = dataclasses.replace(eight, name=shape_name, layers=4, vocab=129280)
     if rep.quick:
         shape = ModelConfig(name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=129280)
-    dp, context = sizes(rep.quick, (4, 16384), (2, 1024))
+    dp, context = sizes(rep.quick, (dp, context), (2, 1024))
     layout = Layout(dp=dp, context=context, memory_gib=sizes(rep.quick, 16.0, 1.0))
     docs, tokens = _shard_batches(shards, layout, steps=STEPS)
     model = _hf_model(shape, rep)
@@ -456,7 +458,12 @@ def _report_speedup(rep: Report, results: dict, layout: Layout, shape: ModelConf
     ]
     data = {"results": results, "best_baseline": base, "speedup_measured": meas,
             "speedup_predicted": pred}
-    rep.section("Measured speedup", "speedup", data, lines)
+    rep.section(
+        f"Measured speedup, DP {layout.dp}, context {layout.context}",
+        f"speedup_dp{layout.dp}_context{layout.context}",
+        data,
+        lines,
+    )
 
 
 def _load_profiles(directory: str | None) -> dict[str, CostModel]:
@@ -474,6 +481,11 @@ def main() -> None:
     ap.add_argument("--shards", default=None, help="slimdata build output for the speedup section")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU allowed): checks the script")
     ap.add_argument("--sections", default="env,equivalence,curve,profile,memory,speedup")
+    ap.add_argument(
+        "--speedup-layouts",
+        default="4:16384,8:32768",
+        help="DP ranks:context of each speedup measurement, comma-separated",
+    )
     ap.add_argument(
         "--profiles",
         default=None,
@@ -496,7 +508,9 @@ def main() -> None:
     if "memory" in todo:
         memory_fidelity(rep, models)
     if "speedup" in todo:
-        speedup(rep, models, args.shards)
+        for layout in args.speedup_layouts.split(","):
+            dp, context = (int(x) for x in layout.split(":"))
+            speedup(rep, models, args.shards, dp, context)
 
 
 if __name__ == "__main__":
