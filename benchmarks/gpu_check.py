@@ -120,12 +120,17 @@ def equivalence(rep: Report) -> None:
         sliced = sum(s.start > 0 for rk in plan.ranks for p in rk.forward for s in p.slices)
         asym = sum(set(rk.forward) != set(rk.backward) for rk in plan.ranks)
         rows.append({"mode": mode, "sliced": sliced, "asymmetric_ranks": asym, **_flat(r)})
+    if rep.device == "cuda":
+        rows.append(_merge_row(rep))
     lines = [
         f"Model {shape.layers} layers x {shape.hidden} ({shape.heads} heads, {shape.kv_heads} kv),"
         f" {rep.dtype}; documents {lengths}; slimpack, 2 DP ranks run in sequence, packs <= {cap}.",
         "Errors are relative: loss |l - l_ref| / l_ref; gradients max over parameters of"
         " ||g - g_ref|| / ||g_ref||. *noise* = the reference against the same documents packed"
         " 3 per pack in reverse order (summation order alone).",
+        "",
+        "The DP-Merge row is another model (3 layers x 512, documents [6000, 700, 1300, 300, 129],"
+        " 0.25 GiB budget so the 6000-token document is merged over both ranks).",
         "",
         "| mode | sliced slices | asymmetric ranks | noise loss | noise grad | packed loss | packed grad | packed / noise (grad) |",
         "|---|---|---|---|---|---|---|---|",
@@ -137,6 +142,22 @@ def equivalence(rep: Report) -> None:
             f" {r['packed_grad'] / max(r['noise_grad'], 1e-30):.2f} |"
         )
     rep.section("bf16 equivalence", "equivalence", rows, lines)
+
+
+def _merge_row(rep: Report) -> dict:
+    """DP-Merge: two processes on the one GPU (gloo), tests/gpu/gpu_workers.py's case."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+    import gpu_workers as W
+    from slimdata.hooks.distributed import run_distributed
+
+    dtype = str(rep.dtype).removeprefix("torch.")
+    res = run_distributed(W.merge_equivalence, 2, "cuda", dtype, [6000, 700, 1300, 300, 129], 0.25)
+    merges, shares, refs, errs, noise = zip(*res, strict=True)
+    return {"mode": f"DP-Merge ({merges[0]} group, 2 processes)", "sliced": "-",
+            "asymmetric_ranks": "-", "noise_loss": float("nan"), "noise_grad": max(noise),
+            "packed_loss": abs(sum(shares) - refs[0]) / refs[0], "packed_grad": max(errs)}
 
 
 def _flat(r: dict) -> dict:
@@ -483,7 +504,7 @@ def main() -> None:
     ap.add_argument("--sections", default="env,equivalence,curve,profile,memory,speedup")
     ap.add_argument(
         "--speedup-layouts",
-        default="4:16384,8:32768",
+        default="4:16384",
         help="DP ranks:context of each speedup measurement, comma-separated",
     )
     ap.add_argument(

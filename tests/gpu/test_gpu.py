@@ -112,3 +112,24 @@ def test_bf16_packed_error_is_within_the_repacking_noise(mode):
     assert packed["grad"] <= max(4 * noise["grad"], 2**-9), rep
     assert packed["grad"] < 2**-6, rep
     assert packed["loss"] <= max(4 * noise["loss"], 2**-9), rep
+
+
+MERGE_LENGTHS = [6000, 700, 1300, 300, 129]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dp_merge_on_one_gpu_two_processes(dtype):
+    # both ranks on the one GPU, gloo carries the K/V all-gather and gradient all-reduce
+    import gpu_workers as W
+    from slimdata.hooks.distributed import run_distributed
+
+    res = run_distributed(
+        W.merge_equivalence, 2, "cuda", dtype, MERGE_LENGTHS, 0.25, timeout_s=300
+    )
+    merges, shares, refs, errs, noise = zip(*res, strict=True)
+    assert min(merges) >= 1
+    assert sum(shares) == pytest.approx(refs[0], rel=1e-5 if dtype == "float32" else 1e-2)
+    if dtype == "float32":
+        assert max(errs) < 1e-5
+    else:
+        assert max(errs) <= max(4 * max(noise), 2**-9), res
