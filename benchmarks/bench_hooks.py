@@ -269,7 +269,7 @@ def bench_mape(
 
     def mape(sel=lambda r: True, key="predicted"):
         v = [abs(r[key] - r["measured"]) / r["measured"] for r in rows if sel(r)]
-        return 100 * float(np.mean(v))
+        return 100 * float(np.mean(v)) if v else float("nan")
 
     if DEBUG:
         for r in rows:

@@ -274,8 +274,7 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         res["seconds"] = time.perf_counter() - t0
         models[shape.name] = res.pop("cost_model")
         models[shape.name].save(rep.out / f"profile-{shape.name}.json")
-        rows = res.pop("rows")
-        res["memory_model"] = models[shape.name].to_dict()
+        rows = res["rows"]
         results.append(res)
         plt.scatter([r["measured"] for r in rows], [r["predicted"] for r in rows], s=10, label=shape.name)
         del model
@@ -304,6 +303,8 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         "",
         "![pack time, predicted against measured](pack_time_mape.png)",
     ]
+    for r in results:
+        r["rows"] = [{k: v for k, v in row.items() if k != "rec"} | {"rec": bool(row["rec"])} for row in r["rows"]]
     rep.section("Profile and per-pack time prediction", "profile", results, lines)
     return models
 
