@@ -305,6 +305,7 @@ def bench_mape(
         "mape_pct_bwd_recomputed": mape(lambda r: r["pass"] == "B" and r["rec"]),
         "mape_pct_in_sample_floor": floor,
         "cost_model": cm,
+        "points": meas,
         "rows": rows,
     }
 
@@ -365,7 +366,7 @@ def main() -> None:
         for name in args.models.split(","):
             m = MODELS[name]
             res = bench_mape(args.repeats, args.stat, m)
-            del res["rows"], res["cost_model"]
+            del res["rows"], res["cost_model"], res["points"]
             print(json.dumps({"cost_model": res, "model": m.to_dict()}), flush=True)
 
 
