@@ -56,8 +56,15 @@ def run_plan(
     model.zero_grad(set_to_none=True)
     loss = 0.0
     for r in range(plan.dp):
-        loss += run_step(model, make_payload(plan, r, tokens), forward=forward, backend=backend).loss
-    return loss, {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
+        loss += run_step(
+            model, make_payload(plan, r, tokens), forward=forward, backend=backend
+        ).loss
+    return loss, {n: _grad(p) for n, p in model.named_parameters()}
+
+
+def _grad(p: nn.Parameter) -> torch.Tensor:
+    """``p``'s gradient in fp32 (zeros for a parameter the batch did not reach)."""
+    return torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.detach().float()
 
 
 def grad_error(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
@@ -81,8 +88,9 @@ def equivalence_report(
 ) -> dict[str, dict[str, float]]:
     """``{"noise": {...}, "packed": {...}}``: relative loss and gradient error against the
     unpacked reference of two whole-document packings (``noise``) and of ``plan``."""
-    ref_loss, ref = run_plan(model, whole_document_plan(plan.docs), tokens, forward=forward,
-                             backend=backend)
+    ref_loss, ref = run_plan(
+        model, whole_document_plan(plan.docs), tokens, forward=forward, backend=backend
+    )
     repacked = whole_document_plan(plan.docs, per_pack=3, reverse=True)
     out = {}
     for name, p in (("noise", repacked), ("packed", plan)):

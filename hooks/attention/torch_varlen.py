@@ -19,7 +19,7 @@ try:
 
     AVAILABLE = True
 except ImportError:  # torch < 2.10
-    varlen_attn = None
+    varlen_attn = None  # type: ignore[assignment]
     AVAILABLE = False
 
 
@@ -32,7 +32,7 @@ def torch_varlen(
     if rep > 1:  # grouped-query attention: query head h reads key head h // rep
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    return varlen_attn(
+    out = varlen_attn(
         q,
         k,
         v,
@@ -43,6 +43,8 @@ def torch_varlen(
         scale=scale,
         window_size=(-1, 0),
     )
+    assert isinstance(out, torch.Tensor)  # no return_aux: the output alone
+    return out
 
 
 if AVAILABLE:
