@@ -50,6 +50,17 @@ from slimdata.solver.batches import apply_oversize, make_batches
 from slimdata.solver.memory import rank_memory_trace
 
 GIB = 2**30
+HELDOUT = dict(
+    mu=float(np.log(3000)),
+    sigma=1.2,
+    clip=(64, 8192),
+    docs=12,
+    slice_tokens=2048,
+    pack_tokens=8192,
+    memory_gib=16.0,
+)
+"""Held-out plans of the profile and memory sections: 12 lognormal documents (median 3000
+tokens, at most 8192), slices of 2048, packs of at most 8192, a 16 GiB activation budget."""
 STEPS = 4
 """Global batches timed per strategy in the speedup section."""
 SAME_WORK = ("slimpack", "bfd", "multipack", "wlb", "sorted")
@@ -269,15 +280,7 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         device=rep.device,
         dtype=str(rep.dtype).removeprefix("torch."),
     )
-    plan_args = dict(
-        mu=np.log(3000),
-        sigma=1.2,
-        clip=(64, 8192),
-        docs=12,
-        slice_tokens=2048,
-        pack_tokens=8192,
-        memory_gib=16.0,
-    )
+    plan_args = HELDOUT
     if rep.quick:
         shapes = [
             ModelConfig(name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
@@ -361,18 +364,7 @@ def memory_fidelity(rep: Report, models: dict[str, CostModel]) -> None:
     shape = MODEL_PRESETS["llama-1b"]
     cm = models.get(shape.name) or CostModel.analytic(shape, "h100", "none")
     model = _hf_model(shape, rep)
-    plans = heldout_plans(
-        shape,
-        n=3,
-        seed=7,
-        mu=np.log(3000),
-        sigma=1.2,
-        clip=(64, 8192),
-        docs=12,
-        slice_tokens=2048,
-        pack_tokens=8192,
-        memory_gib=16.0,
-    )
+    plans = heldout_plans(shape, n=3, seed=7, **HELDOUT)
     pred, held, peak = [], [], []
     for plan, payload in plans:
         run_step(model, payload)  # gradients allocated: the step's base holds them

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
-from slimdata.hooks import hf, make_payload, run_step
+from slimdata.hooks import make_payload, run_step
+from slimdata.hooks.profile import tiny_llama
 from slimdata.hooks.verify import grad_error, run_plan, whole_document_plan
 
 from slimdata.cost import CostModel, ModelConfig
@@ -23,28 +23,10 @@ def merged_case(lengths, memory_gib):
     return plan, [rng.integers(0, SHAPE.vocab, d.length).astype(np.uint32) for d in plan.docs]
 
 
-def model(device: str, dtype: torch.dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=SHAPE.vocab,
-        hidden_size=SHAPE.hidden,
-        intermediate_size=SHAPE.ffn,
-        num_hidden_layers=SHAPE.layers,
-        num_attention_heads=SHAPE.heads,
-        num_key_value_heads=SHAPE.kv_heads,
-        max_position_embeddings=1 << 16,
-        attn_implementation=hf.register(),
-    )
-    return LlamaForCausalLM(cfg).to(device=device, dtype=dtype)
-
-
 def merge_equivalence(rank: int, world: int, device: str, dtype: str, lengths, memory_gib):
     """(merge groups, loss share, reference loss, packed grad error, repacking noise)."""
-    dt = getattr(torch, dtype)
     plan, toks = merged_case(lengths, memory_gib)
-    net = model(device, dt)
+    net = tiny_llama(SHAPE, device, dtype)
     ref_loss, ref = run_plan(net, whole_document_plan(plan.docs), toks)
     _, noise = run_plan(net, whole_document_plan(plan.docs, per_pack=3, reverse=True), toks)
     net.zero_grad(set_to_none=True)

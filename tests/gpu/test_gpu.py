@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from slimdata.hooks import hf
 from slimdata.hooks.attention import (
     BACKENDS,
     VarlenBatch,
@@ -15,6 +14,7 @@ from slimdata.hooks.attention import (
     resolve_backend,
     sdpa_varlen,
 )
+from slimdata.hooks.profile import tiny_llama
 from slimdata.hooks.verify import equivalence_report, grad_error, run_plan, whole_document_plan
 
 from slimdata.cost import CostModel, ModelConfig
@@ -60,29 +60,18 @@ def test_fast_backend_matches_fp32_reference_with_prefix_and_gqa(backend):
         assert (got.float() - want).norm() / want.norm() < 2e-2
 
 
-def _model(dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
+SHAPE = ModelConfig(name="t", layers=3, hidden=512, heads=8, kv_heads=2, ffn=1376, vocab=1024)
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=1024,
-        hidden_size=512,
-        intermediate_size=1376,
-        num_hidden_layers=3,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=1 << 16,
-        attn_implementation=hf.register(),
-    )
-    return LlamaForCausalLM(cfg).to(device="cuda", dtype=dtype)
+
+def _model(dtype):
+    return tiny_llama(SHAPE, "cuda", str(dtype).removeprefix("torch."))
 
 
 def _case(lengths, dp, mode="free"):
     """A slimpack plan (slices of 256 tokens, packs of <= 1024) and the documents' tokens."""
-    shape = ModelConfig(name="t", layers=3, hidden=512, heads=8, kv_heads=2, ffn=1376, vocab=1024)
     docs = documents_from_lengths(lengths, slice_tokens=256)
     layout = Layout(dp=dp, context=1 << 16, pack_tokens=1024, memory_gib=1e3, mode=mode)
-    cost = CostModel.analytic(shape, "h100", "none")
+    cost = CostModel.analytic(SHAPE, "h100", "none")
     # no DP-Merge: verify runs the ranks in sequence in one process
     plan = solve(docs, layout, "slimpack", seed=0, cost=cost, merge_share=1e9, skew_merge=False)
     rng = np.random.default_rng(0)
