@@ -270,10 +270,12 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         dataclasses.replace(eight, name="llama-8b-4layers", layers=4, vocab=129280),
     ]
     config = ProfileConfig(
-        # the largest point holds 2 x (6144 + 4096) tokens of a 1B model's activations, ~50 GB
-        slice_tokens=(512, 1024, 2048, 4096),
+        # up to the held-out plans' 8192-token packs; no point holds more than 16384 tokens
+        # (a 1B model's activations for them, ~40 GB)
+        slice_tokens=(512, 1024, 2048, 4096, 8192),
         prefixes=(0, 2048, 6144),
         pack_sizes=(1, 2),
+        max_point_tokens=16384,
         calibration_memory_gib=32.0,
         repeats=3,
         lead_packs=1,
@@ -316,7 +318,8 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
     plt.close(fig)
     lines = [
         f"Grid: slices {config.slice_tokens} x prefixes {config.prefixes} x packs of"
-        f" {config.pack_sizes} slices, {config.repeats} rounds, calibrated on"
+        f" {config.pack_sizes} slices (points holding at most {config.max_point_tokens} tokens),"
+        f" {config.repeats} rounds, calibrated on"
         f" {config.calibration_plans} plans; held out: 3 slimpack plans of 12 lognormal documents"
         " (slices of 2048, packs <= 8192, 16 GiB budget) timed in the same rounds.",
         "",

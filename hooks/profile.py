@@ -46,6 +46,7 @@ import click
 import numpy as np
 
 from slimdata.cost import CostModel, ModelConfig, load_model_config
+from slimdata.errors import ConfigError
 
 __all__ = [
     "ProfileConfig",
@@ -105,6 +106,10 @@ class ProfileConfig:
     calibration_memory_gib: float = 16.0
     """Activation budget (GiB, the analytic model's bytes) the calibration plans are solved
     for, so that they fit the device being profiled."""
+    max_point_tokens: int | None = None
+    """Skip grid points whose step holds more than this many tokens, ``k * (start + s)``
+    (the prefix packs and the measured pack are all held until their backward), so a grid
+    can reach the plans' largest packs without running out of device memory. None: all."""
 
     def __post_init__(self) -> None:
         if (
@@ -117,12 +122,13 @@ class ProfileConfig:
             or self.lead_packs < 0
             or self.calibration_plans < 0
             or self.calibration_memory_gib <= 0
+            or (self.max_point_tokens is not None and not profile_points(self))
         ):
-            raise ValueError(
-                f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, repeats={self.repeats}, lead_packs={self.lead_packs}, calibration_plans={self.calibration_plans}: use positive sizes, repeats >= 1, lead_packs >= 0 and calibration_plans >= 0"
+            raise ConfigError(
+                f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, max_point_tokens={self.max_point_tokens}, repeats={self.repeats}, lead_packs={self.lead_packs}, calibration_plans={self.calibration_plans}: use positive sizes, at least one point within max_point_tokens, repeats >= 1, lead_packs >= 0 and calibration_plans >= 0"
             )
         if self.stat not in ("median", "min"):
-            raise ValueError(f"stat={self.stat!r}: use 'median' or 'min'")
+            raise ConfigError(f"stat={self.stat!r}: use 'median' or 'min'")
 
 
 def tiny_llama(model: ModelConfig, device: str = "cpu", dtype: str = "float32"):
@@ -308,9 +314,15 @@ def fit_terms(s, pairs, t, slices=None) -> tuple[float, ...]:
 
 
 def profile_points(config: ProfileConfig) -> list[tuple[int, int, int]]:
-    """The ``(s, start, k)`` grid of ``config``."""
+    """The ``(s, start, k)`` grid of ``config``, without the points that hold more than
+    ``config.max_point_tokens`` tokens (``k * (start + s)``)."""
+    cap = config.max_point_tokens
     return [
-        (s, p, k) for k in config.pack_sizes for s in config.slice_tokens for p in config.prefixes
+        (s, p, k)
+        for k in config.pack_sizes
+        for s in config.slice_tokens
+        for p in config.prefixes
+        if cap is None or k * (p + s) <= cap
     ]
 
 
@@ -509,6 +521,13 @@ def _ints(text: str) -> tuple[int, ...]:
     help="slimpack plans run with the grid to calibrate the fit to in-plan pack times (0: none).",
 )
 @click.option(
+    "--max-point-tokens",
+    type=int,
+    default=None,
+    help="Skip grid points holding more tokens than this (k x (prefix + slice)): reach large"
+    " packs without running out of device memory.",
+)
+@click.option(
     "--stat",
     type=click.Choice(["median", "min"]),
     default="median",
@@ -533,6 +552,7 @@ def command(
     repeats,
     lead_packs,
     calibration_plans,
+    max_point_tokens,
     stat,
     measurements,
 ) -> None:
@@ -544,6 +564,7 @@ def command(
         repeats=repeats,
         lead_packs=lead_packs,
         calibration_plans=calibration_plans,
+        max_point_tokens=max_point_tokens,
         device=device,
         dtype=dtype,
         backend=backend,

@@ -237,3 +237,32 @@ def test_auto_backend_is_sdpa_on_cpu_and_unknown_names_list_auto():
     assert resolve_backend("sdpa", "cuda", torch.bfloat16) == "sdpa"
     with pytest.raises(ValueError, match="'auto'"):
         get_backend("nope")
+
+
+def test_profile_grid_cap_skips_points_that_hold_too_many_tokens():
+    from slimdata.hooks.profile import ProfileConfig, profile_points
+
+    cfg = ProfileConfig(
+        slice_tokens=(4096, 8192), prefixes=(0, 6144), pack_sizes=(1, 2), max_point_tokens=16384
+    )
+    # k * (prefix + s): 4096, 10240, 8192, 14336 (k=1); 8192, 20480, 16384, 28672 (k=2)
+    assert profile_points(cfg) == [
+        (4096, 0, 1),
+        (4096, 6144, 1),
+        (8192, 0, 1),
+        (8192, 6144, 1),
+        (4096, 0, 2),
+        (8192, 0, 2),
+    ]
+    assert len(profile_points(ProfileConfig(slice_tokens=(4096, 8192), prefixes=(0, 6144)))) == 8
+
+
+def test_profile_rejects_bad_grids_without_a_traceback(tmp_path):
+    from slimdata.cli import cli
+
+    for args in (["--repeats", "0"], ["--slice-tokens", "512", "--max-point-tokens", "100"]):
+        res = CliRunner().invoke(
+            cli, ["profile", "--model", "llama-1b", "-o", str(tmp_path / "p.json"), *args]
+        )
+        assert res.exit_code == 2, res.output
+        assert "Error: bad profile grid" in res.output and "Traceback" not in res.output
