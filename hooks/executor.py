@@ -64,8 +64,15 @@ def hf_forward(
 
 
 def reduce_gradients(params: Sequence[nn.Parameter], group=None) -> None:
-    """SUM-all-reduce ``.grad`` of ``params`` (flattened per dtype/device, one call each)."""
-    grads = [p.grad for p in params if p.grad is not None]
+    """SUM-all-reduce ``.grad`` of ``params`` (flattened per dtype/device, one call each).
+
+    A parameter without ``.grad`` (an idle rank, a share that never reached it) gets zeros
+    first, so every rank issues the same calls with the same sizes whatever its share.
+    """
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
     buckets: dict[tuple, list[torch.Tensor]] = {}
     for g in grads:
         buckets.setdefault((g.dtype, g.device), []).append(g)
