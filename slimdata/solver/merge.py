@@ -255,9 +255,7 @@ def plan_merges(
                 cap=cap,
             )
             if k is not None and packs > 1 and k > 2:
-                k, members = _closest_to_one_pack(
-                    view, sl, k, members, mem_d, balanced, packs, cap
-                )
+                k, members = _closest_to_one_pack(view, sl, k, members, mem_d, balanced, packs, cap)
         if k is None:
             if must:
                 raise PlanError(
