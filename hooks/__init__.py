@@ -23,13 +23,14 @@ from slimdata.hooks.continuation import PackContext, active_context, slice_atten
 from slimdata.hooks.executor import (
     ForwardFn,
     hf_forward,
+    hf_hidden_forward,
     kept_forward_packs,
     reduce_gradients,
     run_step,
 )
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
-from slimdata.hooks.loss import packed_loss, slice_labels
+from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.payload import StepPayload, make_payload
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Callback",
     "DocumentLoader",
     "ForwardFn",
+    "HiddenStates",
     "KVStore",
     "LoaderConfig",
     "PackContext",
@@ -47,6 +49,7 @@ __all__ = [
     "StepSummary",
     "active_context",
     "hf_forward",
+    "hf_hidden_forward",
     "kept_forward_packs",
     "make_payload",
     "packed_loss",

@@ -40,7 +40,7 @@ from slimdata.hooks import fsdp as fsdp_rt
 from slimdata.hooks.callbacks import Callback, PackEvent, StepSummary
 from slimdata.hooks.continuation import PackContext
 from slimdata.hooks.kvstore import KVStore
-from slimdata.hooks.loss import packed_loss, slice_labels
+from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.merge import MergeRuntime, ensure_groups
 from slimdata.hooks.payload import StepPayload
 from torch import nn
@@ -48,10 +48,21 @@ from torch import nn
 from slimdata.plan import MicroPack, Slice
 from slimdata.plan.schedule import kept_forward_packs, split_calls
 
-__all__ = ["ForwardFn", "hf_forward", "kept_forward_packs", "reduce_gradients", "run_step"]
+__all__ = [
+    "ForwardFn",
+    "hf_forward",
+    "hf_hidden_forward",
+    "kept_forward_packs",
+    "reduce_gradients",
+    "run_step",
+]
 
-ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-"""``forward(module, input_ids (T,), position_ids (T,)) -> logits (T, vocab)``."""
+ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], "torch.Tensor | HiddenStates"]
+"""``forward(module, input_ids (T,), position_ids (T,)) -> logits (T, vocab)`` or
+:class:`~slimdata.hooks.loss.HiddenStates` (the loss then never holds a whole pack's logits)."""
+
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config fields of models whose logits are not just ``lm_head(hidden)``."""
 
 
 def hf_forward(
@@ -61,6 +72,24 @@ def hf_forward(
     return module(
         input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False
     ).logits[0]
+
+
+def hf_hidden_forward(
+    module: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor | HiddenStates:
+    """Forward of a Hugging Face causal LM up to its final hidden states, returned with its LM
+    head for the chunked loss; models whose logits are transformed after the head (soft-capping,
+    scaling) and models without ``get_decoder``/``get_output_embeddings`` get
+    :func:`hf_forward`'s logits."""
+    config = getattr(module, "config", None)
+    head = getattr(module, "get_output_embeddings", lambda: None)()
+    decoder = getattr(module, "get_decoder", lambda: None)()
+    if head is None or decoder is None or decoder is module:
+        return hf_forward(module, input_ids, position_ids)
+    if any(getattr(config, k, None) not in (None, 1, 1.0) for k in _LOGIT_TRANSFORMS):
+        return hf_forward(module, input_ids, position_ids)
+    out = decoder(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False)
+    return HiddenStates(out.last_hidden_state[0], head)
 
 
 def reduce_gradients(params: Sequence[nn.Parameter], group=None) -> None:
@@ -89,9 +118,10 @@ class _Step:
     """State of one run_step call."""
 
     def __init__(
-        self, module, payload: StepPayload, forward: ForwardFn, backend: str, device
+        self, module, payload: StepPayload, forward: ForwardFn, backend: str, device, chunk=None
     ) -> None:
         self.module, self.forward, self.backend, self.device = module, forward, backend, device
+        self.chunk: int | None = chunk
         self.plan, self.rank = payload.plan, payload.rank
         self.rs = self.plan.ranks[self.rank]
         self.norm = self.plan.loss_tokens
@@ -170,7 +200,7 @@ class _Step:
         )
         with ctx, torch.set_grad_enabled(mode != "nograd"):
             logits = self.forward(self.module, ids, pos)
-            loss = packed_loss(logits, labels, self.norm)
+            loss = packed_loss(logits, labels, self.norm, self.chunk)
         return loss, ctx
 
     def dummy(self, grad: bool) -> tuple[torch.Tensor, None]:
@@ -200,13 +230,14 @@ def run_step(
     model: nn.Module,
     payload: StepPayload,
     *,
-    forward: ForwardFn = hf_forward,
+    forward: ForwardFn | None = None,
     backend: str = "sdpa",
     callbacks: Sequence[Callback] = (),
     reduce_grads: bool | None = None,
     group=None,
     fsdp_grad_sync: str = "each",
     asymmetric: str = "split",
+    loss_chunk_tokens: int | None = None,
 ) -> StepSummary:
     """Run ``payload.rank``'s forward and backward packs of ``payload.plan``; accumulate grads.
 
@@ -229,6 +260,11 @@ def run_step(
     runs such forward packs without a graph and recomputes them in their backward packs (one
     extra forward, less memory held). FSDP always uses the plan-global recompute rules (every
     rank must make the same calls).
+
+    ``forward`` (default: :func:`hf_hidden_forward`, or :func:`hf_forward` under FSDP, whose
+    wrappers own the LM head's parameters) runs the model on one pack; the loss is computed in
+    chunks of ``loss_chunk_tokens`` tokens (default: :func:`slimdata.cost.loss_chunk_tokens`
+    for the model's vocabulary), so no pack holds all its logits (:mod:`slimdata.hooks.loss`).
     """
     t_step = time.perf_counter()
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -248,7 +284,9 @@ def run_step(
     if ddp and group is None:
         group = model.process_group
     device = next(module.parameters()).device
-    st = _Step(module, payload, forward, backend, device)
+    if forward is None:
+        forward = hf_forward if fsdp else hf_hidden_forward
+    st = _Step(module, payload, forward, backend, device, loss_chunk_tokens)
     plan, rs = st.plan, st.rs
     for cb in callbacks:
         cb.on_step_start(plan, st.rank)
