@@ -32,6 +32,7 @@ from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.payload import StepPayload, make_payload
+from slimdata.hooks.telemetry import StepTelemetry
 
 __all__ = [
     "BalanceMeter",
@@ -47,6 +48,7 @@ __all__ = [
     "PlanShardLoader",
     "StepPayload",
     "StepSummary",
+    "StepTelemetry",
     "active_context",
     "hf_forward",
     "hf_hidden_forward",
