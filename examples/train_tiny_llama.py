@@ -21,6 +21,7 @@ vocabulary (``id % --vocab``): the demo exercises the mechanics, not language mo
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -35,7 +36,6 @@ from slimdata.hooks import BalanceMeter, PackTimeRecorder, hf, hf_forward, run_s
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, documents_of
 from torch.nn.parallel import DistributedDataParallel
 
-from slimdata.cost import CostModel, ModelConfig
 from slimdata.docsource import load_shard_documents
 from slimdata.slicing import slice_cuts
 from slimdata.solver import Layout
@@ -158,27 +158,22 @@ def main(argv=None) -> int:
         else documents_of(ds)
     )
     docs = docs[: args.max_docs]
-    tiny = ModelConfig(
-        name="tiny-llama",
-        layers=2,
-        hidden=64,
-        heads=4,
-        kv_heads=2,
-        ffn=128,
-        vocab=args.vocab,
-        dtype_bytes=4,
-    )
+    model = build_model(args.vocab, hf.register())
+    ref_model = build_model(args.vocab, "eager") if args.check else None
+    # packs hold at least the largest slice of the shards (2048 tokens in a default build)
+    pack = max(512, max(b - a for d in docs for a, b in itertools.pairwise(d.cuts)))
     config = LoaderConfig(
-        layout=Layout(dp=world, ranks_per_node=world, context=1024, pack_tokens=512, memory_gib=1),
-        global_batch_tokens=args.global_batch_tokens,
+        layout=Layout(
+            dp=world, ranks_per_node=world, context=max(1024, pack), pack_tokens=pack, memory_gib=1
+        ),
+        global_batch_tokens=max(args.global_batch_tokens, pack),
         strategy=args.strategy,
         seed=args.seed,
-        cost=CostModel.analytic(tiny, "h100", "none"),
+        oversize="split",
+        model=model,  # cost model derived from the model's config (no recompute)
     )
     loader = DocumentLoader(ds, rank=rank, config=config, documents=docs)
 
-    model = build_model(args.vocab, hf.register())
-    ref_model = build_model(args.vocab, "eager") if args.check else None
     ddp = DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     meter = BalanceMeter()
