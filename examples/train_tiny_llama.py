@@ -5,6 +5,13 @@ Two CPU ranks, gloo, through torchrun::
     torchrun --nproc-per-node 2 examples/train_tiny_llama.py --steps 6 --check
     torchrun --nproc-per-node 2 examples/train_tiny_llama.py --shards demo-out --check   # after `make demo`
 
+Same data, two strategies, one loss plot (the curves coincide: packing changes the schedule,
+not the math)::
+
+    torchrun --nproc-per-node 2 examples/train_tiny_llama.py --shards demo-out --steps 300 --telemetry slimpack.jsonl
+    torchrun --nproc-per-node 2 examples/train_tiny_llama.py --shards demo-out --steps 300 --strategy bfd --telemetry bfd.jsonl
+    python examples/plot_training.py slimpack=slimpack.jsonl bfd=bfd.jsonl --out plots
+
 Every rank builds the same random-init ``LlamaForCausalLM`` from a config (no downloads),
 wraps it in DDP, and for every step: reads this rank's :class:`StepPayload` from document
 shards (``DocumentLoader``: same global batch and plan on every rank, own tokens read by
@@ -32,7 +39,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from slimdata.hooks import BalanceMeter, PackTimeRecorder, hf, hf_forward, run_step
+from slimdata.hooks import (
+    BalanceMeter,
+    PackTimeRecorder,
+    StepTelemetry,
+    hf,
+    hf_forward,
+    run_step,
+)
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, documents_of
 from torch.nn.parallel import DistributedDataParallel
 
@@ -133,6 +147,11 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--tol", type=float, default=1e-5)
     ap.add_argument("--pack-times", default=None, help="append per-pack JSON lines here")
+    ap.add_argument(
+        "--telemetry",
+        default=None,
+        help="append one StepTelemetry JSON line per step here (rank 0)",
+    )
     args = ap.parse_args(argv)
 
     dist.init_process_group("gloo")
@@ -178,6 +197,8 @@ def main(argv=None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     meter = BalanceMeter()
     callbacks = [meter] + ([PackTimeRecorder(args.pack_times)] if args.pack_times else [])
+    if args.telemetry:
+        callbacks.append(StepTelemetry(log=args.telemetry, progress=None))
     worst, t0, steps = 0.0, time.perf_counter(), 0
     for payload in loader:
         if steps == args.steps:

@@ -72,3 +72,30 @@ def test_readme_loop_is_the_example_and_runs_on_default_shards(shards, tmp_path)
     assert len(r["predicted"]) == len(r["measured"]) == len(r["peak_mem_bytes"]) == 2
     assert 10 < r["loss"] < 13  # ~ln(vocab) at initialisation: a real loss, not 0 or nan
     assert "step     0  loss" in proc.stderr
+
+
+def test_slimpack_and_baseline_loss_curves_match(shards, tmp_path):
+    logs = {}
+    for strategy in ("slimpack", "bfd"):
+        logs[strategy] = tmp_path / f"{strategy}.jsonl"
+        _torchrun(
+            str(ROOT / "examples" / "train_tiny_llama.py"),
+            *("--shards", str(shards), "--steps", "4", "--strategy", strategy),
+            *("--telemetry", str(logs[strategy])),
+        )
+    curves = {
+        k: [json.loads(x)["loss"] for x in p.read_text().splitlines()] for k, p in logs.items()
+    }
+    assert len(curves["slimpack"]) == len(curves["bfd"]) == 4
+    # same batches, different packing: the same math up to float rounding
+    assert curves["slimpack"] == pytest.approx(curves["bfd"], rel=1e-5)
+    assert curves["slimpack"][-1] < curves["slimpack"][0]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "plot_training.py")]
+        + [f"{k}={p}" for k, p in logs.items()]
+        + ["--out", str(tmp_path / "plots")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (tmp_path / "plots" / "loss.png").stat().st_size > 0, out.stdout
