@@ -45,6 +45,7 @@ from slimdata.hooks.merge import MergeRuntime, ensure_groups
 from slimdata.hooks.payload import StepPayload
 from torch import nn
 
+from slimdata.errors import ConfigError
 from slimdata.plan import MicroPack, Slice
 from slimdata.plan.schedule import kept_forward_packs, split_calls
 
@@ -277,6 +278,12 @@ def run_step(
         raise ValueError("fsdp_grad_sync='last' needs FSDP2 (fully_shard); FSDP1 supports 'each'")
     if asymmetric not in ("split", "recompute"):
         raise ValueError(f"asymmetric={asymmetric!r}: use 'split' or 'recompute'")
+    if getattr(module, "is_gradient_checkpointing", False):
+        raise ConfigError(
+            "the model has gradient checkpointing enabled, which run_step does not support yet "
+            "(its recomputed attention would run outside the pack): call "
+            "model.gradient_checkpointing_disable() and plan with recompute='none'"
+        )
     if fsdp and reduce_grads:
         raise ValueError("reduce_grads=True with an FSDP model: FSDP reduces the gradients itself")
     if reduce_grads is None:

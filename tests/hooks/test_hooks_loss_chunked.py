@@ -83,3 +83,13 @@ def test_hf_default_forward_is_chunked_and_exact():
     summary = run_step(model, make_payload(plan, 0, toks), loss_chunk_tokens=4)
     assert summary.loss == pytest.approx(ref_loss, rel=1e-6)
     assert max_rel_err(grads_of(model), ref) <= 1e-5
+
+
+def test_gradient_checkpointing_is_refused_not_silently_wrong():
+    from slimdata.errors import ConfigError
+
+    model = tiny_llama(hf.register())
+    model.gradient_checkpointing_enable()
+    plan = make_plan([9], [([[(0, 0, 9)]], [[(0, 0, 9)]])])
+    with pytest.raises(ConfigError, match="gradient_checkpointing_disable"):
+        run_step(model, make_payload(plan, 0, doc_tokens([9])))
