@@ -134,7 +134,7 @@ def main() -> None:
         print(
             f"{name}: peak MAPE {100 * statistics.mean(peaks):.2f}% over {len(peaks)} plans, "
             f"per-pack MAPE {100 * statistics.mean(points):.2f}% over {len(points)} points, "
-            f"predicted/measured per token {cost.act_bytes_per_token:.0f} B act"
+            f"model: {cost.act_bytes_per_token:.0f} activation B/token"
         )
 
 
