@@ -102,7 +102,7 @@ def reduce_gradients(params: Sequence[nn.Parameter], group=None) -> None:
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params if p.grad is not None]  # all of them, after the above
     buckets: dict[tuple, list[torch.Tensor]] = {}
     for g in grads:
         buckets.setdefault((g.dtype, g.device), []).append(g)

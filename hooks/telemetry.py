@@ -58,8 +58,14 @@ class StepTelemetry(Callback):
             torch.cuda.reset_peak_memory_stats()
 
     def on_step_end(self, summary: StepSummary) -> None:
-        mine = (summary.loss, summary.tokens, summary.seconds, summary.busy_seconds)
-        mine += (self._predicted, _peak_bytes())
+        mine = (
+            summary.loss,
+            summary.tokens,
+            summary.seconds,
+            summary.busy_seconds,
+            self._predicted,
+            _peak_bytes(),
+        )
         if dist.is_available() and dist.is_initialized():
             every: list = [None] * dist.get_world_size()
             dist.all_gather_object(every, mine)
