@@ -209,3 +209,15 @@ def test_binary_text_inputs_are_quarantined_not_tokenized(tmp_path):
     samples, _ = read_shards(out)
     assert [s["doc_id"] for s in samples] == ["txt/ok.txt"]
     assert summary.counts["quarantined"] == 3 and summary.counts["documents"] == 1
+
+
+def test_dangling_link_is_quarantined_not_a_crash(tmp_path):
+    src = tmp_path / "txt"
+    src.mkdir()
+    (src / "ok.txt").write_text("plain text\n")
+    (src / "gone.js").symlink_to(tmp_path / "missing.js")
+    out = tmp_path / "out"
+    summary = build(tiny_config(src), out)
+    reasons = {q["doc_id"]: q["reason"] for q in quarantine(out)}
+    assert reasons == {"txt/gone.js": "cannot read file: No such file or directory"}
+    assert summary.counts["documents"] == 1
