@@ -23,11 +23,11 @@ from slimdata.hooks.continuation import PackContext, active_context, slice_atten
 from slimdata.hooks.executor import (
     ForwardFn,
     hf_forward,
-    hf_hidden_forward,
     kept_forward_packs,
     reduce_gradients,
     run_step,
 )
+from slimdata.hooks.hf import hf_hidden_forward
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from slimdata.hooks import fsdp as fsdp_rt
 from slimdata.hooks.callbacks import Callback, PackEvent, StepSummary
 from slimdata.hooks.continuation import PackContext
+from slimdata.hooks.hf import hf_hidden_forward
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.merge import MergeRuntime, ensure_groups
@@ -49,21 +50,11 @@ from slimdata.errors import ConfigError
 from slimdata.plan import MicroPack, Slice
 from slimdata.plan.schedule import kept_forward_packs, split_calls
 
-__all__ = [
-    "ForwardFn",
-    "hf_forward",
-    "hf_hidden_forward",
-    "kept_forward_packs",
-    "reduce_gradients",
-    "run_step",
-]
+__all__ = ["ForwardFn", "hf_forward", "kept_forward_packs", "reduce_gradients", "run_step"]
 
 ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], "torch.Tensor | HiddenStates"]
 """``forward(module, input_ids (T,), position_ids (T,)) -> logits (T, vocab)`` or
 :class:`~slimdata.hooks.loss.HiddenStates` (the loss then never holds a whole pack's logits)."""
-
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
-"""Config fields of models whose logits are not just ``lm_head(hidden)``."""
 
 
 def hf_forward(
@@ -73,24 +64,6 @@ def hf_forward(
     return module(
         input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False
     ).logits[0]
-
-
-def hf_hidden_forward(
-    module: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor
-) -> torch.Tensor | HiddenStates:
-    """Forward of a Hugging Face causal LM up to its final hidden states, returned with its LM
-    head for the chunked loss; models whose logits are transformed after the head (soft-capping,
-    scaling) and models without ``get_decoder``/``get_output_embeddings`` get
-    :func:`hf_forward`'s logits."""
-    config = getattr(module, "config", None)
-    head = getattr(module, "get_output_embeddings", lambda: None)()
-    decoder = getattr(module, "get_decoder", lambda: None)()
-    if head is None or decoder is None or decoder is module:
-        return hf_forward(module, input_ids, position_ids)
-    if any(getattr(config, k, None) not in (None, 1, 1.0) for k in _LOGIT_TRANSFORMS):
-        return hf_forward(module, input_ids, position_ids)
-    out = decoder(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False)
-    return HiddenStates(out.last_hidden_state[0], head)
 
 
 def reduce_gradients(params: Sequence[nn.Parameter], group=None) -> None:
