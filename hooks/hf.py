@@ -88,8 +88,8 @@ def hf_hidden_forward(
     config = getattr(module, "config", None)
     head = getattr(module, "get_output_embeddings", lambda: None)()
     decoder = getattr(module, "get_decoder", lambda: None)()
-    plain = head is None or decoder is None or decoder is module
-    if plain or any(getattr(config, k, None) not in (None, 1, 1.0) for k in _LOGIT_TRANSFORMS):
+    transformed = any(getattr(config, k, None) not in (None, 1, 1.0) for k in _LOGIT_TRANSFORMS)
+    if head is None or decoder is None or decoder is module or transformed:
         kw = {"input_ids": input_ids[None], "position_ids": position_ids[None]}
         return module(**kw, use_cache=False).logits[0]
     out = decoder(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False)
