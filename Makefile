@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 UV := $(shell command -v uv 2>/dev/null || echo .uv/bin/uv)
 DEMO_OUT ?= demo-out
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test lint format bench gpu-check clean
 
 setup: $(VENV)/.synced
 
@@ -39,6 +39,22 @@ bench: setup  ## benchmarks print numbers; they are not tests
 	$(BIN)/python benchmarks/bench_solver.py
 	$(BIN)/python benchmarks/bench_sim.py
 	$(BIN)/python benchmarks/bench_hooks.py
+
+# On a CUDA machine (nothing here needs .venv): the python that has CUDA torch installs
+# slimdata with the GPU extra, runs `pytest -m gpu`, builds the bundled corpus and writes the
+# report (report.md, PNGs, results.json) under GPU_REPORT. GPU_PIP adds pip options (e.g.
+# "--no-deps --no-build-isolation" on a machine without a package index).
+GPU_PY ?= python3
+GPU_REPORT ?= gpu-report
+GPU_SHARDS ?= $(GPU_REPORT)/shards
+GPU_PIP ?=
+GPU_SECTIONS ?= env,equivalence,curve,profile,memory,speedup
+
+gpu-check:  ## GPU tests and the GPU validation report (see docs/gpu.md)
+	$(GPU_PY) -m pip install -q $(GPU_PIP) -e '.[gpu]' || { echo "the gpu extra (flash-attn) does not install here: slimdata without it, attention through torch's varlen kernel"; $(GPU_PY) -m pip install -q $(GPU_PIP) -e . ; }
+	$(GPU_PY) -m pytest -m gpu tests/gpu -q -p no:cacheprovider
+	test -f $(GPU_SHARDS)/index.json || $(GPU_PY) -m slimdata.cli build --output $(GPU_SHARDS) --overwrite --workers 8
+	$(GPU_PY) benchmarks/gpu_check.py --out $(GPU_REPORT) --shards $(GPU_SHARDS) --sections $(GPU_SECTIONS)
 
 clean:
 	rm -rf $(DEMO_OUT) .pytest_cache .ruff_cache .mypy_cache .uv

@@ -165,30 +165,59 @@ def bench_overhead(repeats: int) -> dict:
     }
 
 
-def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODEL) -> dict:
-    """Profile ``model_cfg`` and time the packs of three solver plans in the same rounds
-    (:func:`round_robin`: every profile point and every plan once per round), so the drift
-    of a shared machine hits the fit and the packs it predicts alike; then compare."""
-    config = ProfileConfig(
-        slice_tokens=(32, 64, 128, 256, 512), prefixes=(0, 256, 1024), repeats=repeats, stat=stat
-    )
-    model = tiny_llama(model_cfg)
-    rng = np.random.default_rng(1)
-    points = profile_points(config)
-    # the plans are solved with the analytic model: they only need to be realistic packs
+def heldout_plans(
+    model_cfg: ModelConfig,
+    *,
+    n: int = 3,
+    seed: int = 1,
+    mu: float = 5.0,
+    sigma: float = 1.0,
+    clip: tuple[int, int] = (2, 1500),
+    docs: int = 10,
+    slice_tokens: int = 128,
+    pack_tokens: int = 512,
+    memory_gib: float = 1.0,
+) -> list[tuple]:
+    """``n`` one-rank slimpack plans (with payloads) of ``docs`` lognormal document lengths,
+    solved with the analytic model (they only need to be realistic packs); other documents
+    than the profile's calibration plans."""
+    rng = np.random.default_rng(seed)
     analytic = CostModel.analytic(model_cfg, "h100", "none")
+    layout = Layout(dp=1, context=pack_tokens, pack_tokens=pack_tokens, memory_gib=memory_gib)
     plans = []
-    for seed in range(3):
-        lengths = np.clip(rng.lognormal(5.0, 1.0, 10).astype(int), 2, 1500).tolist()
-        docs = documents_from_lengths(lengths, slice_tokens=128)
-        layout = Layout(dp=1, context=512, pack_tokens=512, memory_gib=1)
-        plan = solve(docs, layout, "slimpack", seed=seed, cost=analytic)
+    for i in range(n):
+        lengths = np.clip(rng.lognormal(mu, sigma, docs).astype(int), *clip).tolist()
+        batch = documents_from_lengths(lengths, slice_tokens=slice_tokens)
+        plan = solve(batch, layout, "slimpack", seed=i, cost=analytic)
         toks = [rng.integers(0, model_cfg.vocab, d.length).astype(np.uint32) for d in plan.docs]
         plans.append((plan, make_payload(plan, 0, toks)))
+    return plans
+
+
+def bench_mape(
+    repeats: int,
+    stat: str = "median",
+    model_cfg: ModelConfig = MODEL,
+    *,
+    config: ProfileConfig | None = None,
+    model=None,
+    plans: list[tuple] | None = None,
+) -> dict:
+    """Profile ``model_cfg`` and time the packs of held-out solver plans in the same rounds
+    (:func:`round_robin`: every profile point and every plan once per round), so the drift
+    of a shared machine hits the fit and the packs it predicts alike; then compare. Defaults:
+    the CPU grid, a CPU model, three plans of :func:`heldout_plans`."""
+    config = config or ProfileConfig(
+        slice_tokens=(32, 64, 128, 256, 512), prefixes=(0, 256, 1024), repeats=repeats, stat=stat
+    )
+    model = model if model is not None else tiny_llama(model_cfg)
+    plans = plans if plans is not None else heldout_plans(model_cfg)
+    points = profile_points(config)
 
     def run_plan(payload) -> dict:
         model.zero_grad(set_to_none=True)
-        return {(e.pass_, e.pack, e.recomputed): e.seconds for e in run_step(model, payload).events}
+        ev = run_step(model, payload, backend=config.backend).events
+        return {(e.pass_, e.pack, e.recomputed): e.seconds for e in ev}
 
     for _, payload in plans:  # first calls pay lazy initialisation
         run_plan(payload)
@@ -196,7 +225,7 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
     cal = calibration_payloads(model_cfg, config)
     jobs: list = point_jobs(model, config, points)
     n_points = len(jobs)
-    jobs += [plan_job(model, payload) for _, payload in cal]
+    jobs += [plan_job(model, payload, config.backend) for _, payload in cal]
     n_fit = len(jobs)
     jobs += [functools.partial(run_plan, payload) for _, payload in plans]
     t0 = time.perf_counter()
@@ -240,7 +269,7 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
 
     def mape(sel=lambda r: True, key="predicted"):
         v = [abs(r[key] - r["measured"]) / r["measured"] for r in rows if sel(r)]
-        return 100 * float(np.mean(v))
+        return 100 * float(np.mean(v)) if v else float("nan")
 
     if DEBUG:
         for r in rows:
@@ -275,6 +304,8 @@ def bench_mape(repeats: int, stat: str = "median", model_cfg: ModelConfig = MODE
         "mape_pct_bwd": mape(lambda r: r["pass"] == "B"),
         "mape_pct_bwd_recomputed": mape(lambda r: r["pass"] == "B" and r["rec"]),
         "mape_pct_in_sample_floor": floor,
+        "cost_model": cm,
+        "rows": rows,
     }
 
 
@@ -334,6 +365,7 @@ def main() -> None:
         for name in args.models.split(","):
             m = MODELS[name]
             res = bench_mape(args.repeats, args.stat, m)
+            del res["rows"], res["cost_model"]
             print(json.dumps({"cost_model": res, "model": m.to_dict()}), flush=True)
 
 

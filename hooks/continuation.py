@@ -49,7 +49,7 @@ class PackContext:
     store: KVStore
     mode: str = "keep"
     """``keep`` (graph kept for backward), ``nograd`` (forward only), ``recompute``."""
-    backend: str = "sdpa"
+    backend: str = "auto"
     merge: MergeRuntime | None = None
     """Set when this is the rank's merge pack."""
     live: dict[tuple[int, Slice], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)

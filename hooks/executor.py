@@ -205,7 +205,7 @@ def run_step(
     payload: StepPayload,
     *,
     forward: ForwardFn | None = None,
-    backend: str = "sdpa",
+    backend: str = "auto",
     callbacks: Sequence[Callback] = (),
     reduce_grads: bool | None = None,
     group=None,

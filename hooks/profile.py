@@ -88,8 +88,9 @@ class ProfileConfig:
     """torch device to profile (``cuda`` on a GPU)."""
     dtype: str = "float32"
     """Parameter/activation dtype: float32, bfloat16 or float16."""
-    backend: str = "sdpa"
-    """Attention backend (``flash`` on GPU when flash-attn is installed)."""
+    backend: str = "auto"
+    """Attention backend (:func:`slimdata.hooks.attention.resolve_backend`; ``auto`` picks the
+    fastest kernel for the device and dtype)."""
     stat: str = "median"
     """Statistic over repeats: ``median``, or ``min`` (robust on a shared, noisy machine)."""
     lead_packs: int = 2
@@ -101,6 +102,9 @@ class ProfileConfig:
     (:func:`calibration_payloads`); the median ratio of their measured to predicted pack
     times scales the fitted forward and backward coefficients (:func:`calibrate`), because a
     pack inside a plan can run slower than the same pack timed on its own. 0: no calibration."""
+    calibration_memory_gib: float = 16.0
+    """Activation budget (GiB, the analytic model's bytes) the calibration plans are solved
+    for, so that they fit the device being profiled."""
 
     def __post_init__(self) -> None:
         if (
@@ -112,6 +116,7 @@ class ProfileConfig:
             or min(self.pack_sizes) < 1
             or self.lead_packs < 0
             or self.calibration_plans < 0
+            or self.calibration_memory_gib <= 0
         ):
             raise ValueError(
                 f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, repeats={self.repeats}, lead_packs={self.lead_packs}, calibration_plans={self.calibration_plans}: use positive sizes, repeats >= 1, lead_packs >= 0 and calibration_plans >= 0"
@@ -208,7 +213,7 @@ def point_payload(
     return make_payload(plan, 0, docs), pick
 
 
-def time_point(model, payload, pick: tuple[int, int], backend: str = "sdpa") -> tuple[float, float]:
+def time_point(model, payload, pick: tuple[int, int], backend: str = "auto") -> tuple[float, float]:
     """Forward and backward seconds of the measured packs ``pick`` in one run of ``payload``."""
     from slimdata.hooks import run_step
 
@@ -372,7 +377,7 @@ def calibration_payloads(model_cfg: ModelConfig, config: ProfileConfig, seed: in
     rng = np.random.default_rng(seed)
     cap = max(128, -(-max(config.slice_tokens) // 128) * 128)
     cut = max(128, cap // 4 // 128 * 128)
-    layout = Layout(dp=1, context=cap, pack_tokens=cap, memory_gib=1e6)
+    layout = Layout(dp=1, context=cap, pack_tokens=cap, memory_gib=config.calibration_memory_gib)
     analytic = CostModel.analytic(model_cfg, "h100", "none")
     out = []
     for i in range(config.calibration_plans):
@@ -384,7 +389,7 @@ def calibration_payloads(model_cfg: ModelConfig, config: ProfileConfig, seed: in
     return out
 
 
-def plan_job(model, payload, backend: str = "sdpa") -> Callable[[], dict]:
+def plan_job(model, payload, backend: str = "auto") -> Callable[[], dict]:
     """A :func:`round_robin` job: ``{(pass, pack): seconds}`` of one run of ``payload``."""
     from slimdata.hooks import run_step
 
@@ -480,7 +485,10 @@ def _ints(text: str) -> tuple[int, ...]:
     show_default=True,
 )
 @click.option(
-    "--backend", default="sdpa", show_default=True, help="Attention backend: sdpa, or flash (GPU)."
+    "--backend",
+    default="auto",
+    show_default=True,
+    help="Attention backend: auto (flash-attn or torch varlen on a GPU in bf16/fp16, else sdpa), sdpa, torch-varlen, flash.",
 )
 @click.option(
     "--slice-tokens", default="32,64,128,256,512", show_default=True, help="Slice lengths to time."

@@ -77,7 +77,7 @@ def documents_from_lengths(
 
 def load_shard_documents(directory: str | Path) -> list[Document]:
     """Documents of a ``slimdata build`` output directory, in global sample order."""
-    import polars as pl
+    import pyarrow.parquet as pq
 
     directory = Path(directory)
     manifest = directory / MANIFEST_NAME
@@ -87,7 +87,8 @@ def load_shard_documents(directory: str | Path) -> list[Document]:
         )
     if not manifest.is_file():
         raise InputError(f"{directory} has no {MANIFEST_NAME}: was it written by `slimdata build`?")
-    df = pl.read_parquet(manifest).sort("sample")
+    columns = ["sample", "doc_id", "length", "loss_tokens", "cuts"]
+    rows = pq.read_table(manifest, columns=columns).sort_by("sample").to_pylist()
     return [
         Document(
             doc_id=row["doc_id"],
@@ -96,5 +97,5 @@ def load_shard_documents(directory: str | Path) -> list[Document]:
             cuts=tuple(int(c) for c in row["cuts"]),
             sample=int(row["sample"]),
         )
-        for row in df.iter_rows(named=True)
+        for row in rows
     ]

@@ -17,6 +17,7 @@ Example: a pack of slice ``[4, 6)`` of doc 0 and slice ``[0, 3)`` of doc 1::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,7 +25,17 @@ import torch
 
 from slimdata.errors import ConfigError
 
-__all__ = ["BACKENDS", "AttentionBackend", "VarlenBatch", "get_backend", "register_backend"]
+__all__ = [
+    "AUTO",
+    "BACKENDS",
+    "AttentionBackend",
+    "VarlenBatch",
+    "get_backend",
+    "register_backend",
+    "resolve_backend",
+]
+
+log = logging.getLogger("slimdata.hooks.attention")
 
 
 @dataclass(frozen=True)
@@ -75,10 +86,58 @@ def register_backend(name: str, fn: AttentionBackend) -> AttentionBackend:
     return fn
 
 
+AUTO = "auto"
+"""The default backend name: the fastest registered kernel for the tensors' device and dtype."""
+
+GPU_PREFERENCE = ("flash", "torch-varlen")
+"""Linear-memory FlashAttention kernels, best first, that ``auto`` picks for fp16/bf16 on CUDA."""
+
+_announced: set[tuple[str, str, str]] = set()
+
+
+def resolve_backend(name: str, device: torch.device | str, dtype: torch.dtype) -> str:
+    """The backend that ``name`` means for tensors on ``device`` of ``dtype``.
+
+    ``auto``: on CUDA in fp16/bf16 the first of :data:`GPU_PREFERENCE` that is registered
+    (``flash`` needs the flash-attn package, ``torch-varlen`` torch >= 2.10), else ``sdpa``
+    (exact in fp32, and the only choice on CPU). Falling back to ``sdpa`` on a GPU in half
+    precision is logged as a warning, never silent: it is correct and its memory is linear
+    in the tokens, but it runs one kernel call per 128 query rows. Any other name is itself.
+    The choice is logged once per (device type, dtype).
+    """
+    if name != AUTO:
+        return name
+    dev = torch.device(device).type
+    fast = dev == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    chosen = next((b for b in GPU_PREFERENCE if fast and b in BACKENDS), "sdpa")
+    key = (dev, str(dtype), chosen)
+    if key not in _announced:
+        _announced.add(key)
+        if fast and chosen == "sdpa":
+            log.warning(
+                "attention backend: sdpa on %s/%s (neither flash-attn nor torch>=2.10 varlen "
+                "attention is available; install slimdata[gpu] for the fast path)",
+                dev,
+                dtype,
+            )
+        else:
+            log.info("attention backend: %s on %s/%s", chosen, dev, dtype)
+    return chosen
+
+
 def get_backend(name: str) -> AttentionBackend:
-    """Resolve a backend by name; ``flash`` needs the ``flash_attn`` package (GPU extra)."""
+    """Resolve a backend by name: ``auto`` (see :func:`resolve_backend`), ``sdpa``,
+    ``torch-varlen`` (torch >= 2.10, CUDA) or ``flash`` (flash-attn package, GPU extra)."""
+    if name == AUTO:
+        return _auto
     if name not in BACKENDS:
         raise ConfigError(
-            f"attention backend {name!r} is not available here; use one of {sorted(BACKENDS)}"
+            f"attention backend {name!r} is not available here; use one of {[AUTO, *sorted(BACKENDS)]}"
         )
     return BACKENDS[name]
+
+
+def _auto(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch, scale: float
+) -> torch.Tensor:
+    return BACKENDS[resolve_backend(AUTO, q.device, q.dtype)](q, k, v, batch, scale)
