@@ -107,7 +107,9 @@ def environment(rep: Report) -> None:
 
 # -- 2. bf16 equivalence -----------------------------------------------------------------------
 def equivalence(rep: Report) -> None:
-    shape = ModelConfig(name="eq", layers=4, hidden=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000)
+    shape = ModelConfig(
+        name="eq", layers=4, hidden=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000
+    )
     if rep.quick:
         shape = ModelConfig(name="eq", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
     lengths = sizes(rep.quick, [9000, 4100, 2500, 1300, 700, 300, 129, 1], [600, 300, 90, 1])
@@ -155,9 +157,15 @@ def _merge_row(rep: Report) -> dict:
     dtype = str(rep.dtype).removeprefix("torch.")
     res = run_distributed(W.merge_equivalence, 2, "cuda", dtype, [6000, 700, 1300, 300, 129], 0.25)
     merges, shares, refs, errs, noise = zip(*res, strict=True)
-    return {"mode": f"DP-Merge ({merges[0]} group, 2 processes)", "sliced": "-",
-            "asymmetric_ranks": "-", "noise_loss": float("nan"), "noise_grad": max(noise),
-            "packed_loss": abs(sum(shares) - refs[0]) / refs[0], "packed_grad": max(errs)}
+    return {
+        "mode": f"DP-Merge ({merges[0]} group, 2 processes)",
+        "sliced": "-",
+        "asymmetric_ranks": "-",
+        "noise_loss": float("nan"),
+        "noise_grad": max(noise),
+        "packed_loss": abs(sum(shares) - refs[0]) / refs[0],
+        "packed_grad": max(errs),
+    }
 
 
 def _flat(r: dict) -> dict:
@@ -187,7 +195,9 @@ def attention_curve(rep: Report) -> None:
     for n in lengths:
         f, b = _time_attention(n, total // n, heads, kv, d, rep)
         flops = 4 * d * heads * float(causal_pairs(0, n)) * (total // n)
-        rows.append({"length": n, "fwd_tflops": flops / f / 1e12, "bwd_tflops": 2.5 * flops / b / 1e12})
+        rows.append(
+            {"length": n, "fwd_tflops": flops / f / 1e12, "bwd_tflops": 2.5 * flops / b / 1e12}
+        )
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for key, label in (("fwd_tflops", "forward"), ("bwd_tflops", "backward")):
         ax.plot([r["length"] for r in rows], [r[key] for r in rows], "o-", label=label)
@@ -259,12 +269,25 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         device=rep.device,
         dtype=str(rep.dtype).removeprefix("torch."),
     )
-    plan_args = dict(mu=np.log(3000), sigma=1.2, clip=(64, 8192), docs=12, slice_tokens=2048,
-                     pack_tokens=8192, memory_gib=16.0)
+    plan_args = dict(
+        mu=np.log(3000),
+        sigma=1.2,
+        clip=(64, 8192),
+        docs=12,
+        slice_tokens=2048,
+        pack_tokens=8192,
+        memory_gib=16.0,
+    )
     if rep.quick:
-        shapes = [ModelConfig(name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)]
-        config = dataclasses.replace(config, slice_tokens=(32, 64, 128), prefixes=(0, 128), repeats=1)
-        plan_args = dict(mu=4.5, sigma=1.0, clip=(2, 600), docs=8, slice_tokens=128, pack_tokens=256)
+        shapes = [
+            ModelConfig(name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
+        ]
+        config = dataclasses.replace(
+            config, slice_tokens=(32, 64, 128), prefixes=(0, 128), repeats=1
+        )
+        plan_args = dict(
+            mu=4.5, sigma=1.0, clip=(2, 600), docs=8, slice_tokens=128, pack_tokens=256
+        )
     results, models, fig = [], {}, plt.figure(figsize=(6, 4))
     for shape in shapes:
         model = _hf_model(shape, rep)
@@ -276,7 +299,9 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         models[shape.name].save(rep.out / f"profile-{shape.name}.json")
         rows = res["rows"]
         results.append(res)
-        plt.scatter([r["measured"] for r in rows], [r["predicted"] for r in rows], s=10, label=shape.name)
+        plt.scatter(
+            [r["measured"] for r in rows], [r["predicted"] for r in rows], s=10, label=shape.name
+        )
         del model
         torch.cuda.empty_cache() if rep.device == "cuda" else None
     lim = plt.gca().get_xlim()
@@ -304,7 +329,10 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         "![pack time, predicted against measured](pack_time_mape.png)",
     ]
     for r in results:
-        r["rows"] = [{k: v for k, v in row.items() if k != "rec"} | {"rec": bool(row["rec"])} for row in r["rows"]]
+        r["rows"] = [
+            {k: v for k, v in row.items() if k != "rec"} | {"rec": bool(row["rec"])}
+            for row in r["rows"]
+        ]
     rep.section("Profile and per-pack time prediction", "profile", results, lines)
     return models
 
@@ -333,8 +361,18 @@ def memory_fidelity(rep: Report, models: dict[str, CostModel]) -> None:
     shape = MODEL_PRESETS["llama-1b"]
     cm = models.get(shape.name) or CostModel.analytic(shape, "h100", "none")
     model = _hf_model(shape, rep)
-    plans = heldout_plans(shape, n=3, seed=7, mu=np.log(3000), sigma=1.2, clip=(64, 8192),
-                          docs=12, slice_tokens=2048, pack_tokens=8192, memory_gib=16.0)
+    plans = heldout_plans(
+        shape,
+        n=3,
+        seed=7,
+        mu=np.log(3000),
+        sigma=1.2,
+        clip=(64, 8192),
+        docs=12,
+        slice_tokens=2048,
+        pack_tokens=8192,
+        memory_gib=16.0,
+    )
     pred, held, peak = [], [], []
     for plan, payload in plans:
         run_step(model, payload)  # gradients allocated: the step's base holds them
@@ -362,9 +400,14 @@ def memory_fidelity(rep: Report, models: dict[str, CostModel]) -> None:
     fig.tight_layout()
     fig.savefig(rep.out / "memory_fidelity.png", dpi=120)
     plt.close(fig)
-    data = {"packs": int(ok.sum()), "mape_held_pct": mape_held, "mape_peak_pct": mape_peak,
-            "measured_over_predicted": fit, "act_bytes_per_token": cm.act_bytes_per_token,
-            "kv_bytes_per_token": cm.kv_bytes_per_token}
+    data = {
+        "packs": int(ok.sum()),
+        "mape_held_pct": mape_held,
+        "mape_peak_pct": mape_peak,
+        "measured_over_predicted": fit,
+        "act_bytes_per_token": cm.act_bytes_per_token,
+        "kv_bytes_per_token": cm.kv_bytes_per_token,
+    }
     lines = [
         f"{shape.name} in {rep.dtype}, 3 held-out slimpack plans, after every forward pack:"
         " the solver's memory trace (`slimdata.solver.memory`, activation"
@@ -393,7 +436,9 @@ def speedup(
     eight = MODEL_PRESETS["llama-8b"]
     shape = dataclasses.replace(eight, name=shape_name, layers=4, vocab=129280)
     if rep.quick:
-        shape = ModelConfig(name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=129280)
+        shape = ModelConfig(
+            name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=129280
+        )
     dp, context = sizes(rep.quick, (dp, context), (2, 1024))
     layout = Layout(dp=dp, context=context, memory_gib=sizes(rep.quick, 16.0, 1.0))
     docs, tokens = _shard_batches(shards, layout, steps=STEPS)
@@ -434,22 +479,36 @@ def _run_strategy(model, strategy, batches, tokens, layout, cm) -> dict:
             per_rank.append(run_step(model, payload).seconds)
         pt = pack_times(plan, cm, split=True)
         measured.append(max(per_rank))
-        predicted.append(max(
-            sum(pt.forward_of(r, i) for i in range(len(rs.forward)))
-            + sum(pt.backward_of(r, j) for j in range(len(rs.backward)))
-            for r, rs in enumerate(plan.ranks)
-        ))
+        predicted.append(
+            max(
+                sum(pt.forward_of(r, i) for i in range(len(rs.forward)))
+                + sum(pt.backward_of(r, j) for j in range(len(rs.backward)))
+                for r, rs in enumerate(plan.ranks)
+            )
+        )
         simulated.append(simulate_step(plan, cm, layout, SimConfig()).step_time)
         ntok += sum(rs.tokens for rs in plan.ranks)
-        pairs += sum(float(causal_pairs(s.start, s.end)) for rs in plan.ranks for p in rs.forward for s in p.slices)
-    return {"measured_s": sum(measured), "predicted_compute_s": sum(predicted),
-            "simulated_step_s": sum(simulated), "tokens": ntok, "attention_pairs": pairs,
-            "tokens_per_s": ntok / sum(measured)}
+        pairs += sum(
+            float(causal_pairs(s.start, s.end))
+            for rs in plan.ranks
+            for p in rs.forward
+            for s in p.slices
+        )
+    return {
+        "measured_s": sum(measured),
+        "predicted_compute_s": sum(predicted),
+        "simulated_step_s": sum(simulated),
+        "tokens": ntok,
+        "attention_pairs": pairs,
+        "tokens_per_s": ntok / sum(measured),
+    }
 
 
 def _report_speedup(rep: Report, results: dict, layout: Layout, shape: ModelConfig) -> None:
     base = min((s for s in SAME_WORK if s != "slimpack"), key=lambda s: results[s]["measured_s"])
-    base_pred = min((s for s in SAME_WORK if s != "slimpack"), key=lambda s: results[s]["predicted_compute_s"])
+    base_pred = min(
+        (s for s in SAME_WORK if s != "slimpack"), key=lambda s: results[s]["predicted_compute_s"]
+    )
     sp = results["slimpack"]
     meas = results[base]["measured_s"] / sp["measured_s"]
     pred = results[base_pred]["predicted_compute_s"] / sp["predicted_compute_s"]
@@ -478,8 +537,12 @@ def _report_speedup(rep: Report, results: dict, layout: Layout, shape: ModelConf
         f"- predicted (best predicted baseline, {base_pred}): **{pred:.3f}x**",
         f"- measured / predicted speedup: {meas / pred:.3f}",
     ]
-    data = {"results": results, "best_baseline": base, "speedup_measured": meas,
-            "speedup_predicted": pred}
+    data = {
+        "results": results,
+        "best_baseline": base,
+        "speedup_measured": meas,
+        "speedup_predicted": pred,
+    }
     rep.section(
         f"Measured speedup, DP {layout.dp}, context {layout.context}",
         f"speedup_dp{layout.dp}_context{layout.context}",
@@ -501,7 +564,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="report directory (report.md, PNGs, results.json)")
     ap.add_argument("--shards", default=None, help="slimdata build output for the speedup section")
-    ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU allowed): checks the script")
+    ap.add_argument(
+        "--quick", action="store_true", help="tiny sizes (CPU allowed): checks the script"
+    )
     ap.add_argument("--sections", default="env,equivalence,curve,profile,memory,speedup")
     ap.add_argument(
         "--speedup-layouts",
@@ -520,7 +585,12 @@ def main() -> None:
     if not cuda and not args.quick:
         raise SystemExit("Error: no CUDA device; use --quick to check the script on CPU")
     hf.register()
-    rep = Report(Path(args.out), "cuda" if cuda else "cpu", torch.bfloat16 if cuda else torch.float32, args.quick)
+    rep = Report(
+        Path(args.out),
+        "cuda" if cuda else "cpu",
+        torch.bfloat16 if cuda else torch.float32,
+        args.quick,
+    )
     todo = set(args.sections.split(","))
     environment(rep)
     for name, fn in (("equivalence", equivalence), ("curve", attention_curve)):

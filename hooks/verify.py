@@ -56,7 +56,9 @@ def run_plan(
     model.zero_grad(set_to_none=True)
     loss = 0.0
     for r in range(plan.dp):
-        loss += run_step(model, make_payload(plan, r, tokens), forward=forward, backend=backend).loss
+        loss += run_step(
+            model, make_payload(plan, r, tokens), forward=forward, backend=backend
+        ).loss
     return loss, {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
 
 
@@ -81,8 +83,9 @@ def equivalence_report(
 ) -> dict[str, dict[str, float]]:
     """``{"noise": {...}, "packed": {...}}``: relative loss and gradient error against the
     unpacked reference of two whole-document packings (``noise``) and of ``plan``."""
-    ref_loss, ref = run_plan(model, whole_document_plan(plan.docs), tokens, forward=forward,
-                             backend=backend)
+    ref_loss, ref = run_plan(
+        model, whole_document_plan(plan.docs), tokens, forward=forward, backend=backend
+    )
     repacked = whole_document_plan(plan.docs, per_pack=3, reverse=True)
     out = {}
     for name, p in (("noise", repacked), ("packed", plan)):

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 from slimdata.hooks import hf
-from slimdata.hooks.attention import BACKENDS, VarlenBatch, get_backend, resolve_backend, sdpa_varlen
+from slimdata.hooks.attention import (
+    BACKENDS,
+    VarlenBatch,
+    get_backend,
+    resolve_backend,
+    sdpa_varlen,
+)
 from slimdata.hooks.verify import equivalence_report, grad_error, run_plan, whole_document_plan
 
 from slimdata.cost import CostModel, ModelConfig
@@ -38,7 +44,9 @@ def test_fast_backend_matches_fp32_reference_with_prefix_and_gqa(backend):
     g = torch.Generator(device="cuda").manual_seed(0)
     lq, lk = [3, 300, 700], [9, 300, 2000]
     q = torch.randn(sum(lq), 8, 128, generator=g, device="cuda", requires_grad=True)
-    k, v = (torch.randn(sum(lk), 2, 128, generator=g, device="cuda", requires_grad=True) for _ in "kv")
+    k, v = (
+        torch.randn(sum(lk), 2, 128, generator=g, device="cuda", requires_grad=True) for _ in "kv"
+    )
     b = VarlenBatch.from_lengths(lq, lk, device="cuda")
     do = torch.randn(sum(lq), 8, 128, generator=g, device="cuda")
     ref = sdpa_varlen(q, k, v, b, 128**-0.5)
@@ -123,9 +131,7 @@ def test_dp_merge_on_one_gpu_two_processes(dtype):
     import gpu_workers as W
     from slimdata.hooks.distributed import run_distributed
 
-    res = run_distributed(
-        W.merge_equivalence, 2, "cuda", dtype, MERGE_LENGTHS, 0.25, timeout_s=300
-    )
+    res = run_distributed(W.merge_equivalence, 2, "cuda", dtype, MERGE_LENGTHS, 0.25, timeout_s=300)
     merges, shares, refs, errs, noise = zip(*res, strict=True)
     assert min(merges) >= 1
     assert sum(shares) == pytest.approx(refs[0], rel=1e-5 if dtype == "float32" else 1e-2)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from hooks_helpers import TinyLM, make_plan, solver_case, tiny_forward
+from slimdata.hooks.verify import equivalence_report, run_plan, whole_document_plan
 
 from slimdata.errors import PlanError
-from slimdata.hooks.verify import equivalence_report, run_plan, whole_document_plan
 from slimdata.plan import MergeGroup
 
 
