@@ -1,15 +1,20 @@
 # slimdata developer entry points. `make demo` and `make test` set up .venv with uv first.
+# Without uv on PATH, uv is installed into its own venv (.uv/), never into the system Python
+# (which may be externally managed, PEP 668).
 VENV := .venv
 BIN := $(VENV)/bin
-UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
+UV := $(shell command -v uv 2>/dev/null || echo .uv/bin/uv)
 DEMO_OUT ?= demo-out
 
 .PHONY: setup demo test lint format bench gpu-check clean
 
 setup: $(VENV)/.synced
 
-$(VENV)/.synced: pyproject.toml uv.lock setup.py
-	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q uv
+.uv/bin/uv:
+	python3 -m venv .uv
+	.uv/bin/python -m pip install -q uv
+
+$(VENV)/.synced: pyproject.toml uv.lock setup.py | $(UV)
 	$(UV) sync --frozen --extra dev --compile-bytecode
 	@touch $@
 
@@ -52,4 +57,4 @@ gpu-check:  ## GPU tests and the GPU validation report (see docs/gpu.md)
 	$(GPU_PY) benchmarks/gpu_check.py --out $(GPU_REPORT) --shards $(GPU_SHARDS) --sections $(GPU_SECTIONS)
 
 clean:
-	rm -rf $(DEMO_OUT) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(DEMO_OUT) .pytest_cache .ruff_cache .mypy_cache .uv

@@ -5,6 +5,13 @@ Two CPU ranks, gloo, through torchrun::
     torchrun --nproc-per-node 2 examples/train_tiny_llama.py --steps 6 --check
     torchrun --nproc-per-node 2 examples/train_tiny_llama.py --shards demo-out --check   # after `make demo`
 
+Same data, two strategies, one loss plot (the curves coincide: packing changes the schedule,
+not the math)::
+
+    torchrun --nproc-per-node 2 examples/train_tiny_llama.py --shards demo-out --steps 300 --telemetry slimpack.jsonl
+    torchrun --nproc-per-node 2 examples/train_tiny_llama.py --shards demo-out --steps 300 --strategy bfd --telemetry bfd.jsonl
+    python examples/plot_training.py slimpack=slimpack.jsonl bfd=bfd.jsonl --out plots
+
 Every rank builds the same random-init ``LlamaForCausalLM`` from a config (no downloads),
 wraps it in DDP, and for every step: reads this rank's :class:`StepPayload` from document
 shards (``DocumentLoader``: same global batch and plan on every rank, own tokens read by
@@ -21,6 +28,7 @@ vocabulary (``id % --vocab``): the demo exercises the mechanics, not language mo
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -31,11 +39,17 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from slimdata.hooks import BalanceMeter, PackTimeRecorder, hf, hf_forward, run_step
+from slimdata.hooks import (
+    BalanceMeter,
+    PackTimeRecorder,
+    StepTelemetry,
+    hf,
+    hf_forward,
+    run_step,
+)
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, documents_of
 from torch.nn.parallel import DistributedDataParallel
 
-from slimdata.cost import CostModel, ModelConfig
 from slimdata.docsource import load_shard_documents
 from slimdata.slicing import slice_cuts
 from slimdata.solver import Layout
@@ -133,6 +147,11 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--tol", type=float, default=1e-5)
     ap.add_argument("--pack-times", default=None, help="append per-pack JSON lines here")
+    ap.add_argument(
+        "--telemetry",
+        default=None,
+        help="append one StepTelemetry JSON line per step here (rank 0)",
+    )
     args = ap.parse_args(argv)
 
     dist.init_process_group("gloo")
@@ -158,31 +177,28 @@ def main(argv=None) -> int:
         else documents_of(ds)
     )
     docs = docs[: args.max_docs]
-    tiny = ModelConfig(
-        name="tiny-llama",
-        layers=2,
-        hidden=64,
-        heads=4,
-        kv_heads=2,
-        ffn=128,
-        vocab=args.vocab,
-        dtype_bytes=4,
-    )
+    model = build_model(args.vocab, hf.register())
+    ref_model = build_model(args.vocab, "eager") if args.check else None
+    # packs hold at least the largest slice of the shards (2048 tokens in a default build)
+    pack = max(512, max(b - a for d in docs for a, b in itertools.pairwise(d.cuts)))
     config = LoaderConfig(
-        layout=Layout(dp=world, ranks_per_node=world, context=1024, pack_tokens=512, memory_gib=1),
-        global_batch_tokens=args.global_batch_tokens,
+        layout=Layout(
+            dp=world, ranks_per_node=world, context=max(1024, pack), pack_tokens=pack, memory_gib=1
+        ),
+        global_batch_tokens=max(args.global_batch_tokens, pack),
         strategy=args.strategy,
         seed=args.seed,
-        cost=CostModel.analytic(tiny, "h100", "none"),
+        oversize="split",
+        model=model,  # cost model derived from the model's config (no recompute)
     )
     loader = DocumentLoader(ds, rank=rank, config=config, documents=docs)
 
-    model = build_model(args.vocab, hf.register())
-    ref_model = build_model(args.vocab, "eager") if args.check else None
     ddp = DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     meter = BalanceMeter()
     callbacks = [meter] + ([PackTimeRecorder(args.pack_times)] if args.pack_times else [])
+    if args.telemetry:
+        callbacks.append(StepTelemetry(log=args.telemetry, progress=None))
     worst, t0, steps = 0.0, time.perf_counter(), 0
     for payload in loader:
         if steps == args.steps:

@@ -27,16 +27,19 @@ from slimdata.hooks.executor import (
     reduce_gradients,
     run_step,
 )
+from slimdata.hooks.hf import hf_hidden_forward
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
-from slimdata.hooks.loss import packed_loss, slice_labels
+from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.payload import StepPayload, make_payload
+from slimdata.hooks.telemetry import StepTelemetry
 
 __all__ = [
     "BalanceMeter",
     "Callback",
     "DocumentLoader",
     "ForwardFn",
+    "HiddenStates",
     "KVStore",
     "LoaderConfig",
     "PackContext",
@@ -45,8 +48,10 @@ __all__ = [
     "PlanShardLoader",
     "StepPayload",
     "StepSummary",
+    "StepTelemetry",
     "active_context",
     "hf_forward",
+    "hf_hidden_forward",
     "kept_forward_packs",
     "make_payload",
     "packed_loss",

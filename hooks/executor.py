@@ -39,19 +39,22 @@ import torch.distributed as dist
 from slimdata.hooks import fsdp as fsdp_rt
 from slimdata.hooks.callbacks import Callback, PackEvent, StepSummary
 from slimdata.hooks.continuation import PackContext
+from slimdata.hooks.hf import hf_hidden_forward
 from slimdata.hooks.kvstore import KVStore
-from slimdata.hooks.loss import packed_loss, slice_labels
+from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.merge import MergeRuntime, ensure_groups
 from slimdata.hooks.payload import StepPayload
 from torch import nn
 
+from slimdata.errors import ConfigError
 from slimdata.plan import MicroPack, Slice
 from slimdata.plan.schedule import kept_forward_packs, split_calls
 
 __all__ = ["ForwardFn", "hf_forward", "kept_forward_packs", "reduce_gradients", "run_step"]
 
-ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-"""``forward(module, input_ids (T,), position_ids (T,)) -> logits (T, vocab)``."""
+ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], "torch.Tensor | HiddenStates"]
+"""``forward(module, input_ids (T,), position_ids (T,)) -> logits (T, vocab)`` or
+:class:`~slimdata.hooks.loss.HiddenStates` (the loss then never holds a whole pack's logits)."""
 
 
 def hf_forward(
@@ -64,8 +67,15 @@ def hf_forward(
 
 
 def reduce_gradients(params: Sequence[nn.Parameter], group=None) -> None:
-    """SUM-all-reduce ``.grad`` of ``params`` (flattened per dtype/device, one call each)."""
-    grads = [p.grad for p in params if p.grad is not None]
+    """SUM-all-reduce ``.grad`` of ``params`` (flattened per dtype/device, one call each).
+
+    A parameter without ``.grad`` (an idle rank, a share that never reached it) gets zeros
+    first, so every rank issues the same calls with the same sizes whatever its share.
+    """
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params if p.grad is not None]  # all of them, after the above
     buckets: dict[tuple, list[torch.Tensor]] = {}
     for g in grads:
         buckets.setdefault((g.dtype, g.device), []).append(g)
@@ -82,9 +92,10 @@ class _Step:
     """State of one run_step call."""
 
     def __init__(
-        self, module, payload: StepPayload, forward: ForwardFn, backend: str, device
+        self, module, payload: StepPayload, forward: ForwardFn, backend: str, device, chunk=None
     ) -> None:
         self.module, self.forward, self.backend, self.device = module, forward, backend, device
+        self.chunk: int | None = chunk
         self.plan, self.rank = payload.plan, payload.rank
         self.rs = self.plan.ranks[self.rank]
         self.norm = self.plan.loss_tokens
@@ -163,7 +174,7 @@ class _Step:
         )
         with ctx, torch.set_grad_enabled(mode != "nograd"):
             logits = self.forward(self.module, ids, pos)
-            loss = packed_loss(logits, labels, self.norm)
+            loss = packed_loss(logits, labels, self.norm, self.chunk)
         return loss, ctx
 
     def dummy(self, grad: bool) -> tuple[torch.Tensor, None]:
@@ -193,13 +204,14 @@ def run_step(
     model: nn.Module,
     payload: StepPayload,
     *,
-    forward: ForwardFn = hf_forward,
+    forward: ForwardFn | None = None,
     backend: str = "auto",
     callbacks: Sequence[Callback] = (),
     reduce_grads: bool | None = None,
     group=None,
     fsdp_grad_sync: str = "each",
     asymmetric: str = "split",
+    loss_chunk_tokens: int | None = None,
 ) -> StepSummary:
     """Run ``payload.rank``'s forward and backward packs of ``payload.plan``; accumulate grads.
 
@@ -222,6 +234,11 @@ def run_step(
     runs such forward packs without a graph and recomputes them in their backward packs (one
     extra forward, less memory held). FSDP always uses the plan-global recompute rules (every
     rank must make the same calls).
+
+    ``forward`` (default: :func:`hf_hidden_forward`, or :func:`hf_forward` under FSDP, whose
+    wrappers own the LM head's parameters) runs the model on one pack; the loss is computed in
+    chunks of ``loss_chunk_tokens`` tokens (default: :func:`slimdata.cost.loss_chunk_tokens`
+    for the model's vocabulary), so no pack holds all its logits (:mod:`slimdata.hooks.loss`).
     """
     t_step = time.perf_counter()
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -234,6 +251,12 @@ def run_step(
         raise ValueError("fsdp_grad_sync='last' needs FSDP2 (fully_shard); FSDP1 supports 'each'")
     if asymmetric not in ("split", "recompute"):
         raise ValueError(f"asymmetric={asymmetric!r}: use 'split' or 'recompute'")
+    if getattr(module, "is_gradient_checkpointing", False):
+        raise ConfigError(
+            "the model has gradient checkpointing enabled, which run_step does not support yet "
+            "(its recomputed attention would run outside the pack): call "
+            "model.gradient_checkpointing_disable() and plan with recompute='none'"
+        )
     if fsdp and reduce_grads:
         raise ValueError("reduce_grads=True with an FSDP model: FSDP reduces the gradients itself")
     if reduce_grads is None:
@@ -241,7 +264,9 @@ def run_step(
     if ddp and group is None:
         group = model.process_group
     device = next(module.parameters()).device
-    st = _Step(module, payload, forward, backend, device)
+    if forward is None:
+        forward = hf_forward if fsdp else hf_hidden_forward
+    st = _Step(module, payload, forward, backend, device, loss_chunk_tokens)
     plan, rs = st.plan, st.rs
     for cb in callbacks:
         cb.on_step_start(plan, st.rank)

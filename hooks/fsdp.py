@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import torch
+from slimdata.hooks.loss import HiddenStates
 from torch import nn
 
 from slimdata.plan.schedule import LockstepSchedule, check_lockstep, lockstep_schedule
@@ -118,4 +119,5 @@ def dummy_loss(module: nn.Module, forward, device) -> torch.Tensor:
     """One-token model call outside any pack context with loss ``0 * sum(logits)``: makes the
     same FSDP collectives as a real pack and contributes an exactly zero gradient."""
     ids = torch.zeros(1, dtype=torch.long, device=device)
-    return forward(module, ids, ids).float().sum() * 0.0
+    out = forward(module, ids, ids)
+    return (out.logits() if isinstance(out, HiddenStates) else out).float().sum() * 0.0

@@ -17,12 +17,18 @@ given 4D mask is honoured), so generation and evaluation keep working.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from slimdata.hooks.continuation import active_context
+from slimdata.hooks.loss import HiddenStates
+from torch import nn
 
-__all__ = ["NAME", "register", "slimdata_attention"]
+__all__ = ["NAME", "hf_hidden_forward", "register", "slimdata_attention"]
 
 NAME = "slimdata"
+
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config fields of models whose logits are not just ``lm_head(hidden)``."""
 
 
 def slimdata_attention(
@@ -70,3 +76,21 @@ def register(name: str = NAME) -> str:
 
     AttentionInterface.register(name, slimdata_attention)
     return name
+
+
+def hf_hidden_forward(
+    module: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor | HiddenStates:
+    """Forward of a Hugging Face causal LM up to its final hidden states, returned with its LM
+    head for the chunked loss; models whose logits are transformed after the head (soft-capping,
+    scaling) and models without ``get_decoder``/``get_output_embeddings`` get
+    their logits (as :func:`slimdata.hooks.hf_forward`)."""
+    config = getattr(module, "config", None)
+    head = getattr(module, "get_output_embeddings", lambda: None)()
+    decoder = getattr(module, "get_decoder", lambda: None)()
+    transformed = any(getattr(config, k, None) not in (None, 1, 1.0) for k in _LOGIT_TRANSFORMS)
+    if head is None or decoder is None or decoder is module or transformed:
+        kw = {"input_ids": input_ids[None], "position_ids": position_ids[None]}
+        return module(**kw, use_cache=False).logits[0]
+    out = decoder(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False)
+    return HiddenStates(out.last_hidden_state[0], head)

@@ -23,38 +23,84 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from slimdata.hooks.payload import StepPayload
 
-from slimdata.cost import CostModel
-from slimdata.errors import ConfigError, PlanError
+from slimdata.cost import CostModel, ModelConfig
+from slimdata.errors import ConfigError, PlanError, SlimdataError
 from slimdata.plan import Document
-from slimdata.solver import Layout, make_batches, solve
+from slimdata.planning import SIDECAR_NAME, build_cost_model
+from slimdata.solver import PlanConfig, solve
 from slimdata.solver.planshards import check_payload, payload_positions
 
 __all__ = ["DocumentLoader", "LoaderConfig", "PlanShardLoader", "documents_of"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoaderConfig:
-    """How global batches are cut and planned."""
+class LoaderConfig(PlanConfig):
+    """How global batches are cut and planned: :class:`~slimdata.solver.PlanConfig`'s rules
+    (context, oversize, pack cap, memory budget, the ones ``slimdata plan`` applies) plus the
+    model the cost model is derived from.
 
-    layout: Layout
-    """The training layout (``dp`` ranks) plans are solved for."""
-    global_batch_tokens: int
-    """Token budget of one global batch (one optimizer step)."""
-    strategy: str = "slimpack"
-    """Solver strategy (``slimdata.solver.STRATEGIES``)."""
-    seed: int = 0
-    """Shuffle and solver seed; epoch ``e`` shuffles with ``seed + e``."""
-    cost: CostModel | None = None
-    """Cost model for the solver (None: the solver's default)."""
+    The solver's cost model, first that applies: ``cost``; the analytic model of ``model``
+    (:meth:`ModelConfig.from_hf`: layers, hidden, heads, kv heads, ffn, vocab, dtype) on
+    ``device`` with ``recompute``; the cost model the shards were built with (their
+    ``slimdata.json``); the solver's default.
+    """
 
-    def __post_init__(self) -> None:
-        if self.global_batch_tokens < 1:
-            raise ConfigError(f"global_batch_tokens={self.global_batch_tokens!r} must be >= 1")
+    model: Any = None
+    """The model being trained (a Hugging Face model, its ``config``, a
+    :class:`~slimdata.cost.ModelConfig` or a preset name), or None."""
+    device: str = "h100"
+    """Device preset of the analytic cost model derived from ``model``."""
+    recompute: str = "none"
+    """Recompute policy of the analytic cost model derived from ``model`` (``none``: the
+    runtime holds every activation until its pack's backward)."""
+
+    def resolved_cost(self) -> CostModel | None:
+        """``cost``, else the analytic model of ``model`` (None when neither is given)."""
+        if self.cost is not None or self.model is None:
+            return self.cost
+        m = self.model
+        shape = m if isinstance(m, (ModelConfig, str)) else ModelConfig.from_hf(m)
+        return CostModel.analytic(shape, self.device, self.recompute)  # type: ignore[arg-type]
+
+
+# CLI wording in the library's errors -> the loop-level argument that changes the same thing
+_LOOP_ARGS = (
+    ("--memory-gib", "Layout(memory_gib=...)"),
+    ("--oversize split|truncate", "LoaderConfig(oversize='split' or 'truncate')"),
+    ("--context", "Layout(context=...)"),
+    ("--global-batch-tokens", "LoaderConfig(global_batch_tokens=...)"),
+    ("--microbatches", "Layout(microbatches=...)"),
+    ("raise pack_tokens", "raise Layout(pack_tokens=...)"),
+    ("the DP size", "Layout(dp=...)"),
+    ("cut finer slices", "rebuild the shards with a smaller --slice-tokens"),
+)
+
+
+def _loop_error(exc: SlimdataError) -> SlimdataError:
+    """The same error, its advice worded for a training loop instead of the CLI."""
+    msg = str(exc)
+    for cli, loop in _LOOP_ARGS:
+        msg = msg.replace(cli, loop)
+    return type(exc)(msg)
+
+
+def _shards_cost(dataset: Any) -> CostModel | None:
+    """The cost model the shards were built with, when ``dataset`` (or what it wraps, through
+    ``.ds``/``.dataset``) reads a local build that has its sidecar."""
+    for _ in range(4):
+        local = getattr(dataset, "local", None)
+        if isinstance(local, str) and (Path(local) / SIDECAR_NAME).is_file():
+            return build_cost_model(local)
+        dataset = getattr(dataset, "ds", None) or getattr(dataset, "dataset", None)
+        if dataset is None:
+            break
+    return None
 
 
 def _num_samples(dataset: Any) -> int:
@@ -98,11 +144,23 @@ class DocumentLoader:
                 "documents need their sample index (Document.sample) to read tokens by index"
             )
         self.epoch, self.consumed, self.step = 0, 0, 0
+        self.cost = config.resolved_cost() or _shards_cost(dataset)
+        """The cost model every plan is solved with (:class:`LoaderConfig`)."""
 
     def batches(self, epoch: int) -> list[list[Document]]:
-        return make_batches(
-            self.documents, self.config.global_batch_tokens, self.config.seed + epoch
-        )
+        """Global batches of ``epoch`` (oversize rule, seeded shuffle; ``PlanConfig.batches``)."""
+        try:
+            return self.config.batches(self.documents, epoch)
+        except SlimdataError as exc:
+            raise _loop_error(exc) from None
+
+    def solve(self, batch: Sequence[Document], step: int):
+        """The plan of one global batch, with :attr:`cost`."""
+        cfg = self.config
+        try:
+            return solve(batch, cfg.layout, cfg.strategy, cfg.seed, self.cost, step=step)
+        except SlimdataError as exc:
+            raise _loop_error(exc) from None
 
     def state_dict(self) -> dict[str, int]:
         """``documents``: documents of this epoch already handed out (all ranks agree)."""
@@ -123,11 +181,8 @@ class DocumentLoader:
             raise PlanError(
                 f"resume point of {self.consumed} documents is not a batch boundary of epoch {self.epoch}"
             )
-        cfg = self.config
         for b in range(start, len(batches)):
-            plan = solve(
-                batches[b], cfg.layout, cfg.strategy, seed=cfg.seed, cost=cfg.cost, step=self.step
-            )
+            plan = self.solve(batches[b], self.step)
             tokens = self._tokens(plan)
             self.consumed += len(batches[b])
             self.step += 1

@@ -16,7 +16,7 @@ import numpy as np
 
 from slimdata.stats import load_lengths_frame
 
-__all__ = ["write_plots"]
+__all__ = ["write_plots", "write_training_plots"]
 
 
 def write_plots(directory: str | Path, out_dir: str | Path) -> list[Path]:
@@ -63,5 +63,54 @@ def write_plots(directory: str | Path, out_dir: str | Path) -> list[Path]:
     fig.tight_layout()
     paths.append(out_dir / "shares.png")
     fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def write_training_plots(
+    logs: dict[str, str | Path] | str | Path, out_dir: str | Path
+) -> list[Path]:
+    """PNGs of training logs written by ``slimdata.hooks.StepTelemetry(log=...)``:
+
+    - ``loss.png``: loss by step, one curve per log (``logs``: one path, or label -> path);
+    - ``step_time.png``: per rank and step, measured busy seconds against the plan's
+      predicted seconds (the cost model's units: device seconds of its profile).
+    """
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not isinstance(logs, dict):
+        logs = {Path(logs).stem: logs}
+    runs = {
+        label: [json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
+        for label, p in logs.items()
+    }
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, rows in runs.items():
+        ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean token cross-entropy)")
+    ax.legend()
+    fig.tight_layout()
+    paths = [out_dir / "loss.png"]
+    fig.savefig(paths[0], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for label, rows in runs.items():
+        pred = [p for r in rows for p in r["predicted"]]
+        meas = [m for r in rows for m in r["measured"]]
+        ax.scatter(pred, meas, s=8, label=label)
+    ax.set_xlabel("predicted seconds per rank (cost model)")
+    ax.set_ylabel("measured busy seconds per rank")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "step_time.png")
+    fig.savefig(paths[1], dpi=110)
     plt.close(fig)
     return paths

@@ -25,7 +25,8 @@ fraction of the layers takes that fraction. Assumptions of :meth:`CostModel.anal
   the SwiGLU activation recomputed; their cost is neglected), ``dtype * h`` with full
   recompute (the layer input only). Logits are not held: the loss is assumed chunked or
   fused (logits recomputed per chunk in backward, as in Liger/Megatron fused cross-entropy),
-  so their memory is transient and bounded by one chunk, not by the slice length.
+  so their memory is transient and bounded by one chunk, not by the slice length
+  (:func:`loss_chunk_tokens` sizes that chunk; the runtime computes its loss that way).
 
 Its accuracy is measured, not assumed: ``slimdata profile`` fits the six time coefficients
 on the training device and writes a coefficient file that :meth:`CostModel.load` reads.
@@ -45,10 +46,29 @@ from slimdata.cost.device import DeviceProfile, load_device
 from slimdata.cost.model import ModelConfig, load_model_config
 from slimdata.errors import ConfigError
 
-__all__ = ["RECOMPUTE_POLICIES", "CostModel", "SliceCosts", "causal_pairs", "resolve_cost_model"]
+__all__ = [
+    "LOSS_CHUNK_BYTES",
+    "RECOMPUTE_POLICIES",
+    "CostModel",
+    "SliceCosts",
+    "causal_pairs",
+    "loss_chunk_tokens",
+    "resolve_cost_model",
+]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+
+
+LOSS_CHUNK_BYTES = 256 << 20
+"""Default budget of one loss chunk's transient logits (:func:`loss_chunk_tokens`)."""
+
+
+def loss_chunk_tokens(vocab: int, dtype_bytes: int, budget_bytes: float = LOSS_CHUNK_BYTES) -> int:
+    """Tokens of one loss chunk whose transient logits fit ``budget_bytes``: per token the
+    logits in the model dtype, their fp32 copy and its fp32 gradient, ``vocab * (dtype + 8)``
+    bytes. ``loss_chunk_tokens(32000, 2, 320000) == 1``; never below 1."""
+    return max(1, int(budget_bytes // (vocab * (dtype_bytes + 8))))
 
 
 def causal_pairs(start: np.ndarray | int, end: np.ndarray | int) -> np.ndarray:

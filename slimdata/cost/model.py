@@ -13,7 +13,9 @@ from pathlib import Path
 
 from slimdata.errors import ConfigError
 
-__all__ = ["MODEL_PRESETS", "ModelConfig", "load_model_config"]
+__all__ = ["MODEL_PRESETS", "ModelConfig", "dtype_bytes", "load_model_config"]
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +82,73 @@ class ModelConfig:
             )
         return cls(**data)
 
+    @classmethod
+    def from_hf(cls, model_or_config: object) -> ModelConfig:
+        """The shape of a Hugging Face causal LM: pass the model (DDP/FSDP wrappers are
+        unwrapped through ``.module``) or its ``config``. Layers, hidden, heads, kv heads, ffn
+        and vocab come from the config; bytes per element from the model's parameters when a
+        model is given, else from ``config.torch_dtype`` (unset: fp32, as transformers builds
+        a model from a config). Duck-typed: torch is not imported here."""
+        obj = model_or_config
+        while hasattr(obj, "module") and not hasattr(obj, "config"):
+            obj = obj.module
+        config = getattr(obj, "config", obj)
+        dtype = None
+        params = getattr(obj, "parameters", None)
+        if callable(params) and config is not obj:
+            dtype = next(iter(params()), None)
+            dtype = getattr(dtype, "dtype", None)
+        if dtype is None:
+            dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+        fields = {k: getattr(config, k, None) for k in _HF_KEYS}
+        missing = sorted(k for k in _HF_KEYS[:5] if fields[k] is None)
+        if missing:
+            raise ConfigError(
+                f"cannot derive the cost model from {type(config).__name__}: it has no {missing}; "
+                "pass cost=CostModel.analytic(ModelConfig(...)) instead"
+            )
+        data = _from_hf_fields(fields)
+        data["dtype_bytes"] = dtype_bytes(dtype)
+        return cls.from_dict(data)
+
+
+_HF_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+    "num_key_value_heads",
+    "_name_or_path",
+    "model_type",
+)
+
+
+def _from_hf_fields(data: dict, name: str = "hf-model") -> dict:
+    """ModelConfig fields from Hugging Face config keys (``num_hidden_layers`` ...)."""
+    heads = data["num_attention_heads"]
+    return {
+        "name": data.get("_name_or_path") or data.get("model_type") or name,
+        "layers": data["num_hidden_layers"],
+        "hidden": data["hidden_size"],
+        "heads": heads,
+        "kv_heads": data.get("num_key_value_heads") or heads,
+        "ffn": data["intermediate_size"],
+        "vocab": data["vocab_size"],
+    }
+
+
+def dtype_bytes(dtype: object) -> int:
+    """Bytes per element of a torch dtype or its name (``torch.bfloat16``, ``"bf16"``...);
+    ``None`` means fp32."""
+    if dtype is None:
+        return 4
+    name = str(dtype).removeprefix("torch.")
+    name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(name, name)
+    if name not in DTYPE_BYTES:
+        raise ConfigError(f"dtype {dtype!r}: use one of {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
 
 MODEL_PRESETS: dict[str, ModelConfig] = {
     # Llama-3.2-1B
@@ -122,15 +191,6 @@ def load_model_config(spec: str | ModelConfig) -> ModelConfig:
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read model config {path}: {exc}") from exc
     if "num_hidden_layers" in data:  # Hugging Face config.json
-        heads = data["num_attention_heads"]
-        data = {
-            "name": data.get("_name_or_path") or data.get("model_type") or path.stem,
-            "layers": data["num_hidden_layers"],
-            "hidden": data["hidden_size"],
-            "heads": heads,
-            "kv_heads": data.get("num_key_value_heads", heads),
-            "ffn": data["intermediate_size"],
-            "vocab": data["vocab_size"],
-        }
+        data = _from_hf_fields(data, path.stem)
     data.setdefault("name", path.stem)
     return ModelConfig.from_dict(data)

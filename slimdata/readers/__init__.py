@@ -108,8 +108,17 @@ def _walk(root: Path, include: Sequence[str], exclude: Sequence[str]) -> list[tu
                 continue
             if include and not _matches(rel, include):
                 continue
-            found.append((rel, Path(dirpath, name).stat().st_size))
+            found.append((rel, _size(Path(dirpath, name))))
     return sorted(found)
+
+
+def _size(path: Path) -> int:
+    """Bytes of ``path``; 0 when it cannot be read (a dangling link: its reader then
+    quarantines it with the reason)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _glob_root(pattern: str) -> Path:

@@ -2,6 +2,9 @@
 
 Files are decoded as strict UTF-8; a file that is not UTF-8 is rejected with the byte
 offset (never decoded with replacement characters, which would silently change the text).
+A file with a NUL byte in its first :data:`BINARY_SNIFF_BYTES` bytes is rejected as binary
+(git's rule: text files have no NUL bytes, while UTF-8 alone would accept zero-filled or
+ASCII-plus-NUL data).
 Consecutive files (in sorted path order) are grouped into tasks of about ``task_bytes``.
 Document ids are ``source/relative/path``.
 """
@@ -20,7 +23,10 @@ from slimdata.readers.base import (
     doc_id_for,
 )
 
-__all__ = ["plan", "read"]
+__all__ = ["BINARY_SNIFF_BYTES", "plan", "read"]
+
+BINARY_SNIFF_BYTES = 8000
+"""Bytes at the start of a file searched for a NUL byte (the span git checks)."""
 
 
 def plan(root: str, files: list[tuple[str, int]], source: str, task_bytes: int) -> list[ReadTask]:
@@ -53,6 +59,12 @@ def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
             data = path.read_bytes()
         except OSError as exc:
             yield Rejected(doc_id, f"cannot read file: {exc.strerror or exc}")
+            continue
+        nul = data.find(b"\0", 0, BINARY_SNIFF_BYTES)
+        if nul >= 0:
+            yield Rejected(
+                doc_id, f"binary file (NUL byte at byte {nul}), not text", repr(data[:40])
+            )
             continue
         try:
             text = data.decode("utf-8")

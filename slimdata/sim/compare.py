@@ -159,13 +159,14 @@ def compare_strategies(
 
     ``global_batch_tokens`` defaults to ``dp * context`` (one context-long row per rank).
     """
-    from slimdata.solver import apply_oversize, make_batches, solve
+    from slimdata.solver import PlanConfig, solve
 
     if steps < 1:
         raise ConfigError(f"steps={steps!r} must be >= 1")
     config = config or SimConfig()
     gbt = global_batch_tokens or layout.dp * layout.context
-    batches = make_batches(apply_oversize(docs, layout.context, oversize), gbt, seed)
+    rules = PlanConfig(layout=layout, global_batch_tokens=gbt, seed=seed, oversize=oversize)
+    batches = rules.batches(docs)  # the rules `slimdata plan` and the loaders apply
     if not batches:
         raise ConfigError("no documents to simulate")
     batches = [batches[s % len(batches)] for s in range(steps)]

@@ -9,6 +9,7 @@ Public API::
 from __future__ import annotations
 
 from slimdata.solver.batches import OVERSIZE_POLICIES, apply_oversize, make_batches
+from slimdata.solver.config import PlanConfig
 from slimdata.solver.layout import Layout
 from slimdata.solver.memory import plan_peak_memory, rank_memory_trace, rank_peak_memory
 from slimdata.solver.registry import STRATEGIES, solve
@@ -17,6 +18,7 @@ __all__ = [
     "OVERSIZE_POLICIES",
     "STRATEGIES",
     "Layout",
+    "PlanConfig",
     "apply_oversize",
     "make_batches",
     "plan_peak_memory",

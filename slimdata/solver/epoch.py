@@ -13,10 +13,9 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.plan.types import Document, StepPlan
-from slimdata.solver.batches import apply_oversize, make_batches
+from slimdata.solver.config import PlanConfig
 from slimdata.solver.layout import Layout
 from slimdata.solver.planshards import TokenSource, write_plan_shards
-from slimdata.solver.registry import solve
 
 __all__ = ["plan_epoch", "write_epoch_plan"]
 
@@ -32,11 +31,19 @@ def plan_epoch(
     oversize: str = "error",
     **options: Any,
 ) -> Iterator[StepPlan]:
-    """Yield the plan of every step: ``apply_oversize`` (vs ``layout.context``), then
-    ``make_batches(docs, global_batch_tokens, seed)``, then ``solve`` per batch."""
-    docs = apply_oversize(docs, layout.context, oversize)
-    for step, batch in enumerate(make_batches(docs, global_batch_tokens, seed)):
-        yield solve(batch, layout, strategy, seed, cost, step=step, **options)
+    """Yield the plan of every step of epoch 0 under :class:`PlanConfig`'s rules (the ones
+    the runtime loaders apply): the oversize rule against ``layout.context``, seeded batches
+    of <= ``global_batch_tokens``, one ``solve`` per batch."""
+    config = PlanConfig(
+        layout=layout,
+        global_batch_tokens=global_batch_tokens,
+        strategy=strategy,
+        seed=seed,
+        oversize=oversize,
+        cost=cost,
+    )
+    for step, batch in enumerate(config.batches(docs)):
+        yield config.solve(batch, step, **options)
 
 
 def write_epoch_plan(

@@ -26,7 +26,8 @@ class Layout:
     context: int = 131072
     """Context length: the row length of ``concat`` and the default MicroPack token cap."""
     pack_tokens: int | None = None
-    """Maximum tokens in one MicroPack (default: ``context``)."""
+    """Maximum tokens in one MicroPack, DP-Merge shares included (default: ``context``); it
+    must hold the largest slice."""
     mode: str = "free"
     """``free`` (DDP: only per-rank totals matter) or ``lockstep`` (FSDP/ZeRO-3, pipeline)."""
     microbatches: int | None = None

@@ -29,7 +29,14 @@ import numpy as np
 from slimdata.errors import PlanError
 from slimdata.solver.common import BatchView
 
-__all__ = ["MergePlan", "member_peak", "plan_merges", "skew_group_sizes", "split_group"]
+__all__ = [
+    "MergePlan",
+    "member_peak",
+    "member_tokens",
+    "plan_merges",
+    "skew_group_sizes",
+    "split_group",
+]
 
 GIB = float(1 << 30)
 
@@ -84,6 +91,17 @@ def member_peak(view: BatchView, slices: Sequence[int]) -> float:
     return float(view.act[ms].sum()) + view.kv_per_token * float(view.end[ms[last]].sum())
 
 
+def member_tokens(view: BatchView, slices: Sequence[int]) -> int:
+    """Tokens of a member's merge share: it runs as one MicroPack, so they must stay within
+    the pack token cap (``Layout.pack_tokens``)."""
+    ms = np.asarray(slices, dtype=np.int64)
+    return int((view.end[ms] - view.start[ms]).sum()) if len(ms) else 0
+
+
+def _within_cap(view: BatchView, members: Sequence[Sequence[int]], cap: float) -> bool:
+    return all(member_tokens(view, ms) <= cap for ms in members)
+
+
 def _smallest_k(
     view: BatchView,
     slices: Sequence[int],
@@ -93,13 +111,15 @@ def _smallest_k(
     fshare: float,
     bshare: float,
     fill: float = 0.9,
+    cap: float = math.inf,
 ):
-    """Fewest members whose split fits ``mem`` and keeps every member within the balanced
-    forward and backward time (falls back to the fewest that fit memory)."""
+    """Fewest members whose split fits ``mem`` and the pack token ``cap`` and keeps every
+    member within the balanced forward and backward time (falls back to the fewest that fit
+    memory and the cap)."""
     fallback = None
     for k in range(k_min, k_max + 1):
         members, _loads, peak = split_group(view, slices, k)
-        if peak <= mem:
+        if peak <= mem and _within_cap(view, members, cap):
             if all(
                 view.fwd[ms].sum() <= fill * fshare and view.bwd[ms].sum() <= fill * bshare
                 for ms in members
@@ -110,7 +130,7 @@ def _smallest_k(
     return fallback or (None, None)
 
 
-def _closest_to_one_pack(view, sl, k, members, mem, balanced, packs):
+def _closest_to_one_pack(view, sl, k, members, mem, balanced, packs, cap=math.inf):
     """Between ``k`` members (shares at most one pack) and ``k - 1`` (shares above it), keep
     the split whose largest pack, merge share or ``(balanced - share) / (packs - 1)``, is
     smaller."""
@@ -120,7 +140,7 @@ def _closest_to_one_pack(view, sl, k, members, mem, balanced, packs):
         return max(s, (balanced - s) / (packs - 1))
 
     fewer, _loads, peak = split_group(view, sl, k - 1)
-    if peak <= mem and worst(fewer) < worst(members):
+    if peak <= mem and _within_cap(view, fewer, cap) and worst(fewer) < worst(members):
         return k - 1, fewer
     return k, members
 
@@ -174,6 +194,7 @@ def plan_merges(
     gather: float = 0.0,
     layer_share: float = 1.0,
     whole: float | None = None,
+    cap: float = math.inf,
 ) -> MergePlan:
     """Choose merge groups for one batch (see the module docstring).
 
@@ -189,6 +210,9 @@ def plan_merges(
     is the device cap divided by the first stage's share of the layers (bytes are compared as
     full-model bytes); error messages report per-device bytes. ``whole``: a document whose
     footprint exceeds it must merge (default ``mem``; lower leaves room beside it).
+    ``cap``: the pack token cap; a member's share runs as one pack, so no share holds more
+    tokens (a document that cannot be shared that way stays whole on one rank, in several
+    packs).
     """
     out = MergePlan()
     n_docs = len(view.docs)
@@ -218,18 +242,20 @@ def plan_merges(
         k, members = (None, None)
         mem_d = mem - gather * view.kv_per_token * float(view.doc_len[d])
         if k_max >= 2:
+            k_cap = math.ceil(float(view.doc_len[d]) / cap) if math.isfinite(cap) else 2
             k, members = _smallest_k(
                 view,
                 sl,
-                min(k_time, k_max),
+                min(max(k_time, k_cap), k_max),
                 k_max,
                 mem_d,
                 float(view.doc_fwd.sum()) / (dp * packs),
                 float(view.doc_bwd.sum()) / (dp * packs),
                 fill=0.9 if packs == 1 else 1.0,
+                cap=cap,
             )
             if k is not None and packs > 1 and k > 2:
-                k, members = _closest_to_one_pack(view, sl, k, members, mem_d, balanced, packs)
+                k, members = _closest_to_one_pack(view, sl, k, members, mem_d, balanced, packs, cap)
         if k is None:
             if must:
                 raise PlanError(
@@ -269,7 +295,9 @@ def plan_merges(
             merged = group_slices[g] + sl
             members, loads, peak = split_group(view, merged, len(ranks) + extra)
             tokens = group_tokens[g] + float(view.doc_len[d])
-            if peak + gather * view.kv_per_token * tokens <= mem:
+            if peak + gather * view.kv_per_token * tokens <= mem and _within_cap(
+                view, members, cap
+            ):
                 ranks = (*ranks, *free[:extra])
                 del free[:extra]
                 group_slices[g] = merged

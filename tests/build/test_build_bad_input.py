@@ -188,3 +188,36 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path):
         assert result.exit_code != 0, args
         assert isinstance(result.exception, SystemExit), (args, result.exception)
         assert result.output.startswith("Error: "), (args, result.output)
+
+
+def test_binary_text_inputs_are_quarantined_not_tokenized(tmp_path):
+    # valid UTF-8 but binary (zero-filled, ASCII with NULs), and an ELF-like header
+    src = tmp_path / "txt"
+    src.mkdir()
+    (src / "zeros.txt").write_bytes(b"\0" * 4096)
+    (src / "nul.txt").write_bytes(b"hello\0\1\2world" * 50)
+    (src / "elf.bin").write_bytes(b"\x7fELF\2\1\1\0" + b"\0" * 56)
+    (src / "ok.txt").write_text("plain text\n")
+    out = tmp_path / "out"
+    summary = build(tiny_config(src), out)
+    reasons = {q["doc_id"]: q["reason"] for q in quarantine(out)}
+    assert reasons == {
+        "txt/zeros.txt": "binary file (NUL byte at byte 0), not text",
+        "txt/nul.txt": "binary file (NUL byte at byte 5), not text",
+        "txt/elf.bin": "binary file (NUL byte at byte 7), not text",
+    }
+    samples, _ = read_shards(out)
+    assert [s["doc_id"] for s in samples] == ["txt/ok.txt"]
+    assert summary.counts["quarantined"] == 3 and summary.counts["documents"] == 1
+
+
+def test_dangling_link_is_quarantined_not_a_crash(tmp_path):
+    src = tmp_path / "txt"
+    src.mkdir()
+    (src / "ok.txt").write_text("plain text\n")
+    (src / "gone.js").symlink_to(tmp_path / "missing.js")
+    out = tmp_path / "out"
+    summary = build(tiny_config(src), out)
+    reasons = {q["doc_id"]: q["reason"] for q in quarantine(out)}
+    assert reasons == {"txt/gone.js": "cannot read file: No such file or directory"}
+    assert summary.counts["documents"] == 1

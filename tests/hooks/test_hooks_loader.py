@@ -51,7 +51,11 @@ def _cut(toks, doc, s):
 
 
 CFG = LoaderConfig(
-    layout=Layout(dp=2, context=256, memory_gib=1), global_batch_tokens=400, strategy="bfd", seed=3
+    layout=Layout(dp=2, context=256, memory_gib=1),
+    global_batch_tokens=400,
+    strategy="bfd",
+    seed=3,
+    oversize="split",
 )
 
 

@@ -41,7 +41,7 @@ from slimdata.errors import PlanError
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, assemble_plan, interleaved_order
 from slimdata.solver.layout import Layout
-from slimdata.solver.merge import MergePlan, member_peak, plan_merges
+from slimdata.solver.merge import MergePlan, member_peak, member_tokens, plan_merges
 from slimdata.solver.micropack import RankPacks, pack_rank, pack_rank_lockstep
 from slimdata.solver.pipeline import pipeline_time
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
@@ -160,6 +160,7 @@ def improve(
     min_gain: float = 1e-4,
     target: float = IMPROVE_TARGET,
     buffers: Sequence[float] = (),
+    cap: float = math.inf,
 ) -> int:
     """Local search after LPT on the two-dimensional load ``max(F/F_share, B/B_share)``.
 
@@ -170,7 +171,7 @@ def improve(
     merge slice to/with another member of its group (if no member's share then exceeds the
     group's largest, in either dimension: the merge pack runs in lockstep on the members and
     takes the largest share; and both members' merge memory stays within ``mem`` minus the
-    group's merge ``buffers`` bytes, default 0). Stops when no move lowers the top load by ``min_gain`` (relative), when
+    group's merge ``buffers`` bytes, default 0, and both shares within the pack token ``cap``). Stops when no move lowers the top load by ``min_gain`` (relative), when
     the top load is at most ``target`` (default :data:`IMPROVE_TARGET`: good enough, saves
     time) or after ``rounds`` moves. Returns the number of moves; deterministic.
     """
@@ -268,6 +269,7 @@ def improve(
                         roomy[group_of[hi]]
                         or _slice_move_fits(view, shares, hi, lo, x, y, limit[group_of[hi]])
                     )
+                    or not _slice_move_within_cap(view, shares, hi, lo, x, y, cap)
                 ):
                     continue
                 best = (val, kind, lo, x, y)
@@ -320,6 +322,17 @@ def _slice_move_fits(
     new_lo = [s for s in shares[lo] if s != y] + [x]
     new_hi = [s for s in shares[hi] if s != x] + ([y] if y >= 0 else [])
     return member_peak(view, sorted(new_lo)) <= mem and member_peak(view, sorted(new_hi)) <= mem
+
+
+def _slice_move_within_cap(
+    view: BatchView, shares: dict[int, list[int]], hi: int, lo: int, x: int, y: int, cap: float
+) -> bool:
+    """Does ``lo``'s merge share (one pack) stay within ``cap`` tokens after the move of
+    :func:`_slice_move_fits` (and ``hi``'s)?"""
+    tok = view.end - view.start
+    new_lo = member_tokens(view, shares[lo]) + int(tok[x]) - (int(tok[y]) if y >= 0 else 0)
+    new_hi = member_tokens(view, shares[hi]) - int(tok[x]) + (int(tok[y]) if y >= 0 else 0)
+    return max(new_lo, new_hi) <= cap
 
 
 def slimpack(
@@ -378,7 +391,7 @@ def slimpack(
     meta.update(improve_moves=p1.moves, lag=lag, microbatches=len(packs[0].forward) if packs else 0)
     if p1.milp is not None:
         meta["milp"] = p1.milp
-    return assemble_plan(
+    plan = assemble_plan(
         view=view,
         layout=layout,
         cost=cost,
@@ -394,6 +407,19 @@ def slimpack(
         t0=t0,
         validate=validate,
     )
+    _check_pack_cap(plan, cap)
+    return plan
+
+
+def _check_pack_cap(plan: StepPlan, cap: int) -> None:
+    """``Layout.pack_tokens`` is a hard cap for every pack, merge shares included."""
+    for rs in plan.ranks:
+        for p in (*rs.forward, *rs.backward):
+            if p.tokens > cap:  # pragma: no cover - the packers and merge planner respect cap
+                raise PlanError(
+                    f"step {plan.step} rank {rs.rank}: a pack of {p.tokens} tokens exceeds "
+                    f"pack_tokens={cap}"
+                )
 
 
 @dataclass
@@ -435,6 +461,7 @@ def _phase1(
         layer_share=layer_share,
         whole=whole,
         balance_ratio=skew_merge,
+        cap=layout.token_cap,
     )
     buffers = {
         r: gather * view.kv_per_token * float(view.doc_len[list(docs)].sum())
@@ -447,8 +474,12 @@ def _phase1(
         for ranks, _d in merges.groups
     ]
     assign, shares = assign_lpt(view, rest, dp, groups)
-    if any(member_peak(view, shares[r]) + buffers[r] > mem for r in merges.member_slices):
-        # the joint LPT overloaded a member's memory: keep phase 1's memory-safe split
+    if any(
+        member_peak(view, shares[r]) + buffers[r] > mem
+        or member_tokens(view, shares[r]) > layout.token_cap
+        for r in merges.member_slices
+    ):
+        # the joint LPT overloaded a member's memory or pack: keep phase 1's safe split
         shares = [merges.member_slices.get(r, []) for r in range(dp)]
         assign, _ = assign_lpt(view, rest, dp, [((r,), shares[r]) for r in merges.member_slices])
     member_slices = {r: shares[r] for r in merges.member_slices}
@@ -462,6 +493,7 @@ def _phase1(
             mem,
             rounds=improve_rounds,
             buffers=[buffers[g[0]] for g in group_ranks],
+            cap=layout.token_cap,
         )
         if improve_rounds
         else 0

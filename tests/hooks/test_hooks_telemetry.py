@@ -1,0 +1,40 @@
+"""StepTelemetry: the per-step record from every rank's numbers, the progress line, the log
+and its plots."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from slimdata.hooks import StepSummary, StepTelemetry
+from slimdata.hooks.telemetry import _record
+
+from slimdata.plots import write_training_plots
+
+
+def test_record_by_hand():
+    # (loss share, tokens, seconds, busy, predicted, peak bytes) of two ranks
+    r = _record(3, [(1.5, 100, 2.0, 1.0, 0.5, 10), (0.5, 60, 4.0, 3.0, 0.7, 20)])
+    assert r["step"] == 3 and r["loss"] == 2.0 and r["tokens"] == 160
+    assert r["seconds"] == 4.0 and r["tokens_per_s"] == 40.0
+    assert r["predicted"] == [0.5, 0.7] and r["measured"] == [1.0, 3.0]
+    assert r["imbalance"] == 1.5  # 3 * 2 / 4
+    assert r["wait_share"] == 1 - 4 / 6
+    assert r["peak_mem_bytes"] == [10, 20]
+
+
+def test_single_process_log_progress_and_plots(tmp_path):
+
+    log, out = tmp_path / "t.jsonl", io.StringIO()
+    tel = StepTelemetry(log=log, progress=out)
+    for step, loss in enumerate([3.0, 2.5]):
+        tel._predicted = 0.25
+        tel.on_step_end(StepSummary(step, 0, loss, 64, 0.5, 0.4))
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["loss"] for r in rows] == [3.0, 2.5] and rows[1]["tokens_per_s"] == 128.0
+    assert out.getvalue().startswith("step     0  loss 3.0000  128 tok/s")
+    paths = write_training_plots({"a": log}, tmp_path / "plots")
+    assert [p.name for p in paths] == ["loss.png", "step_time.png"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert tel.history == rows
+    assert rows[0]["peak_mem_bytes"][0] > 0
