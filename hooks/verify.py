@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from slimdata.hooks.executor import ForwardFn, hf_forward, run_step
+from slimdata.hooks.executor import ForwardFn, run_step
 from slimdata.hooks.payload import make_payload
 from torch import nn
 
@@ -47,7 +47,7 @@ def run_plan(
     plan: StepPlan,
     tokens: Sequence[np.ndarray],
     *,
-    forward: ForwardFn = hf_forward,
+    forward: ForwardFn | None = None,
     backend: str = "auto",
 ) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of ``plan`` with every rank's share run in sequence (grads summed)."""
@@ -83,7 +83,7 @@ def equivalence_report(
     plan: StepPlan,
     tokens: Sequence[np.ndarray],
     *,
-    forward: ForwardFn = hf_forward,
+    forward: ForwardFn | None = None,
     backend: str = "auto",
 ) -> dict[str, dict[str, float]]:
     """``{"noise": {...}, "packed": {...}}``: relative loss and gradient error against the
