@@ -4,11 +4,16 @@ reason, the build goes on, and every good document is kept exactly once (issue 1
 from __future__ import annotations
 
 import json
+import logging
+import os
 
+import pytest
 from build_helpers import TINY_TOKENIZER, read_shards, tiny_config
+from click.testing import CliRunner
 
 from slimdata.build import build
 from slimdata.build.stages import tokenize_batch
+from slimdata.cli import cli
 from slimdata.readers import Record, Rejected
 from slimdata.tokenize import load_tokenizer
 
@@ -81,3 +86,65 @@ def test_tokenizer_refusal_quarantines_only_the_refused_record():
     assert out[1].excerpt == "'x\\ud800'"
     assert out[2] == Rejected("c", "earlier")
     assert list(out[0].tokens) == list(tok.encode_batch(["good"])[0])
+
+
+@pytest.mark.timeout(60)
+def test_named_pipe_in_input_directory_is_skipped_unopened(tmp_path, caplog):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("alpha text")
+    os.mkfifo(corpus / "pipe.txt")  # opening it for reading would block forever
+    (corpus / "dangling.txt").symlink_to(tmp_path / "missing.txt")
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING, logger="slimdata.readers"):
+        summary = build(tiny_config(corpus), out)
+    samples, _ = read_shards(out)
+    assert [s["doc_id"] for s in samples] == ["corpus/a.txt"]
+    assert summary.counts["documents"] == 1 and summary.counts["quarantined"] == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipped {corpus / 'dangling.txt'}: cannot stat it (No such file or directory)",
+        f"skipped {corpus / 'pipe.txt'}: not a regular file (named pipe); never opened",
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_named_pipe_given_as_input_is_a_clear_error(tmp_path):
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    result = CliRunner().invoke(
+        cli,
+        [
+            "build",
+            str(tmp_path / "pipe.jsonl"),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            TINY_TOKENIZER,
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: input {str(tmp_path / 'pipe.jsonl')!r} is not a regular file or directory "
+        f"(skipped {tmp_path / 'pipe.jsonl'}: not a regular file (named pipe); never opened)\n"
+    )
+
+
+def test_same_input_twice_is_read_once_with_a_warning(tmp_path, caplog):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
+    (corpus / "b.txt").write_text("bee")
+    (tmp_path / "link.jsonl").symlink_to(corpus / "a.jsonl")
+    out = tmp_path / "out"
+    inputs = (corpus, corpus / "a.jsonl", corpus, tmp_path / "link.jsonl")
+    with caplog.at_level(logging.WARNING, logger="slimdata.readers"):
+        summary = build(tiny_config(*inputs, source="c"), out)
+    samples, _ = read_shards(out)
+    assert [s["doc_id"] for s in samples] == ["c/a.jsonl:1", "c/a.jsonl:2", "c/b.txt"]
+    assert summary.counts["documents"] == 3
+    dup = "is given more than once; it is read once"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"input {corpus / 'a.jsonl'} {dup}",
+        f"input {corpus / 'a.jsonl'} {dup}",
+        f"input {corpus / 'b.txt'} {dup}",
+        f"input {tmp_path / 'link.jsonl'} {dup}",
+    ]
