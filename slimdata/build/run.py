@@ -10,6 +10,7 @@ the current time into every shard; use ``zstd`` or ``br`` for reproducible bytes
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from typing import Any, cast
 
 from slimdata import __version__
 from slimdata.build.config import COMPRESSIONS, HASHES, BuildConfig
+from slimdata.build.orphans import die_with_parent
 from slimdata.build.output import SIDECAR_NAME, finalize, prepare_output
 from slimdata.build.stages import COLUMNS
 from slimdata.build.task import (
@@ -150,12 +152,18 @@ def _run_parallel(jobs: list[TaskJob], workers: int, on_done: Callable[[TaskResu
     out largest first, so the shortest are left for the end when cores run out of work.
     Finished, unwritten tasks wait in memory; the input bytes of the tasks in flight are
     capped at :data:`IN_FLIGHT_BYTES` (at least ``3 * workers`` tasks). Output bytes do not
-    depend on this order: each task has its own directory.
+    depend on this order: each task has its own directory. Workers die with this process
+    (:func:`~slimdata.build.orphans.die_with_parent`), ``kill -9`` included.
     """
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     order = sorted(jobs, key=lambda j: (-j.task.size, j.index))
     pending: dict[Future, TaskJob] = {}
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context(method),
+        initializer=die_with_parent,
+        initargs=(os.getpid(),),
+    )
 
     def fill() -> None:
         while order and (
