@@ -12,7 +12,15 @@ import numpy as np
 
 from slimdata.errors import ConfigError
 
-__all__ = ["ALIGN", "DEFAULT_SLICE_TOKENS", "check_cuts", "check_slice_tokens", "slice_cuts"]
+__all__ = [
+    "ALIGN",
+    "DEFAULT_SLICE_TOKENS",
+    "MAX_DOCUMENT_TOKENS",
+    "check_cuts",
+    "check_length",
+    "check_slice_tokens",
+    "slice_cuts",
+]
 
 ALIGN = 128
 """Slice boundaries (except a document's end) are multiples of this (flash-attn tile)."""
@@ -20,6 +28,26 @@ ALIGN = 128
 DEFAULT_SLICE_TOKENS = 2048
 """Default slice length: fine enough to balance 16K-token rank budgets (1M tokens over 64
 ranks) with <13% granularity, coarse enough that a 256K document is only 128 slices."""
+
+
+MAX_DOCUMENT_TOKENS = 2**31 - 1
+"""Longest document slimdata accepts (2,147,483,647 tokens): flash-attn's varlen offsets
+(``cu_seqlens``) are int32. Checked before anything is allocated for a length read from a
+file, so a hostile ``10**15`` costs an error, not terabytes."""
+
+
+def check_length(length: int, where: str = "document length") -> int:
+    """``length`` as an int if ``0 <= length <= MAX_DOCUMENT_TOKENS``, else a ConfigError."""
+    if isinstance(length, bool) or not isinstance(length, int | np.integer):
+        raise ConfigError(f"{where} {length!r} is not an integer")
+    if length < 0:
+        raise ConfigError(f"{where} {length} is negative")
+    if length > MAX_DOCUMENT_TOKENS:
+        raise ConfigError(
+            f"{where} {length} exceeds the maximum of {MAX_DOCUMENT_TOKENS} tokens per document "
+            "(int32 attention offsets); split the document"
+        )
+    return int(length)
 
 
 def check_slice_tokens(slice_tokens: int) -> int:
@@ -37,8 +65,7 @@ def slice_cuts(length: int, slice_tokens: int = DEFAULT_SLICE_TOKENS) -> np.ndar
     ``slice_cuts(0, 128) -> [0]`` (an empty document has no slice).
     """
     slice_tokens = check_slice_tokens(slice_tokens)
-    if length < 0:
-        raise ConfigError(f"document length {length} is negative")
+    length = check_length(length)
     inner = np.arange(slice_tokens, length, slice_tokens, dtype=np.int64)
     if length == 0:
         return np.zeros(1, dtype=np.int64)
