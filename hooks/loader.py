@@ -30,6 +30,7 @@ from slimdata.hooks.payload import StepPayload
 
 from slimdata.cost import CostModel
 from slimdata.errors import ConfigError, PlanError
+from slimdata.mdsindex import check_dataset
 from slimdata.plan import Document
 from slimdata.solver import Layout, make_batches, solve
 from slimdata.solver.planshards import check_payload, payload_positions
@@ -91,6 +92,7 @@ class DocumentLoader:
     ) -> None:
         if not 0 <= rank < config.layout.dp:
             raise ConfigError(f"rank={rank} is outside the layout's {config.layout.dp} ranks")
+        check_dataset(dataset)  # no shard outside the dataset directory is ever read
         self.dataset, self.rank, self.config = dataset, rank, config
         self.documents = list(documents) if documents is not None else documents_of(dataset)
         if any(d.sample < 0 for d in self.documents):
@@ -165,6 +167,7 @@ class PlanShardLoader:
     ) -> None:
         if mode not in ("index", "iterate"):
             raise ConfigError(f"mode={mode!r}: use 'index' or 'iterate'")
+        check_dataset(dataset)
         self.dataset, self.rank, self.mode = dataset, rank, mode
         self.nodes, self.ranks_per_node = nodes, ranks_per_node
         self.dp = nodes * ranks_per_node

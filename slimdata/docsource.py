@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from slimdata.errors import ConfigError, InputError
+from slimdata.mdsindex import check_index
 from slimdata.plan.types import Document
 from slimdata.slicing import DEFAULT_SLICE_TOKENS, check_length, slice_cuts
 
@@ -99,6 +100,7 @@ def load_shard_documents(directory: str | Path) -> list[Document]:
         raise InputError(
             f"{directory} has no index.json: not an MDS dataset (run `slimdata build` first)"
         )
+    check_index(directory)  # before anything hands the directory to streaming
     if not manifest.is_file():
         raise InputError(f"{directory} has no {MANIFEST_NAME}: was it written by `slimdata build`?")
     df = pl.read_parquet(manifest).sort("sample")

@@ -4,14 +4,20 @@ a clear `Error: ...` (exit 2), never a traceback or an allocation a file asks fo
 from __future__ import annotations
 
 import gzip
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from slimdata import mdsindex
 from slimdata.cli import cli
 from slimdata.docsource import load_lengths
 from slimdata.errors import ConfigError, InputError
+from slimdata.mdsindex import check_index, check_inside
 from slimdata.slicing import MAX_DOCUMENT_TOKENS, check_length, slice_cuts
+from slimdata.solver import Layout
 
 LAYOUT = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "4096"]
 LAYOUT += ["--memory-gib", "40"]
@@ -70,3 +76,89 @@ def test_largest_length_is_accepted_and_one_more_is_not():
     assert check_length(MAX_DOCUMENT_TOKENS) == MAX_DOCUMENT_TOKENS
     with pytest.raises(ConfigError, match="exceeds the maximum of 2147483647"):
         slice_cuts(MAX_DOCUMENT_TOKENS + 1, 128)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from slimdata.build import BuildConfig, build
+
+    root = tmp_path_factory.mktemp("built")
+    src = root / "docs.jsonl"
+    src.write_text("".join(f'{{"text": "document number {i} " }}\n' for i in range(12)))
+    tokenizer = str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny_tokenizer.json")
+    build(BuildConfig(inputs=(str(src),), tokenizer=tokenizer, slice_tokens=128), root / "ds")
+    return root / "ds"
+
+
+def hostile_copy(built, tmp_path, basename):
+    """A copy of ``built`` whose first shard entry is renamed ``basename``; a valid copy of
+    the shard waits at ``tmp_path/outside/shard.00000.mds`` (what a traversal would read)."""
+    ds = tmp_path / "ds"
+    shutil.copytree(built, ds)
+    index = json.loads((ds / "index.json").read_text())
+    real = ds / index["shards"][0]["raw_data"]["basename"]
+    (tmp_path / "outside").mkdir()
+    shutil.copy(real, tmp_path / "outside" / "shard.00000.mds")
+    index["shards"][0]["raw_data"]["basename"] = basename
+    (ds / "index.json").write_text(json.dumps(index))
+    return ds
+
+
+def test_index_basename_outside_the_dataset_is_refused_by_plan(built, tmp_path):
+    ds = hostile_copy(built, tmp_path, "../outside/shard.00000.mds")
+    result = plan_cli(tmp_path, str(ds))
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: {ds / 'index.json'}: shard 0: shard basename '../outside/shard.00000.mds' "
+        "points outside the dataset directory; the index is corrupt or hostile, refusing to read it\n"
+    )
+
+
+def test_index_basename_through_a_symlink_is_refused(built, tmp_path):
+    ds = hostile_copy(built, tmp_path, "link.mds")
+    (ds / "link.mds").symlink_to(tmp_path / "outside" / "shard.00000.mds")
+    with pytest.raises(InputError, match=r"'link\.mds' resolves outside the dataset directory"):
+        check_index(ds)
+    for name in ("/etc/passwd", "", "a\\..\\..\\b", 7):
+        with pytest.raises(InputError, match="shard basename"):
+            check_inside(ds, name, "x")
+
+
+def test_loaders_refuse_a_dataset_whose_index_points_outside(built, tmp_path):
+    from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
+    from streaming import LocalDataset
+
+    ds = hostile_copy(built, tmp_path, "../outside/shard.00000.mds")
+    dataset = LocalDataset(local=str(ds))  # streaming itself does not look
+    cfg = LoaderConfig(layout=Layout(dp=2), global_batch_tokens=4096)
+    with pytest.raises(InputError, match="points outside the dataset directory"):
+        DocumentLoader(dataset, rank=0, config=cfg)
+    with pytest.raises(InputError, match="points outside the dataset directory"):
+        PlanShardLoader(dataset, rank=0, nodes=1, ranks_per_node=2)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"{not json", "not a valid MDS index (Expecting property name"),
+        (b"[" * 100_000, "not a valid MDS index (maximum recursion depth"),
+        (b'{"shards": 3}', "not a valid MDS index (no 'shards' list)"),
+        (b'{"shards": [3]}', "shard 0 is a int, not an object"),
+        (b'{"shards": [{}]}', "shard 0 has no 'raw_data' entry"),
+        (b'{"shards": [{"raw_data": {"basename": "a"}, "zip_data": 5}]}', "not an object"),
+        (b"\xff\xfe", "not a valid MDS index ("),
+    ],
+)
+def test_malformed_index_is_a_clear_error(tmp_path, content, message):
+    (tmp_path / "index.json").write_bytes(content)
+    with pytest.raises(InputError) as info:
+        check_index(tmp_path)
+    assert message in str(info.value)
+
+
+def test_oversized_index_is_refused_before_reading(tmp_path, monkeypatch):
+    monkeypatch.setattr(mdsindex, "MAX_INDEX_BYTES", 100)
+    (tmp_path / "index.json").write_bytes(b" " * 101)
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read"))
+    with pytest.raises(InputError, match="101 bytes is over the 100 byte limit for an index"):
+        check_index(tmp_path)
