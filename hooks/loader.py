@@ -185,7 +185,7 @@ class PlanShardLoader:
         self.step = int(state["step"])
 
     def _payload(self, sample: dict, step: int) -> StepPayload:
-        plan, tokens = check_payload(sample, step, self.rank)
+        plan, tokens = check_payload(sample, step, self.rank, self.dp)
         return StepPayload(plan=plan, rank=self.rank, tokens=tokens)
 
     def __iter__(self) -> Iterator[StepPayload]:

@@ -11,7 +11,7 @@ Errors name the slice, its document id and the rank.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,8 @@ def _name(plan: StepPlan, s: Slice, rank: int | None = None) -> str:
 
 
 def _check_order(plan: StepPlan, rs) -> None:
+    """The order lists every pack once, and rule 3: each backward pack runs after the last
+    forward pack of every document it holds. Linear in the rank's slices."""
     nf, nb = len(rs.forward), len(rs.backward)
     fs = [i for k, i in rs.order if k == "F"]
     bs = [i for k, i in rs.order if k == "B"]
@@ -38,33 +40,27 @@ def _check_order(plan: StepPlan, rs) -> None:
             f"rank {rs.rank}: order must list F0..F{nf - 1} and B0..B{nb - 1} each once and in "
             f"increasing order, got {rs.order}"
         )
-    done: set[int] = set()  # forward packs already run
-    fwd_of: dict[Slice, int] = {s: i for i, p in enumerate(rs.forward) for s in p.slices}
-    doc_fwd: dict[int, set[int]] = defaultdict(set)
-    for s, i in fwd_of.items():
-        doc_fwd[s.doc].add(i)
-    for kind, i in rs.order:
-        if kind == "F":
-            done.add(i)
-            continue
-        for s in rs.backward[i].slices:
-            missing = doc_fwd[s.doc] - done
-            if missing:
+    at = {item: pos for pos, item in enumerate(rs.order)}  # ("F", 2) -> position in order
+    last_fwd: dict[int, int] = {}  # doc -> position of its last forward pack
+    for i, p in enumerate(rs.forward):
+        for s in p.slices:
+            last_fwd[s.doc] = max(last_fwd.get(s.doc, -1), at[("F", i)])
+    for i, p in enumerate(rs.backward):
+        for s in p.slices:
+            if last_fwd.get(s.doc, -1) > at[("B", i)]:
+                missing = sorted(
+                    k
+                    for k, q in enumerate(rs.forward)
+                    if at[("F", k)] > at[("B", i)] and any(t.doc == s.doc for t in q.slices)
+                )
                 raise PlanError(
                     f"{_name(plan, s, rs.rank)}: backward pack {i} runs before forward pack(s) "
-                    f"{sorted(missing)} of the same document (rule 3)"
+                    f"{missing} of the same document (rule 3)"
                 )
 
 
-def validate_plan(plan: StepPlan) -> None:
-    if plan.mode not in ("free", "lockstep"):
-        raise PlanError(f"mode={plan.mode!r} must be 'free' or 'lockstep'")
-    if not plan.ranks:
-        raise PlanError("a plan needs at least one rank")
-    for r, rs in enumerate(plan.ranks):
-        if rs.rank != r:
-            raise PlanError(f"ranks must be listed in order: position {r} holds rank {rs.rank}")
-    # merge groups: disjoint ranks and docs
+def _check_merges(plan: StepPlan) -> dict[int, int]:
+    """Merge groups have disjoint ranks and documents; returns ``doc -> group``."""
     merged_doc: dict[int, int] = {}
     seen_ranks: set[int] = set()
     for g, m in enumerate(plan.merges):
@@ -78,14 +74,29 @@ def validate_plan(plan: StepPlan) -> None:
             if d in merged_doc:
                 raise PlanError(f"document #{d} is in merge groups {merged_doc[d]} and {g}")
             merged_doc[d] = g
+    return merged_doc
+
+
+def validate_plan(plan: StepPlan) -> None:
+    """Check rules 1-4 (module docstring); linear in the plan's slices (plus a sort of
+    each document's slices). Raises :class:`PlanError` naming the slice."""
+    if plan.mode not in ("free", "lockstep"):
+        raise PlanError(f"mode={plan.mode!r} must be 'free' or 'lockstep'")
+    if not plan.ranks:
+        raise PlanError("a plan needs at least one rank")
+    for r, rs in enumerate(plan.ranks):
+        if rs.rank != r:
+            raise PlanError(f"ranks must be listed in order: position {r} holds rank {rs.rank}")
+    merged_doc = _check_merges(plan)
 
     owner: dict[int, set[int]] = defaultdict(set)  # doc -> ranks holding it
+    pack_of: list[tuple[dict[Slice, int], dict[Slice, int]]] = []  # rank -> (fwd, bwd) pack
     per_doc: dict[int, list[Slice]] = defaultdict(list)
     for rs in plan.ranks:
         fwd = [s for p in rs.forward for s in p.slices]
         bwd = [s for p in rs.backward for s in p.slices]
         if len(set(fwd)) != len(fwd):
-            dup = next(s for s in fwd if fwd.count(s) > 1)
+            dup = next(s for s, n in Counter(fwd).items() if n > 1)
             raise PlanError(f"{_name(plan, dup, rs.rank)} is in two forward packs")
         if set(fwd) != set(bwd) or len(bwd) != len(fwd):
             odd = next(iter(set(fwd) ^ set(bwd)), bwd[0] if bwd else fwd[0])
@@ -117,6 +128,12 @@ def validate_plan(plan: StepPlan) -> None:
             owner[s.doc].add(rs.rank)
             per_doc[s.doc].append(s)
         _check_order(plan, rs)
+        pack_of.append(
+            (
+                {s: i for i, p in enumerate(rs.forward) for s in p.slices},
+                {s: i for i, p in enumerate(rs.backward) for s in p.slices},
+            )
+        )
 
     for d, doc in enumerate(plan.docs):
         slices = sorted(per_doc.get(d, []), key=lambda s: s.start)
@@ -141,7 +158,8 @@ def validate_plan(plan: StepPlan) -> None:
                     f"document #{d} (doc_id {doc.doc_id!r}) is split over ranks {sorted(owner[d])} without a merge group"
                 )
             if slices:
-                _check_monotone(plan, slices, next(iter(owner[d])))
+                rank = next(iter(owner[d]))
+                _check_monotone(plan, slices, rank, *pack_of[rank])
         elif not owner[d] <= set(plan.merges[group].ranks):
             raise PlanError(
                 f"document #{d} of merge group {group} has slices on non-member ranks {sorted(owner[d] - set(plan.merges[group].ranks))}"
@@ -161,10 +179,15 @@ def validate_plan(plan: StepPlan) -> None:
             )
 
 
-def _check_monotone(plan: StepPlan, slices: list[Slice], rank: int) -> None:
-    rs = plan.ranks[rank]
-    fwd_of = {s: i for i, p in enumerate(rs.forward) for s in p.slices}
-    bwd_of = {s: i for i, p in enumerate(rs.backward) for s in p.slices}
+def _check_monotone(
+    plan: StepPlan,
+    slices: list[Slice],
+    rank: int,
+    fwd_of: dict[Slice, int],
+    bwd_of: dict[Slice, int],
+) -> None:
+    """Rules 1 and 2 for the ``slices`` of one document (in token order) on ``rank``;
+    ``fwd_of``/``bwd_of`` map each slice of the rank to its pack (built once per rank)."""
     for a, b in pairwise(slices):
         if fwd_of[b] < fwd_of[a]:
             raise PlanError(

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from slimdata.errors import ConfigError, PlanError
+from slimdata.plan.load import parse_plan
 from slimdata.plan.types import StepPlan
 
 __all__ = [
@@ -166,20 +167,29 @@ def write_plan_shards(
     return summary
 
 
-def read_plan_payload(sample: dict[str, Any]) -> tuple[int, int, StepPlan, np.ndarray]:
+def read_plan_payload(
+    sample: dict[str, Any], dp: int | None = None
+) -> tuple[int, int, StepPlan, np.ndarray]:
     """``(step, rank, plan, tokens)`` of one plan-shard sample (the padding token of an empty
-    payload removed: ``tokens`` has ``ntokens`` entries)."""
-    plan = StepPlan.from_json(sample["plan"])
+    payload removed: ``tokens`` has ``ntokens`` entries).
+
+    The plan is parsed defensively and validated (:func:`slimdata.plan.load.parse_plan`,
+    ``dp`` the expected rank count); any defect is a :class:`PlanError`.
+    """
+    plan = parse_plan(sample["plan"], dp=dp)
     tokens = np.asarray(sample["tokens"], dtype=np.uint32)
     if "ntokens" in sample:
         tokens = tokens[: int(sample["ntokens"])]
     return int(sample["step"]), int(sample["rank"]), plan, tokens
 
 
-def check_payload(sample: dict[str, Any], step: int, rank: int) -> tuple[StepPlan, np.ndarray]:
-    """Return ``(plan, tokens)`` if ``sample`` is the payload of (step, rank), else raise
-    :class:`PlanError` (misaligned loader: wrong num_canonical_nodes, shuffle, or workers)."""
-    got_step, got_rank, plan, tokens = read_plan_payload(sample)
+def check_payload(
+    sample: dict[str, Any], step: int, rank: int, dp: int | None = None
+) -> tuple[StepPlan, np.ndarray]:
+    """Return ``(plan, tokens)`` if ``sample`` is the valid payload of (step, rank), else
+    raise :class:`PlanError` (misaligned loader: wrong num_canonical_nodes, shuffle, or
+    workers; or a damaged plan: see :func:`read_plan_payload`)."""
+    got_step, got_rank, plan, tokens = read_plan_payload(sample, dp)
     if (got_step, got_rank) != (step, rank):
         raise PlanError(
             f"plan payload misaligned: rank {rank} at step {step} received the payload of step "
@@ -188,6 +198,8 @@ def check_payload(sample: dict[str, Any], step: int, rank: int) -> tuple[StepPla
         )
     if plan.step != step:
         raise PlanError(f"plan payload stamped step {step} carries the plan of step {plan.step}")
+    if not 0 <= rank < plan.dp:
+        raise PlanError(f"plan payload of rank {rank} carries a plan of only {plan.dp} ranks")
     expected = sum(s.tokens for p in plan.ranks[rank].forward for s in p.slices)
     if len(tokens) not in (0, expected):
         raise PlanError(
