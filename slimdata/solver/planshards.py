@@ -19,6 +19,7 @@ sidecar ``plan.json`` records them and the runtime checks every payload's stamp 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -33,10 +34,12 @@ from slimdata.plan.types import StepPlan
 __all__ = [
     "PLAN_COLUMNS",
     "PLAN_SIDECAR",
+    "TIMING_KEYS",
     "check_payload",
     "payload_positions",
     "rank_tokens",
     "read_plan_payload",
+    "without_timings",
     "write_plan_shards",
 ]
 
@@ -49,8 +52,21 @@ PLAN_COLUMNS = {
 }
 PLAN_SIDECAR = "plan.json"
 
+TIMING_KEYS = frozenset({"solve_ms", "milp_ms", "solve_ms_total"})
+"""Wall-clock measurements in plan metadata: kept in memory and in the returned summary (the
+CLI prints them), never written, so the same inputs give byte-identical plan shards."""
+
 TokenSource = Callable[[int], np.ndarray]
 """``sample index -> token array`` of the document shards (``Document.sample``)."""
+
+
+def without_timings(meta: Any) -> Any:
+    """``meta`` with every :data:`TIMING_KEYS` entry removed, at any depth."""
+    if isinstance(meta, dict):
+        return {k: without_timings(v) for k, v in meta.items() if k not in TIMING_KEYS}
+    if isinstance(meta, list):
+        return [without_timings(v) for v in meta]
+    return meta
 
 
 def payload_positions(
@@ -116,6 +132,9 @@ def write_plan_shards(
 ) -> dict[str, Any]:
     """Write plan shards to ``out`` (must be empty or absent); returns the sidecar summary.
 
+    Deterministic: payloads and ``plan.json`` carry no wall-clock timings
+    (:data:`TIMING_KEYS`); the returned summary still has them.
+
     Every plan must have ``nodes * ranks_per_node`` ranks and steps ``0..n-1`` in order.
     """
     from streaming import MDSWriter
@@ -134,7 +153,7 @@ def write_plan_shards(
     by_pos = np.empty(pos.size, dtype=np.int64)
     by_pos[pos.reshape(-1)] = np.arange(pos.size)
     out = Path(out)
-    jsons = [p.to_json() for p in plans]
+    jsons = [dataclasses.replace(p, meta=without_timings(p.meta)).to_json() for p in plans]
     with MDSWriter(
         out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
     ) as w:
@@ -163,7 +182,7 @@ def write_plan_shards(
         "documents": int(sum(len(p.docs) for p in plans)),
         **(extra or {}),
     }
-    (out / PLAN_SIDECAR).write_text(json.dumps(summary, indent=2))
+    (out / PLAN_SIDECAR).write_text(json.dumps(without_timings(summary), indent=2))
     return summary
 
 
