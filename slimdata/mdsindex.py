@@ -77,7 +77,7 @@ def check_index(directory: str | Path) -> int:
         where = f"{path}: shard {i}"
         if not isinstance(shard, dict):
             raise InputError(f"{where} is a {type(shard).__name__}, not an object")
-        files = [shard.get(key) for key in ("raw_data", "zip_data")]
+        files = [shard.get(key) for key in ("raw_data", "zip_data", "raw_meta", "zip_meta")]
         if not isinstance(files[0], dict):
             raise InputError(f"{where} has no 'raw_data' entry")
         for entry in files:

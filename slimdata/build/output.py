@@ -12,16 +12,19 @@ Layout of a finished build::
       task-00001/ ...
 
 The final files are written to a temporary name and renamed, so they are either complete
-or absent after a crash.
+or absent after a crash, and a reader during a build sees no ``index.json`` or a complete
+one. The directory is locked (:func:`output_lock`) for the duration of a build.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,14 @@ from slimdata.build.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, tas
 from slimdata.docsource import MANIFEST_NAME
 from slimdata.errors import ConfigError, OutputExistsError
 
-__all__ = ["PLAN_NAME", "SIDECAR_NAME", "finalize", "prepare_output", "write_atomic"]
+__all__ = [
+    "PLAN_NAME",
+    "SIDECAR_NAME",
+    "finalize",
+    "output_lock",
+    "prepare_output",
+    "write_atomic",
+]
 
 PLAN_NAME = "build_plan.json"
 SIDECAR_NAME = "slimdata.json"
@@ -54,6 +64,50 @@ def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[st
     return out
 
 
+def _check_not_file(output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise OutputExistsError(f"output {output} exists and is a file; choose a directory path")
+
+
+@contextlib.contextmanager
+def output_lock(output: Path) -> Iterator[None]:
+    """Hold an exclusive OS lock (``flock``) on the ``output`` directory for a whole build.
+
+    Creates ``output`` if needed. A second build into the same directory fails at once with
+    :class:`OutputExistsError` instead of interleaving with the first; the kernel releases
+    the lock when the holder exits or dies (``kill -9`` included), so no stale lock is left.
+    Where ``fcntl`` is missing (Windows) builds are not locked.
+    """
+    _check_not_file(output)
+    output.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        yield
+        return
+    fd = os.open(output, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputExistsError(
+                f"another build is writing into {output} (it holds the directory's lock); "
+                "wait for it to finish or choose another output directory"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _clear(output: Path) -> None:
+    """Remove everything inside ``output`` but the directory itself (which holds the lock)."""
+    for child in output.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
 def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resume: bool) -> None:
     """Create ``output`` or check it can be continued; write the build plan.
 
@@ -65,8 +119,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
         raise ConfigError(
             "--overwrite and --resume exclude each other: resume continues a build, overwrite discards it"
         )
-    if output.exists() and not output.is_dir():
-        raise OutputExistsError(f"output {output} exists and is a file; choose a directory path")
+    _check_not_file(output)
     if output.is_dir() and any(output.iterdir()):
         if resume and (output / PLAN_NAME).is_file():
             old = json.loads((output / PLAN_NAME).read_text())
@@ -90,7 +143,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
                 f"refusing to --overwrite {output}: it does not look like a slimdata build (no {PLAN_NAME}, "
                 f"{SIDECAR_NAME} or index.json); remove it yourself if you mean it"
             )
-        shutil.rmtree(output)
+        _clear(output)
     output.mkdir(parents=True, exist_ok=True)
     write_atomic(output / PLAN_NAME, json.dumps(plan, indent=1, sort_keys=True))
 
@@ -100,9 +153,14 @@ def _merge_index(output: Path, indices: list[Path]) -> None:
 
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # merge_index logs a warning about its temp folder
+    staging = output / ".index-staging"  # merge_index copies its result in place: not atomic
     try:
         if indices:
-            merge_index([str(p) for p in indices], str(output), keep_local=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            merge_index([str(p) for p in indices], str(staging), keep_local=True)
+            os.replace(staging / "index.json", output / "index.json")
+            staging.rmdir()
         else:
             write_atomic(output / "index.json", json.dumps({"shards": [], "version": 2}))
     finally:

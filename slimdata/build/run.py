@@ -23,7 +23,7 @@ from typing import Any, cast
 from slimdata import __version__
 from slimdata.build.config import COMPRESSIONS, HASHES, BuildConfig
 from slimdata.build.orphans import die_with_parent
-from slimdata.build.output import SIDECAR_NAME, finalize, prepare_output
+from slimdata.build.output import SIDECAR_NAME, finalize, output_lock, prepare_output
 from slimdata.build.stages import COLUMNS
 from slimdata.build.task import (
     QUARANTINE_NAME,
@@ -202,16 +202,40 @@ def build(
 
     ``resume`` keeps the finished tasks of an interrupted build with the same plan and redoes
     the rest; ``overwrite`` discards a previous build. Raises :class:`InputError` when no
-    document survives (the quarantine file says why).
+    document survives (the quarantine file says why), :class:`OutputExistsError` while
+    another build holds ``output`` (see :func:`~slimdata.build.output.output_lock`).
     """
-    from tqdm.auto import tqdm
-
     start = time.perf_counter()
     default_corpus = not config.inputs or config.source == DEFAULT_CORPUS_SOURCE
     _check_writer_options(config)
     config, tokenizer, cost_model, tasks, plan = plan_build(config)
     output = Path(output)
-    prepare_output(output, plan, overwrite=overwrite, resume=resume)
+    with output_lock(output):
+        prepare_output(output, plan, overwrite=overwrite, resume=resume)
+        return _build_locked(
+            config,
+            output,
+            tasks,
+            _sidecar(config, default_corpus, tokenizer, cost_model, tasks),
+            cost_model=cost_model,
+            progress=progress,
+            start=start,
+        )
+
+
+def _build_locked(
+    config: BuildConfig,
+    output: Path,
+    tasks: list[ReadTask],
+    sidecar: dict[str, Any],
+    *,
+    cost_model: CostModel,
+    progress: bool,
+    start: float,
+) -> BuildSummary:
+    """The tasks of a planned build into a prepared, locked ``output``; then the merge."""
+    from tqdm.auto import tqdm
+
     for stale in list(output.glob("task-*.partial")):
         shutil.rmtree(stale)
     results: dict[int, TaskResult] = {}
@@ -257,9 +281,7 @@ def build(
             for job in jobs:
                 on_done(run_task(job))
     ordered = [results[i] for i in range(len(tasks))]
-    sidecar = finalize(
-        output, ordered, _sidecar(config, default_corpus, tokenizer, cost_model, tasks)
-    )
+    sidecar = finalize(output, ordered, sidecar)
     if sidecar["counts"]["documents"] == 0:
         raise InputError(
             f"no document was written: all {sidecar['counts']['quarantined']} records were rejected; "

@@ -14,6 +14,7 @@ import pytest
 from build_helpers import cli_build_cmd, make_text_corpus, tiny_config, tree_bytes
 
 from slimdata.build import build
+from slimdata.errors import OutputExistsError
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
@@ -110,3 +111,30 @@ def test_watch_thread_ends_an_orphan_where_prctl_is_missing(tmp_path):
     finally:
         proc.kill()
     assert out == "child\n"
+
+
+@pytest.mark.timeout(300)
+def test_output_is_locked_during_a_build_and_released_when_it_dies(tmp_path):
+    corpus = make_text_corpus(tmp_path)
+    reference = tmp_path / "reference"
+    build(config(corpus), reference)
+    out = tmp_path / "out"
+    cmd = cli_build_cmd(corpus, out, "--hashes", "sha1")
+    env = {**os.environ, "SLIMDATA_FAULT_STALL": "2:1"}  # serial build: the main process waits
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert _wait_for(lambda: (out / "task-00002.partial").exists()), "build never started"
+        for resume in (True, False):
+            with pytest.raises(OutputExistsError) as info:
+                build(config(corpus), out, resume=resume, overwrite=not resume)
+            assert str(info.value) == (
+                f"another build is writing into {out} (it holds the directory's lock); "
+                "wait for it to finish or choose another output directory"
+            )
+        assert (out / "task-00001").is_dir()  # the refused builds touched nothing
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    build(config(corpus), out, resume=True)  # the kernel dropped the dead build's lock
+    assert tree_bytes(out) == tree_bytes(reference)
+    assert not (out / ".index-staging").exists()
