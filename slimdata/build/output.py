@@ -44,6 +44,7 @@ __all__ = [
 PLAN_NAME = "build_plan.json"
 SIDECAR_NAME = "slimdata.json"
 _OURS = (PLAN_NAME, SIDECAR_NAME, "index.json")
+_log = logging.getLogger(__name__)
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -167,10 +168,22 @@ def _merge_index(output: Path, indices: list[Path]) -> None:
         logging.disable(previous)
 
 
-def _manifest(output: Path, count: int) -> tuple[int, str]:
+def duplicate_ids(doc_ids: Any) -> tuple[int, list[str]]:
+    """``(extra occurrences, up to 5 example ids)`` of ids that appear more than once in a
+    pyarrow string column (``--id-field`` values are the user's; positional ids are unique)."""
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(doc_ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    extra = int(pc.sum(repeated.field("counts")).as_py() or 0) - len(repeated)
+    return extra, sorted(repeated.field("values").to_pylist())[:5]
+
+
+def _manifest(output: Path, count: int) -> tuple[int, str, int]:
     """Concatenate the tasks' document tables into ``manifest.parquet``; returns the
     number of samples and the content fingerprint (sha256 over every document's id and
-    tokens in global order, independent of how tasks were cut)."""
+    tokens in global order, independent of how tasks were cut) and the number of documents
+    whose id repeats an earlier one (with a warning)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -179,9 +192,18 @@ def _manifest(output: Path, count: int) -> tuple[int, str]:
     table = pa.concat_tables(tables) if tables else None
     fingerprint = hashlib.sha256()
     n = 0 if table is None else table.num_rows
+    extra = 0
     if table is not None:
         for digest in table.column("digest").to_pylist():
             fingerprint.update(digest)
+        extra, examples = duplicate_ids(table.column("doc_id"))
+        if extra:
+            _log.warning(
+                "%d documents repeat an earlier document id (e.g. %s); every document is kept, "
+                "but ids are not unique: check --id-field",
+                extra,
+                ", ".join(map(repr, examples)),
+            )
         length = table.column("length")
         table = pa.table(
             {
@@ -196,7 +218,7 @@ def _manifest(output: Path, count: int) -> tuple[int, str]:
         tmp = output / (MANIFEST_NAME + ".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, output / MANIFEST_NAME)
-    return n, "sha256:" + fingerprint.hexdigest()
+    return n, "sha256:" + fingerprint.hexdigest(), extra
 
 
 def _quarantine(output: Path, count: int) -> None:
@@ -215,7 +237,7 @@ def finalize(output: Path, results: list[TaskResult], sidecar: dict[str, Any]) -
     indices = [task_dir(output, r.index) / "index.json" for r in results]
     indices = [p for p in indices if json.loads(p.read_text())["shards"]]
     _quarantine(output, len(results))
-    samples, fingerprint = _manifest(output, len(results))
+    samples, fingerprint, duplicates = _manifest(output, len(results))
     counts = {
         key: sum(getattr(r, key) for r in results)
         for key in (
@@ -229,6 +251,7 @@ def finalize(output: Path, results: list[TaskResult], sidecar: dict[str, Any]) -
         )
     }
     counts["tasks"] = len(results)
+    counts["duplicate_doc_ids"] = duplicates
     assert samples == counts["documents"], (samples, counts)
     sidecar = {**sidecar, "counts": counts, "fingerprint": fingerprint}
     if samples:

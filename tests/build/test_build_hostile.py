@@ -148,3 +148,19 @@ def test_same_input_twice_is_read_once_with_a_warning(tmp_path, caplog):
         f"input {corpus / 'b.txt'} {dup}",
         f"input {tmp_path / 'link.jsonl'} {dup}",
     ]
+
+
+def test_duplicate_document_ids_are_reported_and_every_document_kept(tmp_path, caplog):
+    src = tmp_path / "ids.jsonl"
+    rows = [("a", "one"), ("b", "two"), ("a", "three"), ("c", "four"), ("a", "five"), ("b", "6")]
+    src.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in rows))
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING, logger="slimdata.build.output"):
+        summary = build(tiny_config(src, id_field="id"), out)
+    samples, _ = read_shards(out)
+    assert [s["doc_id"] for s in samples] == ["a", "b", "a", "c", "a", "b"]
+    assert summary.counts["documents"] == 6 and summary.counts["duplicate_doc_ids"] == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "3 documents repeat an earlier document id (e.g. 'a', 'b'); every document is kept, "
+        "but ids are not unique: check --id-field"
+    ]
