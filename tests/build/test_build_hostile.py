@@ -10,11 +10,13 @@ import os
 import pytest
 from build_helpers import TINY_TOKENIZER, read_shards, tiny_config
 from click.testing import CliRunner
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from slimdata.build import build
-from slimdata.build.stages import tokenize_batch
+from slimdata.build.stages import batch_records, tokenize_batch
 from slimdata.cli import cli
-from slimdata.readers import Record, Rejected
+from slimdata.readers import ReadOptions, Record, Rejected, plan_inputs, read_task
 from slimdata.tokenize import load_tokenizer
 
 
@@ -164,3 +166,32 @@ def test_duplicate_document_ids_are_reported_and_every_document_kept(tmp_path, c
         "3 documents repeat an earlier document id (e.g. 'a', 'b'); every document is kept, "
         "but ids are not unique: check --id-field"
     ]
+
+
+CHARS = st.one_of(st.characters(), st.sampled_from(["\ud800", "\udfff", "\udc80", " ", "\x00"]))
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@example(texts=["a\ud800b", "ok", "  ", "\x00", "\udfff"])
+@given(texts=st.lists(st.text(CHARS, max_size=12), min_size=1, max_size=12))
+def test_any_json_text_is_a_document_or_a_quarantine_line_in_order(tmp_path_factory, texts):
+    """Records of arbitrary text (lone surrogates, controls, blanks included): each becomes
+    exactly one document with the tokenizer's own tokens, or one rejection with a reason."""
+    src = tmp_path_factory.mktemp("prop") / "p.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tok = load_tokenizer(TINY_TOKENIZER)
+    (task,) = plan_inputs([src], opts=ReadOptions())
+    out = [
+        item
+        for batch in batch_records(read_task(task, ReadOptions()), 50)
+        for item in tokenize_batch(tok, batch)
+    ]
+    assert [o.doc_id for o in out] == [f"p/p.jsonl:{i}" for i in range(1, len(texts) + 1)]
+    for text, item in zip(texts, out, strict=True):
+        encodable = not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+        if text.strip() and encodable and len(tok.encode_batch([text])[0]):
+            assert list(item.tokens) == list(tok.encode_batch([text])[0])
+        else:
+            assert isinstance(item, Rejected) and item.reason
