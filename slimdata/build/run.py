@@ -223,6 +223,18 @@ def build(
         )
 
 
+def _finished_tasks(output: Path, count: int) -> dict[int, TaskResult]:
+    """Results of the tasks an earlier run finished; half-written ``.partial`` ones go."""
+    for stale in list(output.glob("task-*.partial")):
+        shutil.rmtree(stale)
+    results: dict[int, TaskResult] = {}
+    for i in range(count):
+        done = load_result(task_dir(output, i))
+        if done is not None:
+            results[i] = done
+    return results
+
+
 def _build_locked(
     config: BuildConfig,
     output: Path,
@@ -236,13 +248,7 @@ def _build_locked(
     """The tasks of a planned build into a prepared, locked ``output``; then the merge."""
     from tqdm.auto import tqdm
 
-    for stale in list(output.glob("task-*.partial")):
-        shutil.rmtree(stale)
-    results: dict[int, TaskResult] = {}
-    for i in range(len(tasks)):
-        done = load_result(task_dir(output, i))
-        if done is not None:
-            results[i] = done
+    results = _finished_tasks(output, len(tasks))
     resumed = len(results)
     todo = [i for i in range(len(tasks)) if i not in results]
     parallel = config.workers > 1 and len(todo) > 1
