@@ -103,7 +103,16 @@ def load_shard_documents(directory: str | Path) -> list[Document]:
     check_index(directory)  # before anything hands the directory to streaming
     if not manifest.is_file():
         raise InputError(f"{directory} has no {MANIFEST_NAME}: was it written by `slimdata build`?")
-    df = pl.read_parquet(manifest).sort("sample")
+    try:
+        df = pl.read_parquet(manifest).sort("sample")
+        longest, shortest = df["length"].max(), df["length"].min()
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise InputError(f"{manifest}: unreadable or not a slimdata manifest ({exc})") from None
+    for value in (longest, shortest) if len(df) else ():
+        try:
+            check_length(value, f"{manifest}: document length")
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
     return [
         Document(
             doc_id=row["doc_id"],

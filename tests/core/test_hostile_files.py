@@ -162,3 +162,23 @@ def test_oversized_index_is_refused_before_reading(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read"))
     with pytest.raises(InputError, match="101 bytes is over the 100 byte limit for an index"):
         check_index(tmp_path)
+
+
+def test_damaged_manifest_is_a_clear_error(built, tmp_path):
+    import polars as pl
+
+    ds = tmp_path / "ds"
+    shutil.copytree(built, ds)
+    (ds / "manifest.parquet").write_bytes(b"PAR1 not really")
+    result = plan_cli(tmp_path, str(ds))
+    assert result.exit_code == 2 and result.output.startswith(
+        f"Error: {ds / 'manifest.parquet'}: unreadable or not a slimdata manifest ("
+    )
+    df = pl.read_parquet(built / "manifest.parquet").with_columns(length=pl.lit(10**15))
+    df.write_parquet(ds / "manifest.parquet")
+    result = plan_cli(tmp_path, str(ds))
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: {ds / 'manifest.parquet'}: document length 1000000000000000 exceeds the maximum "
+        "of 2147483647 tokens per document (int32 attention offsets); split the document\n"
+    )
