@@ -17,7 +17,7 @@ import numpy as np
 from slimdata.errors import ConfigError, InputError
 from slimdata.mdsindex import check_index
 from slimdata.plan.types import Document
-from slimdata.slicing import DEFAULT_SLICE_TOKENS, check_length, slice_cuts
+from slimdata.slicing import DEFAULT_SLICE_TOKENS, check_length, cut_points
 
 __all__ = ["MANIFEST_NAME", "documents_from_lengths", "load_lengths", "load_shard_documents"]
 
@@ -84,7 +84,7 @@ def documents_from_lengths(
         Document(
             doc_id=first_id + i,
             length=int(n),
-            cuts=tuple(int(c) for c in slice_cuts(int(n), slice_tokens)),
+            cuts=cut_points(int(n), slice_tokens),
         )
         for i, n in enumerate(lengths)
     ]

@@ -19,6 +19,7 @@ __all__ = [
     "check_cuts",
     "check_length",
     "check_slice_tokens",
+    "cut_points",
     "slice_cuts",
 ]
 
@@ -58,18 +59,27 @@ def check_slice_tokens(slice_tokens: int) -> int:
     return int(slice_tokens)
 
 
+def cut_points(length: int, slice_tokens: int = DEFAULT_SLICE_TOKENS) -> tuple[int, ...]:
+    """Cut points of a document of ``length`` tokens, as a tuple of ints (the one formula).
+
+    ``cut_points(10, 128) == (0, 10)``; ``cut_points(300, 128) == (0, 128, 256, 300)``;
+    ``cut_points(0, 128) == (0,)`` (an empty document has no slice). Pure Python: a plan of
+    a million short documents builds its cut points without a numpy call per document.
+    """
+    slice_tokens = check_slice_tokens(slice_tokens)
+    length = check_length(length)
+    if length == 0:
+        return (0,)
+    return (*range(0, length, slice_tokens), length)
+
+
 def slice_cuts(length: int, slice_tokens: int = DEFAULT_SLICE_TOKENS) -> np.ndarray:
-    """Cut points (int64 array) of a document of ``length`` tokens.
+    """:func:`cut_points` as an int64 array.
 
     ``slice_cuts(10, 128) -> [0, 10]``; ``slice_cuts(300, 128) -> [0, 128, 256, 300]``;
     ``slice_cuts(0, 128) -> [0]`` (an empty document has no slice).
     """
-    slice_tokens = check_slice_tokens(slice_tokens)
-    length = check_length(length)
-    inner = np.arange(slice_tokens, length, slice_tokens, dtype=np.int64)
-    if length == 0:
-        return np.zeros(1, dtype=np.int64)
-    return np.concatenate(([0], inner, [length])).astype(np.int64)
+    return np.asarray(cut_points(length, slice_tokens), dtype=np.int64)
 
 
 def check_cuts(cuts, length: int) -> None:
