@@ -69,7 +69,7 @@ def load_lengths(path: str | Path) -> np.ndarray:
         raise InputError(f"{path}: no lengths found")
     for where, value in entries:
         try:
-            if check_length(value, where) == 0:  # type: ignore[arg-type]
+            if check_length(value, where) == 0:
                 raise InputError(f"{where} is 0; lengths must be positive")
         except ConfigError as exc:
             raise InputError(str(exc)) from None

@@ -93,8 +93,8 @@ def check_dataset(dataset: Any) -> int:
     (``StreamingDataset.streams[i].local`` or ``LocalDataset.local``); returns how many
     directories were checked (0 for in-memory stand-ins, which have none)."""
     streams = getattr(dataset, "streams", None) or [dataset]
-    dirs = [getattr(s, "local", None) for s in streams]
-    dirs = [d for d in dirs if isinstance(d, str | os.PathLike)]
+    found = [getattr(s, "local", None) for s in streams]
+    dirs: list[str | Path] = [Path(d) for d in found if isinstance(d, str | os.PathLike)]
     for d in dirs:
         check_index(d)
     return len(dirs)

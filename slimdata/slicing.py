@@ -37,18 +37,19 @@ MAX_DOCUMENT_TOKENS = 2**31 - 1
 file, so a hostile ``10**15`` costs an error, not terabytes."""
 
 
-def check_length(length: int, where: str = "document length") -> int:
+def check_length(length: object, where: str = "document length") -> int:
     """``length`` as an int if ``0 <= length <= MAX_DOCUMENT_TOKENS``, else a ConfigError."""
     if isinstance(length, bool) or not isinstance(length, int | np.integer):
         raise ConfigError(f"{where} {length!r} is not an integer")
-    if length < 0:
+    value = int(length)
+    if value < 0:
         raise ConfigError(f"{where} {length} is negative")
-    if length > MAX_DOCUMENT_TOKENS:
+    if value > MAX_DOCUMENT_TOKENS:
         raise ConfigError(
             f"{where} {length} exceeds the maximum of {MAX_DOCUMENT_TOKENS} tokens per document "
             "(int32 attention offsets); split the document"
         )
-    return int(length)
+    return value
 
 
 def check_slice_tokens(slice_tokens: int) -> int:
