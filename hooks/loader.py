@@ -31,6 +31,7 @@ from slimdata.hooks.payload import StepPayload
 
 from slimdata.cost import CostModel, ModelConfig
 from slimdata.errors import ConfigError, PlanError, SlimdataError
+from slimdata.mdsindex import check_dataset
 from slimdata.plan import Document
 from slimdata.planning import SIDECAR_NAME, build_cost_model
 from slimdata.solver import PlanConfig, solve
@@ -137,6 +138,7 @@ class DocumentLoader:
     ) -> None:
         if not 0 <= rank < config.layout.dp:
             raise ConfigError(f"rank={rank} is outside the layout's {config.layout.dp} ranks")
+        check_dataset(dataset)  # no shard outside the dataset directory is ever read
         self.dataset, self.rank, self.config = dataset, rank, config
         self.documents = list(documents) if documents is not None else documents_of(dataset)
         if any(d.sample < 0 for d in self.documents):
@@ -220,6 +222,7 @@ class PlanShardLoader:
     ) -> None:
         if mode not in ("index", "iterate"):
             raise ConfigError(f"mode={mode!r}: use 'index' or 'iterate'")
+        check_dataset(dataset)
         self.dataset, self.rank, self.mode = dataset, rank, mode
         self.nodes, self.ranks_per_node = nodes, ranks_per_node
         self.dp = nodes * ranks_per_node
@@ -237,7 +240,7 @@ class PlanShardLoader:
         self.step = int(state["step"])
 
     def _payload(self, sample: dict, step: int) -> StepPayload:
-        plan, tokens = check_payload(sample, step, self.rank)
+        plan, tokens = check_payload(sample, step, self.rank, self.dp)
         return StepPayload(plan=plan, rank=self.rank, tokens=tokens)
 
     def __iter__(self) -> Iterator[StepPayload]:

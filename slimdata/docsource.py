@@ -14,17 +14,47 @@ from pathlib import Path
 
 import numpy as np
 
-from slimdata.errors import InputError
+from slimdata.errors import ConfigError, InputError
+from slimdata.mdsindex import check_index
 from slimdata.plan.types import Document
-from slimdata.slicing import DEFAULT_SLICE_TOKENS, slice_cuts
+from slimdata.slicing import DEFAULT_SLICE_TOKENS, check_length, cut_points
 
 __all__ = ["MANIFEST_NAME", "documents_from_lengths", "load_lengths", "load_shard_documents"]
 
 MANIFEST_NAME = "manifest.parquet"
 
 
+def _parse_lengths(path: Path, text: str) -> list[tuple[str, object]]:
+    """``(where, value)`` of every entry: ``"line 3"`` of a text file, ``"entry 3"`` of a list."""
+    stripped = text.lstrip()
+    if not stripped.startswith("["):
+        out: list[tuple[str, object]] = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append((f"{path}:{lineno}: length", int(line)))
+            except ValueError:
+                raise InputError(
+                    f"{path}:{lineno}: {line[:40]!r} is not an integer length"
+                ) from None
+        return out
+    try:
+        values = json.loads(stripped)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"{path}: invalid JSON list: {exc}") from exc
+    if not isinstance(values, list):
+        raise InputError(f"{path}: expected a JSON list of integers")
+    return [(f"{path}: entry {i}: length", v) for i, v in enumerate(values, 1)]
+
+
 def load_lengths(path: str | Path) -> np.ndarray:
-    """Read document lengths (int64). Raises :class:`InputError` naming the bad line."""
+    """Read document lengths (int64). Raises :class:`InputError` naming the bad entry.
+
+    Every entry must be an integer in ``[1, MAX_DOCUMENT_TOKENS]``; it is checked before
+    any array is built from it (no allocation follows a number written in the file).
+    """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"lengths file {path} does not exist")
@@ -32,33 +62,18 @@ def load_lengths(path: str | Path) -> np.ndarray:
     try:
         with opener(path, "rt") as fh:
             text = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise InputError(f"cannot read lengths file {path}: {exc}") from exc
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            values = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: invalid JSON list: {exc}") from exc
-    else:
-        values = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                values.append(int(line))
-            except ValueError:
-                raise InputError(
-                    f"{path}:{lineno}: {line[:40]!r} is not an integer length"
-                ) from None
-    arr = np.asarray(values, dtype=np.int64)
-    if arr.ndim != 1 or len(arr) == 0:
+    entries = _parse_lengths(path, text)
+    if not entries:
         raise InputError(f"{path}: no lengths found")
-    if (arr <= 0).any():
-        bad = int(np.argmax(arr <= 0))
-        raise InputError(f"{path}: entry {bad + 1} is {arr[bad]}; lengths must be positive")
-    return arr
+    for where, value in entries:
+        try:
+            if check_length(value, where) == 0:
+                raise InputError(f"{where} is 0; lengths must be positive")
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
+    return np.asarray([v for _, v in entries], dtype=np.int64)
 
 
 def documents_from_lengths(
@@ -69,7 +84,7 @@ def documents_from_lengths(
         Document(
             doc_id=first_id + i,
             length=int(n),
-            cuts=tuple(int(c) for c in slice_cuts(int(n), slice_tokens)),
+            cuts=cut_points(int(n), slice_tokens),
         )
         for i, n in enumerate(lengths)
     ]
@@ -85,10 +100,19 @@ def load_shard_documents(directory: str | Path) -> list[Document]:
         raise InputError(
             f"{directory} has no index.json: not an MDS dataset (run `slimdata build` first)"
         )
+    check_index(directory)  # before anything hands the directory to streaming
     if not manifest.is_file():
         raise InputError(f"{directory} has no {MANIFEST_NAME}: was it written by `slimdata build`?")
     columns = ["sample", "doc_id", "length", "loss_tokens", "cuts"]
-    rows = pq.read_table(manifest, columns=columns).sort_by("sample").to_pylist()
+    try:
+        rows = pq.read_table(manifest, columns=columns).sort_by("sample").to_pylist()
+    except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors subclass these
+        raise InputError(f"{manifest}: unreadable or not a slimdata manifest ({exc})") from None
+    for value in (max(r["length"] for r in rows), min(r["length"] for r in rows)) if rows else ():
+        try:
+            check_length(value, f"{manifest}: document length")
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
     return [
         Document(
             doc_id=row["doc_id"],

@@ -12,7 +12,16 @@ import numpy as np
 
 from slimdata.errors import ConfigError
 
-__all__ = ["ALIGN", "DEFAULT_SLICE_TOKENS", "check_cuts", "check_slice_tokens", "slice_cuts"]
+__all__ = [
+    "ALIGN",
+    "DEFAULT_SLICE_TOKENS",
+    "MAX_DOCUMENT_TOKENS",
+    "check_cuts",
+    "check_length",
+    "check_slice_tokens",
+    "cut_points",
+    "slice_cuts",
+]
 
 ALIGN = 128
 """Slice boundaries (except a document's end) are multiples of this (flash-attn tile)."""
@@ -20,6 +29,27 @@ ALIGN = 128
 DEFAULT_SLICE_TOKENS = 2048
 """Default slice length: fine enough to balance 16K-token rank budgets (1M tokens over 64
 ranks) with <13% granularity, coarse enough that a 256K document is only 128 slices."""
+
+
+MAX_DOCUMENT_TOKENS = 2**31 - 1
+"""Longest document slimdata accepts (2,147,483,647 tokens): flash-attn's varlen offsets
+(``cu_seqlens``) are int32. Checked before anything is allocated for a length read from a
+file, so a hostile ``10**15`` costs an error, not terabytes."""
+
+
+def check_length(length: object, where: str = "document length") -> int:
+    """``length`` as an int if ``0 <= length <= MAX_DOCUMENT_TOKENS``, else a ConfigError."""
+    if isinstance(length, bool) or not isinstance(length, int | np.integer):
+        raise ConfigError(f"{where} {length!r} is not an integer")
+    value = int(length)
+    if value < 0:
+        raise ConfigError(f"{where} {length} is negative")
+    if value > MAX_DOCUMENT_TOKENS:
+        raise ConfigError(
+            f"{where} {length} exceeds the maximum of {MAX_DOCUMENT_TOKENS} tokens per document "
+            "(int32 attention offsets); split the document"
+        )
+    return value
 
 
 def check_slice_tokens(slice_tokens: int) -> int:
@@ -30,19 +60,27 @@ def check_slice_tokens(slice_tokens: int) -> int:
     return int(slice_tokens)
 
 
+def cut_points(length: int, slice_tokens: int = DEFAULT_SLICE_TOKENS) -> tuple[int, ...]:
+    """Cut points of a document of ``length`` tokens, as a tuple of ints (the one formula).
+
+    ``cut_points(10, 128) == (0, 10)``; ``cut_points(300, 128) == (0, 128, 256, 300)``;
+    ``cut_points(0, 128) == (0,)`` (an empty document has no slice). Pure Python: a plan of
+    a million short documents builds its cut points without a numpy call per document.
+    """
+    slice_tokens = check_slice_tokens(slice_tokens)
+    length = check_length(length)
+    if length == 0:
+        return (0,)
+    return (*range(0, length, slice_tokens), length)
+
+
 def slice_cuts(length: int, slice_tokens: int = DEFAULT_SLICE_TOKENS) -> np.ndarray:
-    """Cut points (int64 array) of a document of ``length`` tokens.
+    """:func:`cut_points` as an int64 array.
 
     ``slice_cuts(10, 128) -> [0, 10]``; ``slice_cuts(300, 128) -> [0, 128, 256, 300]``;
     ``slice_cuts(0, 128) -> [0]`` (an empty document has no slice).
     """
-    slice_tokens = check_slice_tokens(slice_tokens)
-    if length < 0:
-        raise ConfigError(f"document length {length} is negative")
-    inner = np.arange(slice_tokens, length, slice_tokens, dtype=np.int64)
-    if length == 0:
-        return np.zeros(1, dtype=np.int64)
-    return np.concatenate(([0], inner, [length])).astype(np.int64)
+    return np.asarray(cut_points(length, slice_tokens), dtype=np.int64)
 
 
 def check_cuts(cuts, length: int) -> None:

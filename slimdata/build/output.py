@@ -12,16 +12,19 @@ Layout of a finished build::
       task-00001/ ...
 
 The final files are written to a temporary name and renamed, so they are either complete
-or absent after a crash.
+or absent after a crash, and a reader during a build sees no ``index.json`` or a complete
+one. The directory is locked (:func:`output_lock`) for the duration of a build.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +32,19 @@ from slimdata.build.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, tas
 from slimdata.docsource import MANIFEST_NAME
 from slimdata.errors import ConfigError, OutputExistsError
 
-__all__ = ["PLAN_NAME", "SIDECAR_NAME", "finalize", "prepare_output", "write_atomic"]
+__all__ = [
+    "PLAN_NAME",
+    "SIDECAR_NAME",
+    "finalize",
+    "output_lock",
+    "prepare_output",
+    "write_atomic",
+]
 
 PLAN_NAME = "build_plan.json"
 SIDECAR_NAME = "slimdata.json"
 _OURS = (PLAN_NAME, SIDECAR_NAME, "index.json")
+_log = logging.getLogger(__name__)
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -54,6 +65,50 @@ def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[st
     return out
 
 
+def _check_not_file(output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise OutputExistsError(f"output {output} exists and is a file; choose a directory path")
+
+
+@contextlib.contextmanager
+def output_lock(output: Path) -> Iterator[None]:
+    """Hold an exclusive OS lock (``flock``) on the ``output`` directory for a whole build.
+
+    Creates ``output`` if needed. A second build into the same directory fails at once with
+    :class:`OutputExistsError` instead of interleaving with the first; the kernel releases
+    the lock when the holder exits or dies (``kill -9`` included), so no stale lock is left.
+    Where ``fcntl`` is missing (Windows) builds are not locked.
+    """
+    _check_not_file(output)
+    output.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        yield
+        return
+    fd = os.open(output, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputExistsError(
+                f"another build is writing into {output} (it holds the directory's lock); "
+                "wait for it to finish or choose another output directory"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _clear(output: Path) -> None:
+    """Remove everything inside ``output`` but the directory itself (which holds the lock)."""
+    for child in output.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
 def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resume: bool) -> None:
     """Create ``output`` or check it can be continued; write the build plan.
 
@@ -65,8 +120,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
         raise ConfigError(
             "--overwrite and --resume exclude each other: resume continues a build, overwrite discards it"
         )
-    if output.exists() and not output.is_dir():
-        raise OutputExistsError(f"output {output} exists and is a file; choose a directory path")
+    _check_not_file(output)
     if output.is_dir() and any(output.iterdir()):
         if resume and (output / PLAN_NAME).is_file():
             old = json.loads((output / PLAN_NAME).read_text())
@@ -90,7 +144,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
                 f"refusing to --overwrite {output}: it does not look like a slimdata build (no {PLAN_NAME}, "
                 f"{SIDECAR_NAME} or index.json); remove it yourself if you mean it"
             )
-        shutil.rmtree(output)
+        _clear(output)
     output.mkdir(parents=True, exist_ok=True)
     write_atomic(output / PLAN_NAME, json.dumps(plan, indent=1, sort_keys=True))
 
@@ -100,19 +154,36 @@ def _merge_index(output: Path, indices: list[Path]) -> None:
 
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # merge_index logs a warning about its temp folder
+    staging = output / ".index-staging"  # merge_index copies its result in place: not atomic
     try:
         if indices:
-            merge_index([str(p) for p in indices], str(output), keep_local=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            merge_index([str(p) for p in indices], str(staging), keep_local=True)
+            os.replace(staging / "index.json", output / "index.json")
+            staging.rmdir()
         else:
             write_atomic(output / "index.json", json.dumps({"shards": [], "version": 2}))
     finally:
         logging.disable(previous)
 
 
-def _manifest(output: Path, count: int) -> tuple[int, str]:
+def duplicate_ids(doc_ids: Any) -> tuple[int, list[str]]:
+    """``(extra occurrences, up to 5 example ids)`` of ids that appear more than once in a
+    pyarrow string column (``--id-field`` values are the user's; positional ids are unique)."""
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(doc_ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    extra = int(pc.sum(repeated.field("counts")).as_py() or 0) - len(repeated)
+    return extra, sorted(repeated.field("values").to_pylist())[:5]
+
+
+def _manifest(output: Path, count: int) -> tuple[int, str, int]:
     """Concatenate the tasks' document tables into ``manifest.parquet``; returns the
     number of samples and the content fingerprint (sha256 over every document's id and
-    tokens in global order, independent of how tasks were cut)."""
+    tokens in global order, independent of how tasks were cut) and the number of documents
+    whose id repeats an earlier one (with a warning)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -121,9 +192,18 @@ def _manifest(output: Path, count: int) -> tuple[int, str]:
     table = pa.concat_tables(tables) if tables else None
     fingerprint = hashlib.sha256()
     n = 0 if table is None else table.num_rows
+    extra = 0
     if table is not None:
         for digest in table.column("digest").to_pylist():
             fingerprint.update(digest)
+        extra, examples = duplicate_ids(table.column("doc_id"))
+        if extra:
+            _log.warning(
+                "%d documents repeat an earlier document id (e.g. %s); every document is kept, "
+                "but ids are not unique: check --id-field",
+                extra,
+                ", ".join(map(repr, examples)),
+            )
         length = table.column("length")
         table = pa.table(
             {
@@ -138,7 +218,7 @@ def _manifest(output: Path, count: int) -> tuple[int, str]:
         tmp = output / (MANIFEST_NAME + ".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, output / MANIFEST_NAME)
-    return n, "sha256:" + fingerprint.hexdigest()
+    return n, "sha256:" + fingerprint.hexdigest(), extra
 
 
 def _quarantine(output: Path, count: int) -> None:
@@ -157,7 +237,7 @@ def finalize(output: Path, results: list[TaskResult], sidecar: dict[str, Any]) -
     indices = [task_dir(output, r.index) / "index.json" for r in results]
     indices = [p for p in indices if json.loads(p.read_text())["shards"]]
     _quarantine(output, len(results))
-    samples, fingerprint = _manifest(output, len(results))
+    samples, fingerprint, duplicates = _manifest(output, len(results))
     counts = {
         key: sum(getattr(r, key) for r in results)
         for key in (
@@ -171,6 +251,7 @@ def finalize(output: Path, results: list[TaskResult], sidecar: dict[str, Any]) -
         )
     }
     counts["tasks"] = len(results)
+    counts["duplicate_doc_ids"] = duplicates
     assert samples == counts["documents"], (samples, counts)
     sidecar = {**sidecar, "counts": counts, "fingerprint": fingerprint}
     if samples:

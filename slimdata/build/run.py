@@ -10,6 +10,7 @@ the current time into every shard; use ``zstd`` or ``br`` for reproducible bytes
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from typing import Any, cast
 
 from slimdata import __version__
 from slimdata.build.config import COMPRESSIONS, HASHES, BuildConfig
-from slimdata.build.output import SIDECAR_NAME, finalize, prepare_output
+from slimdata.build.orphans import die_with_parent
+from slimdata.build.output import SIDECAR_NAME, finalize, output_lock, prepare_output
 from slimdata.build.stages import COLUMNS
 from slimdata.build.task import (
     QUARANTINE_NAME,
@@ -150,12 +152,18 @@ def _run_parallel(jobs: list[TaskJob], workers: int, on_done: Callable[[TaskResu
     out largest first, so the shortest are left for the end when cores run out of work.
     Finished, unwritten tasks wait in memory; the input bytes of the tasks in flight are
     capped at :data:`IN_FLIGHT_BYTES` (at least ``3 * workers`` tasks). Output bytes do not
-    depend on this order: each task has its own directory.
+    depend on this order: each task has its own directory. Workers die with this process
+    (:func:`~slimdata.build.orphans.die_with_parent`), ``kill -9`` included.
     """
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     order = sorted(jobs, key=lambda j: (-j.task.size, j.index))
     pending: dict[Future, TaskJob] = {}
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context(method),
+        initializer=die_with_parent,
+        initargs=(os.getpid(),),
+    )
 
     def fill() -> None:
         while order and (
@@ -194,23 +202,53 @@ def build(
 
     ``resume`` keeps the finished tasks of an interrupted build with the same plan and redoes
     the rest; ``overwrite`` discards a previous build. Raises :class:`InputError` when no
-    document survives (the quarantine file says why).
+    document survives (the quarantine file says why), :class:`OutputExistsError` while
+    another build holds ``output`` (see :func:`~slimdata.build.output.output_lock`).
     """
-    from tqdm.auto import tqdm
-
     start = time.perf_counter()
     default_corpus = not config.inputs or config.source == DEFAULT_CORPUS_SOURCE
     _check_writer_options(config)
     config, tokenizer, cost_model, tasks, plan = plan_build(config)
     output = Path(output)
-    prepare_output(output, plan, overwrite=overwrite, resume=resume)
+    with output_lock(output):
+        prepare_output(output, plan, overwrite=overwrite, resume=resume)
+        return _build_locked(
+            config,
+            output,
+            tasks,
+            _sidecar(config, default_corpus, tokenizer, cost_model, tasks),
+            cost_model=cost_model,
+            progress=progress,
+            start=start,
+        )
+
+
+def _finished_tasks(output: Path, count: int) -> dict[int, TaskResult]:
+    """Results of the tasks an earlier run finished; half-written ``.partial`` ones go."""
     for stale in list(output.glob("task-*.partial")):
         shutil.rmtree(stale)
     results: dict[int, TaskResult] = {}
-    for i in range(len(tasks)):
+    for i in range(count):
         done = load_result(task_dir(output, i))
         if done is not None:
             results[i] = done
+    return results
+
+
+def _build_locked(
+    config: BuildConfig,
+    output: Path,
+    tasks: list[ReadTask],
+    sidecar: dict[str, Any],
+    *,
+    cost_model: CostModel,
+    progress: bool,
+    start: float,
+) -> BuildSummary:
+    """The tasks of a planned build into a prepared, locked ``output``; then the merge."""
+    from tqdm.auto import tqdm
+
+    results = _finished_tasks(output, len(tasks))
     resumed = len(results)
     todo = [i for i in range(len(tasks)) if i not in results]
     parallel = config.workers > 1 and len(todo) > 1
@@ -249,9 +287,7 @@ def build(
             for job in jobs:
                 on_done(run_task(job))
     ordered = [results[i] for i in range(len(tasks))]
-    sidecar = finalize(
-        output, ordered, _sidecar(config, default_corpus, tokenizer, cost_model, tasks)
-    )
+    sidecar = finalize(output, ordered, sidecar)
     if sidecar["counts"]["documents"] == 0:
         raise InputError(
             f"no document was written: all {sidecar['counts']['quarantined']} records were rejected; "

@@ -86,17 +86,41 @@ def batch_records(
         yield batch
 
 
+def _encode_each(tokenizer: TextTokenizer, records: list[Record]) -> list[np.ndarray | str]:
+    """Encode one record at a time: the ids, or why the tokenizer refused the text.
+
+    Only runs when a whole batch was refused, to keep the good records of that batch.
+    """
+    out: list[np.ndarray | str] = []
+    for r in records:
+        try:
+            out.append(tokenizer.encode_batch([r.text])[0])
+        except Exception as exc:  # the tokenizer's own error types vary by backend
+            out.append(f"tokenizer refused the text: {type(exc).__name__}: {str(exc)[:200]}")
+    return out
+
+
 def tokenize_batch(tokenizer: TextTokenizer, batch: list[ReadResult]) -> list[Document | Rejected]:
-    """Encode every record of the batch in one ``encode_batch`` call; rejections pass through."""
+    """Encode every record of the batch in one ``encode_batch`` call; rejections pass through.
+
+    If the tokenizer refuses the batch, records are encoded one by one and the refused ones
+    become :class:`Rejected` with the tokenizer's reason (one bad record never ends a build).
+    """
     records = [r for r in batch if isinstance(r, Record)]
-    encoded = iter(tokenizer.encode_batch([r.text for r in records])) if records else iter(())
+    try:
+        ids_or_errors: list = tokenizer.encode_batch([r.text for r in records]) if records else []
+    except Exception:
+        ids_or_errors = _encode_each(tokenizer, records)
+    encoded = iter(ids_or_errors)
     out: list[Document | Rejected] = []
     for item in batch:
         if isinstance(item, Rejected):
             out.append(item)
             continue
         ids = next(encoded)
-        if len(ids) == 0:
+        if isinstance(ids, str):
+            out.append(Rejected(item.doc_id, ids, ascii(item.text[:200])))
+        elif len(ids) == 0:
             out.append(
                 Rejected(item.doc_id, "empty document (tokenizes to no tokens)", item.text[:200])
             )

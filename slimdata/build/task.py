@@ -15,7 +15,8 @@ redoes from scratch, so no document is lost or written twice.
 Testing hook: ``SLIMDATA_FAULT_KILL=<task>:<docs>`` makes the process preparing task
 ``task`` SIGKILL itself once it has prepared ``docs`` documents of it: the build process of
 a serial build (the task's ``.partial`` directory then exists, earlier batches written), a
-worker of a parallel one (used by the crash-resume tests).
+worker of a parallel one (used by the crash-resume tests). ``SLIMDATA_FAULT_STALL`` (same
+format) makes it wait forever instead (used to kill a build while its workers are busy).
 """
 
 from __future__ import annotations
@@ -128,12 +129,20 @@ def _tokenizer(config: BuildConfig, single_thread: bool) -> TextTokenizer:
     return tok
 
 
-def _fault_point() -> tuple[int, int] | None:
-    spec = os.environ.get("SLIMDATA_FAULT_KILL")
-    if not spec:
-        return None
-    task, docs = spec.split(":")
-    return int(task), int(docs)
+def _fault_point() -> tuple[int, int, str] | None:
+    for name, action in (("SLIMDATA_FAULT_KILL", "kill"), ("SLIMDATA_FAULT_STALL", "stall")):
+        spec = os.environ.get(name)
+        if spec:
+            task, docs = spec.split(":")
+            return int(task), int(docs), action
+    return None
+
+
+def _fault(action: str) -> None:
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:  # stall: wait for a signal (the test kills the build around us)
+        signal.pause()
 
 
 def _write_documents(path: Path, rows: dict[str, list], source: str) -> None:
@@ -208,8 +217,8 @@ def prepare_task(job: TaskJob) -> Iterator[Chunk]:
             )
             chunk.append(Prepared(sample, cuts, token_digest(item.doc_id, tokens), cut))
             documents += 1
-            if fault and fault == (job.index, documents):
-                os.kill(os.getpid(), signal.SIGKILL)
+            if fault and fault[:2] == (job.index, documents):
+                _fault(fault[2])
         yield chunk
 
 

@@ -8,7 +8,12 @@ import click
 from click.core import ParameterSource
 
 from slimdata.build.config import BuildConfig
-from slimdata.cli.options import PLAN_LAYOUT_OPTIONS, cost_model_options, plan_layout_options
+from slimdata.cli.options import (
+    PLAN_LAYOUT_OPTIONS,
+    POSITIVE_INT,
+    cost_model_options,
+    plan_layout_options,
+)
 from slimdata.errors import ConfigError
 from slimdata.readers import FORMATS
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
@@ -115,7 +120,7 @@ def _pipeline(name: str | None) -> BuildConfig:
 )
 @click.option(
     "--slice-tokens",
-    type=int,
+    type=POSITIVE_INT,
     default=DEFAULT_SLICE_TOKENS,
     show_default=True,
     help="Slice length (multiple of 128).",
@@ -123,7 +128,7 @@ def _pipeline(name: str | None) -> BuildConfig:
 @cost_model_options
 @click.option(
     "--truncate",
-    type=int,
+    type=POSITIVE_INT,
     default=None,
     help="Opt-in: keep at most N tokens per document (EOS included); dropped tokens are counted.",
 )
@@ -145,14 +150,14 @@ def _pipeline(name: str | None) -> BuildConfig:
 )
 @click.option(
     "--workers",
-    type=int,
+    type=POSITIVE_INT,
     default=1,
     show_default=True,
     help="Worker processes (output is identical for any value).",
 )
 @click.option(
     "--task-bytes",
-    type=int,
+    type=POSITIVE_INT,
     default=None,
     help="Input bytes per task/sub-directory (default: total/64, within 256 KiB-4 MiB).",
 )

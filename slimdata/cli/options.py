@@ -1,7 +1,16 @@
-"""Options shared by several commands (cost model selection, document input)."""
+"""Options shared by several commands (cost model selection, document input), and the one
+validation layer of numeric option values.
+
+Every numeric option of every command takes one of the types below, so a bad value is
+refused by click, before any work, with ``Error: Invalid value for '--x': ...`` (exit 2):
+``POSITIVE_INT`` (counts, sizes, token budgets), ``SEED`` (``>= 0``), ``POSITIVE_FLOAT``
+(finite and ``> 0``: ``nan``, ``inf``, ``0`` and negatives are refused) and
+:class:`FiniteFloatRange` (finite, within bounds).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,12 +27,32 @@ from slimdata.cost import (
 __all__ = [
     "DEFAULT_MODEL",
     "PLAN_LAYOUT_OPTIONS",
+    "POSITIVE_FLOAT",
+    "POSITIVE_INT",
+    "SEED",
+    "FiniteFloatRange",
     "cost_model_from_options",
     "cost_model_options",
     "plan_layout_options",
 ]
 
 DEFAULT_MODEL = "llama-8b"
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A float range that also refuses ``nan`` and ``inf`` (click's own accepts ``nan``:
+    every comparison with it is false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+POSITIVE_INT = click.IntRange(min=1)
+SEED = click.IntRange(min=0)
+POSITIVE_FLOAT = FiniteFloatRange(min=0.0, min_open=True)
 
 
 def cost_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,25 +104,25 @@ def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callab
         opts = [
             click.option(
                 "--nodes",
-                type=int,
+                type=POSITIVE_INT,
                 required=required,
                 help="Nodes (num_canonical_nodes of the reader).",
             ),
             click.option(
                 "--ranks-per-node",
-                type=int,
+                type=POSITIVE_INT,
                 required=required,
                 help="Data-parallel ranks per node.",
             ),
             click.option(
                 "--global-batch-tokens",
-                type=int,
+                type=POSITIVE_INT,
                 required=required,
                 help="Tokens per optimizer step.",
             ),
             click.option(
                 "--memory-gib",
-                type=float,
+                type=POSITIVE_FLOAT,
                 required=required,
                 help="Per-rank budget for activations and K/V, GiB.",
             ),
@@ -106,14 +135,14 @@ def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callab
             ),
             click.option(
                 "--context",
-                type=int,
+                type=POSITIVE_INT,
                 default=131072,
                 show_default=True,
                 help="Context length (row length of concat; default pack token cap).",
             ),
             click.option(
                 "--seed",
-                type=int,
+                type=SEED,
                 default=0,
                 show_default=True,
                 help="Seed of the plan-time document shuffle.",
@@ -134,7 +163,7 @@ def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callab
             ),
             click.option(
                 "--workers-per-rank",
-                type=int,
+                type=POSITIVE_INT,
                 default=1,
                 show_default=True,
                 help="DataLoader workers per rank that will read the plan shards.",

@@ -5,7 +5,12 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-from slimdata.cli.options import cost_model_from_options, cost_model_options, plan_layout_options
+from slimdata.cli.options import (
+    POSITIVE_INT,
+    cost_model_from_options,
+    cost_model_options,
+    plan_layout_options,
+)
 
 __all__ = ["command"]
 
@@ -23,7 +28,7 @@ _COST_OPTIONS = ("model", "device", "recompute", "cost_profile")
 @plan_layout_options(required=True)
 @click.option(
     "--slice-tokens",
-    type=int,
+    type=POSITIVE_INT,
     default=2048,
     show_default=True,
     help="Slice length when planning from --lengths.",

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import click
 
-from slimdata.cli.options import cost_model_from_options, cost_model_options
+from slimdata.cli.options import (
+    POSITIVE_FLOAT,
+    POSITIVE_INT,
+    SEED,
+    FiniteFloatRange,
+    cost_model_from_options,
+    cost_model_options,
+)
 
 __all__ = ["command"]
 
@@ -34,29 +41,29 @@ __all__ = ["command"]
 @cost_model_options
 @click.option(
     "--context",
-    type=int,
+    type=POSITIVE_INT,
     default=131072,
     show_default=True,
     help="Context length (concat row length, pack token cap).",
 )
-@click.option("--dp", type=int, default=8, show_default=True, help="Data-parallel ranks.")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages.")
+@click.option("--dp", type=POSITIVE_INT, default=8, show_default=True, help="Data-parallel ranks.")
+@click.option("--pp", type=POSITIVE_INT, default=1, show_default=True, help="Pipeline stages.")
 @click.option(
     "--ranks-per-node",
-    type=int,
+    type=POSITIVE_INT,
     default=8,
     show_default=True,
     help="Devices per node (intra- vs inter-node bandwidth).",
 )
 @click.option(
     "--global-batch-tokens",
-    type=int,
+    type=POSITIVE_INT,
     default=None,
     help="Tokens per optimizer step [default: dp * context].",
 )
 @click.option(
     "--memory-gib",
-    type=float,
+    type=POSITIVE_FLOAT,
     default=40.0,
     show_default=True,
     help="Per-device budget for activations and K/V (model states excluded). Every strategy "
@@ -86,7 +93,7 @@ __all__ = ["command"]
 )
 @click.option(
     "--cp-overlap",
-    type=click.FloatRange(0.0, 1.0),
+    type=FiniteFloatRange(0.0, 1.0),
     default=1.0,
     show_default=True,
     help="Share of ring-attention time that can hide the static-CP K/V exchange (0: exposed).",
@@ -96,14 +103,14 @@ __all__ = ["command"]
 )
 @click.option(
     "--steps",
-    type=int,
+    type=POSITIVE_INT,
     default=1,
     show_default=True,
     help="Steps (batches) to simulate; results are means.",
 )
 @click.option(
     "--seed",
-    type=int,
+    type=SEED,
     default=0,
     show_default=True,
     help="Seed of the batch shuffle and the solvers.",

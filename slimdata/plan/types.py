@@ -22,9 +22,25 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slimdata.errors import ConfigError, PlanError
 from slimdata.plan.validate import validate_plan
+from slimdata.slicing import check_length
 
 __all__ = ["Document", "MergeGroup", "MicroPack", "RankStep", "Slice", "StepPlan", "eager_order"]
+
+
+def _int(value: Any, what: str) -> int:
+    """``value`` if it is a JSON integer (not a bool, float or string), else a PlanError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanError(f"{what} must be an integer, got {value!r:.60}")
+    return value
+
+
+def _ints(values: Any, what: str, count: int | None = None) -> tuple[int, ...]:
+    if not isinstance(values, list | tuple) or (count is not None and len(values) != count):
+        size = f"{count} " if count is not None else ""
+        raise PlanError(f"{what} must be a list of {size}integers, got {values!r:.60}")
+    return tuple(_int(v, what) for v in values)
 
 
 @dataclass(frozen=True, order=True)
@@ -68,7 +84,15 @@ class MicroPack:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MicroPack:
-        return cls(tuple(Slice(*s) for s in d["slices"]), float(d.get("cost", 0.0)), d.get("merge"))
+        cost = d.get("cost", 0.0)
+        if isinstance(cost, bool) or not isinstance(cost, int | float):
+            raise PlanError(f"pack cost must be a number, got {cost!r:.60}")
+        merge = d.get("merge")
+        return cls(
+            tuple(Slice(*_ints(s, "a slice [doc, start, end]", 3)) for s in d["slices"]),
+            float(cost),
+            None if merge is None else _int(merge, "a pack's merge group"),
+        )
 
 
 def eager_order(
@@ -93,6 +117,10 @@ def eager_order(
             b += 1
     order.extend(("B", j) for j in range(b, len(backward)))
     return tuple(order)
+
+
+def _is_order_item(o: Any) -> bool:
+    return isinstance(o, str) and len(o) > 1 and o[0] in "FB" and o[1:].isdigit() and o.isascii()
 
 
 @dataclass(frozen=True)
@@ -127,11 +155,14 @@ class RankStep:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RankStep:
+        order = d.get("order", ())
+        if not isinstance(order, list | tuple) or not all(_is_order_item(o) for o in order):
+            raise PlanError(f"rank order must be a list like ['F0', 'B0'], got {order!r:.60}")
         return cls(
-            rank=int(d["rank"]),
+            rank=_int(d["rank"], "rank"),
             forward=tuple(MicroPack.from_dict(p) for p in d["forward"]),
             backward=tuple(MicroPack.from_dict(p) for p in d["backward"]),
-            order=tuple((o[0], int(o[1:])) for o in d.get("order", ())),
+            order=tuple((o[0], int(o[1:])) for o in order),
         )
 
 
@@ -152,7 +183,7 @@ class MergeGroup:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MergeGroup:
-        return cls(tuple(int(r) for r in d["ranks"]), tuple(int(x) for x in d["docs"]))
+        return cls(_ints(d["ranks"], "merge group ranks"), _ints(d["docs"], "merge group docs"))
 
 
 @dataclass(frozen=True)
@@ -192,13 +223,20 @@ class Document:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Document:
+        doc_id = d["doc_id"]
+        if isinstance(doc_id, bool) or not isinstance(doc_id, int | str):
+            raise PlanError(f"doc_id must be an integer or a string, got {doc_id!r:.60}")
+        try:
+            length = check_length(_int(d["length"], "document length"))
+        except ConfigError as exc:
+            raise PlanError(str(exc)) from None
         return cls(
-            doc_id=d["doc_id"],
-            length=int(d["length"]),
-            loss_tokens=int(d["loss_tokens"]),
-            cuts=tuple(int(c) for c in d["cuts"]),
-            sample=int(d.get("sample", -1)),
-            offset=int(d.get("offset", 0)),
+            doc_id=doc_id,
+            length=length,
+            loss_tokens=_int(d["loss_tokens"], "loss_tokens"),
+            cuts=_ints(d["cuts"], "document cuts"),
+            sample=_int(d.get("sample", -1), "document sample"),
+            offset=_int(d.get("offset", 0), "document offset"),
         )
 
 
@@ -253,13 +291,15 @@ class StepPlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepPlan:
+        if not isinstance(d["strategy"], str) or not isinstance(d.get("meta", {}), dict):
+            raise PlanError("plan strategy must be a string and meta an object")
         return cls(
-            step=int(d["step"]),
+            step=_int(d["step"], "step"),
             strategy=d["strategy"],
             docs=tuple(Document.from_dict(x) for x in d["docs"]),
             ranks=tuple(RankStep.from_dict(x) for x in d["ranks"]),
             merges=tuple(MergeGroup.from_dict(x) for x in d.get("merges", ())),
-            mode=d.get("mode", "free"),
+            mode=str(d.get("mode", "free")),
             meta=dict(d.get("meta", {})),
         )
 

@@ -7,18 +7,22 @@
    packs of exactly one merge group.
 
 Errors name the slice, its document id and the rank.
+
+Cost: linear in the plan's slices plus a sort, done with numpy on one ``(n, 6)`` integer
+table per plan (document, start, end, forward pack, backward pack, rank), so steps of tens
+of thousands of short documents validate in milliseconds (``benchmarks/bench_validate.py``).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from itertools import pairwise
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from slimdata.errors import PlanError
 
 if TYPE_CHECKING:
-    from slimdata.plan.types import Slice, StepPlan
+    from slimdata.plan.types import MicroPack, RankStep, Slice, StepPlan
 
 __all__ = ["validate_plan"]
 
@@ -29,7 +33,81 @@ def _name(plan: StepPlan, s: Slice, rank: int | None = None) -> str:
     return f"slice [{s.start}, {s.end}) of document #{s.doc} (doc_id {doc_id!r}){where}"
 
 
-def _check_order(plan: StepPlan, rs) -> None:
+DOC, START, END, FPACK, BPACK, RANK = range(6)
+"""Columns of the slice table (one row per slice of the plan)."""
+
+
+def _slice(row) -> Slice:
+    from slimdata.plan.types import Slice
+
+    return Slice(int(row[DOC]), int(row[START]), int(row[END]))
+
+
+def _rows(packs: tuple[MicroPack, ...]) -> np.ndarray:
+    """``(n, 4)`` table of a pass's slices: doc, start, end, pack index."""
+    flat = [s for p in packs for s in p.slices]
+    out = np.empty((len(flat), 4), dtype=np.int64)
+    try:
+        out[:, 0] = [s.doc for s in flat]
+        out[:, 1] = [s.start for s in flat]
+        out[:, 2] = [s.end for s in flat]
+    except (OverflowError, TypeError, ValueError):
+        raise PlanError("slice bounds must be integers within int64") from None
+    out[:, 3] = np.repeat(np.arange(len(packs)), [len(p.slices) for p in packs])
+    return out
+
+
+def _by_key(rows: np.ndarray) -> np.ndarray:
+    return rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))]
+
+
+def _first(mask: np.ndarray) -> int | None:
+    return int(np.argmax(mask)) if mask.any() else None
+
+
+def _check_passes(plan: StepPlan, rs: RankStep, merged: np.ndarray) -> np.ndarray:
+    """Per-rank rules: each slice in exactly one forward and one backward pack, merge tags,
+    known documents. Returns the rank's table sorted by slice: doc, start, end, forward pack,
+    backward pack, rank."""
+    fwd, bwd = _by_key(_rows(rs.forward)), _by_key(_rows(rs.backward))
+    dup = _first((np.diff(fwd[:, :3], axis=0) == 0).all(axis=1))
+    if dup is not None:
+        raise PlanError(f"{_name(plan, _slice(fwd[dup]), rs.rank)} is in two forward packs")
+    if len(fwd) != len(bwd) or not np.array_equal(fwd[:, :3], bwd[:, :3]):
+        odd_keys = {tuple(r) for r in fwd[:, :3].tolist()} ^ {tuple(r) for r in bwd[:, :3].tolist()}
+        odd = min(odd_keys) if odd_keys else tuple((bwd if len(bwd) else fwd)[0, :3].tolist())
+        raise PlanError(
+            f"{_name(plan, _slice(odd), rs.rank)} is not in exactly one forward and one backward pack"
+        )
+    member_of = plan.merge_of_rank(rs.rank)
+    for passname, packs, rows in (("forward", rs.forward, fwd), ("backward", rs.backward, bwd)):
+        tags = [p.merge for p in packs]
+        for i, tag in enumerate(tags):
+            if tag is not None and tag != member_of:
+                raise PlanError(
+                    f"rank {rs.rank}: {passname} pack {i} is tagged with merge group {tag}, which it is not a member of"
+                )
+        bad = _first((rows[:, DOC] < 0) | (rows[:, DOC] >= len(plan.docs)))
+        if bad is not None:
+            raise PlanError(f"{_name(plan, _slice(rows[bad]), rs.rank)}: no such document")
+        is_merge = np.array([t is not None for t in tags], dtype=bool)
+        bad = _first((merged[rows[:, DOC]] >= 0) != is_merge[rows[:, 3]])
+        if bad is not None:
+            raise PlanError(
+                f"{_name(plan, _slice(rows[bad]), rs.rank)}: slices of merged documents must be in "
+                f"their group's merge pack and only there ({passname} pack {rows[bad, 3]})"
+            )
+        if member_of is not None and int(is_merge.sum()) != 1:
+            raise PlanError(
+                f"rank {rs.rank}: member of merge group {member_of} needs exactly one {passname} merge pack, has {int(is_merge.sum())}"
+            )
+    rank = np.full((len(fwd), 1), rs.rank, dtype=np.int64)
+    return np.hstack((fwd, bwd[:, 3:4], rank))
+
+
+def _check_order(plan: StepPlan, rs: RankStep, table: np.ndarray) -> None:
+    """The order lists every pack once, and rule 3: each backward pack runs after the last
+    forward pack of every document it holds (``table``: the rank's rows, sorted by doc)."""
     nf, nb = len(rs.forward), len(rs.backward)
     fs = [i for k, i in rs.order if k == "F"]
     bs = [i for k, i in rs.order if k == "B"]
@@ -38,33 +116,28 @@ def _check_order(plan: StepPlan, rs) -> None:
             f"rank {rs.rank}: order must list F0..F{nf - 1} and B0..B{nb - 1} each once and in "
             f"increasing order, got {rs.order}"
         )
-    done: set[int] = set()  # forward packs already run
-    fwd_of: dict[Slice, int] = {s: i for i, p in enumerate(rs.forward) for s in p.slices}
-    doc_fwd: dict[int, set[int]] = defaultdict(set)
-    for s, i in fwd_of.items():
-        doc_fwd[s.doc].add(i)
-    for kind, i in rs.order:
-        if kind == "F":
-            done.add(i)
-            continue
-        for s in rs.backward[i].slices:
-            missing = doc_fwd[s.doc] - done
-            if missing:
-                raise PlanError(
-                    f"{_name(plan, s, rs.rank)}: backward pack {i} runs before forward pack(s) "
-                    f"{sorted(missing)} of the same document (rule 3)"
-                )
+    if not len(table):
+        return
+    fpos, bpos = np.zeros(max(nf, 1), np.int64), np.zeros(max(nb, 1), np.int64)
+    for pos, (kind, i) in enumerate(rs.order):
+        (fpos if kind == "F" else bpos)[i] = pos
+    docs, starts = np.unique(table[:, DOC], return_index=True)
+    last_fwd = np.maximum.reduceat(fpos[table[:, FPACK]], starts)
+    late = _first(last_fwd[np.searchsorted(docs, table[:, DOC])] > bpos[table[:, BPACK]])
+    if late is not None:
+        row = table[late]
+        missing = sorted(
+            {int(f) for f in table[table[:, DOC] == row[DOC], FPACK] if fpos[f] > bpos[row[BPACK]]}
+        )
+        raise PlanError(
+            f"{_name(plan, _slice(row), rs.rank)}: backward pack {row[BPACK]} runs before forward pack(s) "
+            f"{missing} of the same document (rule 3)"
+        )
 
 
-def validate_plan(plan: StepPlan) -> None:
-    if plan.mode not in ("free", "lockstep"):
-        raise PlanError(f"mode={plan.mode!r} must be 'free' or 'lockstep'")
-    if not plan.ranks:
-        raise PlanError("a plan needs at least one rank")
-    for r, rs in enumerate(plan.ranks):
-        if rs.rank != r:
-            raise PlanError(f"ranks must be listed in order: position {r} holds rank {rs.rank}")
-    # merge groups: disjoint ranks and docs
+def _check_merges(plan: StepPlan) -> np.ndarray:
+    """Merge groups have disjoint ranks and documents; returns ``doc -> group`` (-1: none)."""
+    merged = np.full(len(plan.docs), -1, dtype=np.int64)
     merged_doc: dict[int, int] = {}
     seen_ranks: set[int] = set()
     for g, m in enumerate(plan.merges):
@@ -78,99 +151,117 @@ def validate_plan(plan: StepPlan) -> None:
             if d in merged_doc:
                 raise PlanError(f"document #{d} is in merge groups {merged_doc[d]} and {g}")
             merged_doc[d] = g
+            if 0 <= d < len(merged):
+                merged[d] = g
+    return merged
 
-    owner: dict[int, set[int]] = defaultdict(set)  # doc -> ranks holding it
-    per_doc: dict[int, list[Slice]] = defaultdict(list)
+
+def validate_plan(plan: StepPlan) -> None:
+    """Check rules 1-4 (module docstring); raises :class:`PlanError` naming the slice."""
+    if plan.mode not in ("free", "lockstep"):
+        raise PlanError(f"mode={plan.mode!r} must be 'free' or 'lockstep'")
+    if not plan.ranks:
+        raise PlanError("a plan needs at least one rank")
+    for r, rs in enumerate(plan.ranks):
+        if rs.rank != r:
+            raise PlanError(f"ranks must be listed in order: position {r} holds rank {rs.rank}")
+    merged = _check_merges(plan)
+    tables = []
     for rs in plan.ranks:
-        fwd = [s for p in rs.forward for s in p.slices]
-        bwd = [s for p in rs.backward for s in p.slices]
-        if len(set(fwd)) != len(fwd):
-            dup = next(s for s in fwd if fwd.count(s) > 1)
-            raise PlanError(f"{_name(plan, dup, rs.rank)} is in two forward packs")
-        if set(fwd) != set(bwd) or len(bwd) != len(fwd):
-            odd = next(iter(set(fwd) ^ set(bwd)), bwd[0] if bwd else fwd[0])
-            raise PlanError(
-                f"{_name(plan, odd, rs.rank)} is not in exactly one forward and one backward pack"
-            )
-        for passname, packs in (("forward", rs.forward), ("backward", rs.backward)):
-            merge_packs = [i for i, p in enumerate(packs) if p.merge is not None]
-            member_of = plan.merge_of_rank(rs.rank)
-            for i, p in enumerate(packs):
-                if p.merge is not None and p.merge != member_of:
-                    raise PlanError(
-                        f"rank {rs.rank}: {passname} pack {i} is tagged with merge group {p.merge}, which it is not a member of"
-                    )
-                for s in p.slices:
-                    if not 0 <= s.doc < len(plan.docs):
-                        raise PlanError(f"{_name(plan, s, rs.rank)}: no such document")
-                    in_group = merged_doc.get(s.doc)
-                    if (in_group is not None) != (p.merge is not None):
-                        raise PlanError(
-                            f"{_name(plan, s, rs.rank)}: slices of merged documents must be in "
-                            f"their group's merge pack and only there ({passname} pack {i})"
-                        )
-            if member_of is not None and len(merge_packs) != 1:
-                raise PlanError(
-                    f"rank {rs.rank}: member of merge group {member_of} needs exactly one {passname} merge pack, has {len(merge_packs)}"
-                )
-        for s in fwd:
-            owner[s.doc].add(rs.rank)
-            per_doc[s.doc].append(s)
-        _check_order(plan, rs)
-
-    for d, doc in enumerate(plan.docs):
-        slices = sorted(per_doc.get(d, []), key=lambda s: s.start)
-        pos = 0
-        for s in slices:
-            if s.start != pos or s.end <= s.start:
-                what = (
-                    "overlaps an earlier slice"
-                    if s.start < pos
-                    else f"leaves tokens [{pos}, {s.start}) unplanned"
-                )
-                raise PlanError(f"{_name(plan, s)} {what} (rule 4)")
-            pos = s.end
-        if pos != doc.length:
-            raise PlanError(
-                f"document #{d} (doc_id {doc.doc_id!r}, {doc.length} tokens): tokens [{pos}, {doc.length}) are in no slice (rule 4)"
-            )
-        group = merged_doc.get(d)
-        if group is None:
-            if len(owner[d]) > 1:
-                raise PlanError(
-                    f"document #{d} (doc_id {doc.doc_id!r}) is split over ranks {sorted(owner[d])} without a merge group"
-                )
-            if slices:
-                _check_monotone(plan, slices, next(iter(owner[d])))
-        elif not owner[d] <= set(plan.merges[group].ranks):
-            raise PlanError(
-                f"document #{d} of merge group {group} has slices on non-member ranks {sorted(owner[d] - set(plan.merges[group].ranks))}"
-            )
-
+        table = _check_passes(plan, rs, merged)
+        _check_order(plan, rs, table)
+        tables.append(table)
+    table = np.concatenate(tables) if tables else np.zeros((0, 6), np.int64)
+    _check_documents(plan, table[np.lexsort((table[:, START], table[:, DOC]))], merged)
     if plan.mode == "lockstep":
-        shape = [(len(rs.forward), len(rs.backward), rs.order) for rs in plan.ranks]
-        if len(set(shape)) != 1:
-            raise PlanError(
-                "lockstep plan: every rank needs the same pack counts and order, got "
-                + ", ".join(
-                    f"rank {r}: {len(f)}F/{len(b)}B"
-                    for r, (f, b, _o) in enumerate(
-                        (rs.forward, rs.backward, rs.order) for rs in plan.ranks
-                    )
-                )
-            )
+        _check_lockstep(plan)
 
 
-def _check_monotone(plan: StepPlan, slices: list[Slice], rank: int) -> None:
-    rs = plan.ranks[rank]
-    fwd_of = {s: i for i, p in enumerate(rs.forward) for s in p.slices}
-    bwd_of = {s: i for i, p in enumerate(rs.backward) for s in p.slices}
-    for a, b in pairwise(slices):
-        if fwd_of[b] < fwd_of[a]:
-            raise PlanError(
-                f"{_name(plan, b, rank)} runs forward in pack {fwd_of[b]}, before its predecessor in pack {fwd_of[a]} (rule 1)"
+def _doc_failures(plan: StepPlan, t: np.ndarray, merged: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(doc, kind, row)`` of the first failure of each kind (0 tiling, 1 end, 2 owner,
+    3 order within the document); ``t`` is sorted by (doc, start)."""
+    lengths = np.array([d.length for d in plan.docs], dtype=np.int64)
+    first = np.r_[True, t[1:, DOC] != t[:-1, DOC]] if len(t) else np.zeros(0, bool)
+    expect = np.where(first, 0, np.r_[0, t[:-1, END]]) if len(t) else t[:, START]
+    out = []
+    bad = _first((t[:, START] != expect) | (t[:, END] <= t[:, START]))
+    if bad is not None:
+        out.append((int(t[bad, DOC]), 0, bad))
+    ends = np.zeros(len(lengths), np.int64)
+    last = np.r_[t[1:, DOC] != t[:-1, DOC], True] if len(t) else np.zeros(0, bool)
+    ends[t[last, DOC]] = t[last, END]
+    bad = _first(ends != lengths)
+    if bad is not None:
+        out.append((bad, 1, -1))
+    same = ~first[1:] if len(t) else np.zeros(0, bool)
+    other_rank = same & (t[1:, RANK] != t[:-1, RANK]) & (merged[t[1:, DOC]] < 0)
+    bad = _first(other_rank)
+    if bad is not None:
+        out.append((int(t[bad + 1, DOC]), 2, bad + 1))
+    solo = same & (merged[t[1:, DOC]] < 0) if len(t) else same
+    back = (t[1:, FPACK] < t[:-1, FPACK]) | (t[:-1, BPACK] < t[1:, BPACK]) if len(t) else same
+    bad = _first(solo & back)
+    if bad is not None:
+        out.append((int(t[bad + 1, DOC]), 3, bad + 1))
+    return out
+
+
+def _check_documents(plan: StepPlan, t: np.ndarray, merged: np.ndarray) -> None:
+    """Rule 4 (each document tiled exactly once, on one rank or inside its merge group) and
+    rules 1-2 (slice order across packs) for every document, first failing document first."""
+    failures = _doc_failures(plan, t, merged)
+    for g, m in enumerate(plan.merges):
+        rows = t[merged[t[:, DOC]] == g]
+        outside = sorted(set(rows[:, RANK].tolist()) - set(m.ranks))
+        if outside:
+            d = int(rows[np.isin(rows[:, RANK], outside), DOC][0])
+            failures.append((d, 2, -(g + 2)))
+    if not failures:
+        return
+    d, kind, row = min(failures)
+    doc = plan.docs[d]
+    if kind == 0:
+        pos = int(t[row - 1, END]) if row and t[row - 1, DOC] == d else 0
+        s = _slice(t[row])
+        what = (
+            "overlaps an earlier slice"
+            if s.start < pos
+            else f"leaves tokens [{pos}, {s.start}) unplanned"
+        )
+        raise PlanError(f"{_name(plan, s)} {what} (rule 4)")
+    if kind == 1:
+        rows = t[t[:, DOC] == d]
+        pos = int(rows[-1, END]) if len(rows) else 0
+        raise PlanError(
+            f"document #{d} (doc_id {doc.doc_id!r}, {doc.length} tokens): tokens [{pos}, {doc.length}) are in no slice (rule 4)"
+        )
+    ranks = sorted(set(t[t[:, DOC] == d, RANK].tolist()))
+    if kind == 2 and row < -1:
+        g = -row - 2
+        raise PlanError(
+            f"document #{d} of merge group {g} has slices on non-member ranks {sorted(set(ranks) - set(plan.merges[g].ranks))}"
+        )
+    if kind == 2:
+        raise PlanError(
+            f"document #{d} (doc_id {doc.doc_id!r}) is split over ranks {ranks} without a merge group"
+        )
+    a, b = t[row - 1], t[row]
+    rank = int(b[RANK])
+    if b[FPACK] < a[FPACK]:
+        raise PlanError(
+            f"{_name(plan, _slice(b), rank)} runs forward in pack {b[FPACK]}, before its predecessor in pack {a[FPACK]} (rule 1)"
+        )
+    raise PlanError(
+        f"{_name(plan, _slice(a), rank)} runs backward in pack {a[BPACK]}, before its successor in pack {b[BPACK]} (rule 2)"
+    )
+
+
+def _check_lockstep(plan: StepPlan) -> None:
+    shape = [(len(rs.forward), len(rs.backward), rs.order) for rs in plan.ranks]
+    if len(set(shape)) != 1:
+        raise PlanError(
+            "lockstep plan: every rank needs the same pack counts and order, got "
+            + ", ".join(
+                f"rank {rs.rank}: {len(rs.forward)}F/{len(rs.backward)}B" for rs in plan.ranks
             )
-        if bwd_of[a] < bwd_of[b]:
-            raise PlanError(
-                f"{_name(plan, a, rank)} runs backward in pack {bwd_of[a]}, before its successor in pack {bwd_of[b]} (rule 2)"
-            )
+        )

@@ -18,7 +18,9 @@ Each format is one module with ``plan`` (file -> tasks) and ``read`` (task -> re
 from __future__ import annotations
 
 import glob
+import logging
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from fnmatch import fnmatch
 from pathlib import Path
@@ -50,6 +52,8 @@ __all__ = [
 ]
 
 FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "arrow", "text")
+
+_log = logging.getLogger(__name__)
 
 READERS: dict[str, Callable[[ReadTask, ReadOptions], Iterator[ReadResult]]] = {
     "json": jsonl.read,
@@ -87,7 +91,9 @@ def _matches(rel: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch(name, p) or fnmatch(rel, p) for p in patterns)
 
 
-def _walk(root: Path, include: Sequence[str], exclude: Sequence[str]) -> list[tuple[str, int]]:
+def _walk(
+    root: Path, include: Sequence[str], exclude: Sequence[str], notes: list[str]
+) -> list[tuple[str, int]]:
     """Sorted ``(relative posix path, size)`` of the files under ``root``.
 
     Hidden entries and ``__pycache__`` are skipped; ``exclude`` patterns prune directories
@@ -108,17 +114,64 @@ def _walk(root: Path, include: Sequence[str], exclude: Sequence[str]) -> list[tu
                 continue
             if include and not _matches(rel, include):
                 continue
-            found.append((rel, _size(Path(dirpath, name))))
+            size = regular_size(Path(dirpath, name), notes)
+            if size is not None:
+                found.append((rel, size))
     return sorted(found)
 
 
-def _size(path: Path) -> int:
-    """Bytes of ``path``; 0 when it cannot be read (a dangling link: its reader then
-    quarantines it with the reason)."""
+def regular_size(path: Path, notes: list[str]) -> int | None:
+    """Size of ``path`` if it is a regular file (symlinks followed), else None and a note why.
+
+    FIFOs, sockets and devices are never opened (reading a FIFO blocks forever). A dangling
+    symlink counts as a file of size 0, so that its reader quarantines it with the reason.
+    Uses ``stat`` only, so nothing is opened here.
+    """
     try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+        st = path.stat()
+    except OSError as exc:
+        if path.is_symlink():  # a dangling link: its reader quarantines it with the reason
+            return 0
+        notes.append(f"skipped {path}: cannot stat it ({exc.strerror or exc})")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        notes.append(f"skipped {path}: not a regular file ({_kind(st.st_mode)}); never opened")
+        return None
+    return st.st_size
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "named pipe"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISDIR, "directory"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _unseen(
+    root: Path, files: list[tuple[str, int]], seen: set[tuple[int, int]], notes: list[str]
+) -> list[tuple[str, int]]:
+    """``files`` without those already planned (same file: same device and inode, so a
+    symlink or hard link to a file given twice counts once); warns for each duplicate."""
+    kept = []
+    for rel, size in files:
+        try:
+            st = (root / rel).stat()
+        except OSError:  # the reader reports it as a quarantine line
+            kept.append((rel, size))
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            notes.append(f"input {root / rel} is given more than once; it is read once")
+            continue
+        seen.add(key)
+        kept.append((rel, size))
+    return kept
 
 
 def _glob_root(pattern: str) -> Path:
@@ -192,16 +245,22 @@ def plan_inputs(
     ``task_bytes=None`` sizes tasks from the inputs' total (:func:`auto_task_bytes`), so the
     plan, and with it the output, still depends on the inputs alone.
 
-    Raises :class:`InputError` for a missing path, a pattern that matches nothing, or an
-    input without any file; :class:`ConfigError` for an unknown format.
+    Files that are not regular (FIFOs, sockets, devices, broken links) are skipped unopened,
+    and a file given twice (same device and inode) is read once; each such case is logged
+    as a warning.
+
+    Raises :class:`InputError` for a missing path, a pattern that matches nothing, an input
+    that is itself not a regular file or directory, or an input without any file; :class:`ConfigError` for an unknown format.
     """
-    if task_bytes is not None:
-        return _plan_inputs(inputs, opts, fmt, include, exclude, task_bytes, source)
-    tasks = _plan_inputs(inputs, opts, fmt, include, exclude, DEFAULT_TASK_BYTES, source)
-    size = auto_task_bytes(sum(t.size for t in tasks))
-    if size == DEFAULT_TASK_BYTES:
-        return tasks
-    return _plan_inputs(inputs, opts, fmt, include, exclude, size, source)
+    notes: list[str] = []
+    size = DEFAULT_TASK_BYTES if task_bytes is None else task_bytes
+    tasks = _plan_inputs(inputs, opts, fmt, include, exclude, size, source, notes)
+    if task_bytes is None and auto_task_bytes(sum(t.size for t in tasks)) != size:
+        size = auto_task_bytes(sum(t.size for t in tasks))
+        tasks = _plan_inputs(inputs, opts, fmt, include, exclude, size, source, [])
+    for note in notes:
+        _log.warning("%s", note)
+    return tasks
 
 
 def _plan_inputs(
@@ -212,12 +271,14 @@ def _plan_inputs(
     exclude: Sequence[str],
     task_bytes: int,
     source: str | None,
+    notes: list[str],
 ) -> list[ReadTask]:
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt!r} is unknown; use one of {', '.join(FORMATS)}")
     if not inputs:
         raise InputError("no input given")
     tasks: list[ReadTask] = []
+    seen: set[tuple[int, int]] = set()
     for spec in inputs:
         path = Path(spec)
         if not path.exists() and glob.has_magic(str(spec)):
@@ -230,21 +291,29 @@ def _plan_inputs(
             if not matches:
                 raise InputError(f"input pattern {spec!r} matches no file")
             files = [(m.relative_to(root).as_posix(), m.stat().st_size) for m in matches]
+            files = _unseen(root, files, seen, notes)
             tasks += _plan_files(root, files, source or _source_name(root), fmt, opts, task_bytes)
             continue
         if not path.exists():
             raise InputError(f"input {str(spec)!r} does not exist")
         name = source or _source_name(path)
         if path.is_dir() and (fmt in ("auto", "arrow")) and arrow.is_dataset_dir(path):
-            for f in arrow.dataset_files(path):
-                tasks += arrow.plan(str(f), f.relative_to(path).as_posix(), name, task_bytes, opts)
+            found = [(f.relative_to(path).as_posix(), 0) for f in arrow.dataset_files(path)]
+            for rel, _ in _unseen(path, found, seen, notes):
+                tasks += arrow.plan(str(path / rel), rel, name, task_bytes, opts)
         elif path.is_dir():
-            files = _walk(path, include, exclude)
+            files = _walk(path, include, exclude, notes)
             if not files:
                 raise InputError(f"input directory {str(spec)!r} holds no matching file")
-            tasks += _plan_files(path, files, name, fmt, opts, task_bytes)
-        else:
             tasks += _plan_files(
-                path.parent, [(path.name, path.stat().st_size)], name, fmt, opts, task_bytes
+                path, _unseen(path, files, seen, notes), name, fmt, opts, task_bytes
             )
+        else:
+            size = regular_size(path, notes)
+            if size is None:
+                raise InputError(
+                    f"input {str(spec)!r} is not a regular file or directory ({notes[-1]})"
+                )
+            files = _unseen(path.parent, [(path.name, size)], seen, notes)
+            tasks += _plan_files(path.parent, files, name, fmt, opts, task_bytes)
     return tasks

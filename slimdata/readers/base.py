@@ -31,6 +31,7 @@ __all__ = [
     "check_text",
     "doc_id_for",
     "input_error",
+    "unencodable",
 ]
 
 DEFAULT_TASK_BYTES = 4 << 20
@@ -137,8 +138,24 @@ def doc_id_for(source: str, rel: str, index: int | None = None) -> str:
     return base if index is None else f"{base}:{index}"
 
 
+def unencodable(text: str) -> str | None:
+    """Why ``text`` cannot be tokenized (a lone surrogate such as ``"a\\ud800b"``), or None.
+
+    JSON allows ``\\ud800`` escapes that decode to half a UTF-16 pair; such a string has no
+    UTF-8 form, and tokenizers refuse it (``TypeError``), so it must be quarantined first.
+    """
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"unencodable text: lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start}"
+    return None
+
+
 def check_text(doc_id: str, value: Any, field_name: str) -> ReadResult:
-    """A :class:`Record` if ``value`` is a non-empty string, else a :class:`Rejected`."""
+    """A :class:`Record` if ``value`` is a non-empty, UTF-8 encodable string, else a
+    :class:`Rejected`."""
     if value is None:
         return Rejected(doc_id, f"text field {field_name!r} is missing or null")
     if not isinstance(value, str):
@@ -149,6 +166,9 @@ def check_text(doc_id: str, value: Any, field_name: str) -> ReadResult:
         )
     if not value.strip():
         return Rejected(doc_id, "empty document (no text)", repr(value)[:200])
+    reason = unencodable(value)
+    if reason is not None:
+        return Rejected(doc_id, reason, ascii(value[:200]))
     return Record(doc_id, value)
 
 

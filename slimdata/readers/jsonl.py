@@ -26,6 +26,7 @@ from slimdata.readers.base import (
     check_text,
     doc_id_for,
     input_error,
+    unencodable,
 )
 
 __all__ = ["SUFFIXES", "open_binary", "plan", "read"]
@@ -137,6 +138,11 @@ def _record(obj: Any, doc_id: str, opts: ReadOptions) -> ReadResult:
         ident = _field(obj, opts.id_field)
         if ident is None or isinstance(ident, dict | list):
             return Rejected(doc_id, f"missing or non-scalar id field {opts.id_field!r}")
+        reason = unencodable(str(ident))
+        if reason is not None:
+            return Rejected(
+                doc_id, f"id field {opts.id_field!r}: {reason}", ascii(str(ident)[:200])
+            )
         doc_id = str(ident)
     return check_text(doc_id, _field(obj, opts.text_field), opts.text_field)
 
@@ -180,6 +186,9 @@ def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
                     doc_id, f"malformed JSON: {exc.msg} at column {exc.colno}", text[:200]
                 )
                 continue
+            except RecursionError:
+                yield Rejected(doc_id, "malformed JSON: nested too deeply to parse", text[:200])
+                continue
             yield _record(obj, doc_id, opts)
     except _read_errors() as exc:
         yield Rejected(
@@ -202,6 +211,9 @@ def _read_array(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
         yield Rejected(
             file_id, f"malformed JSON array: {exc.msg} at line {exc.lineno}; whole file rejected"
         )
+        return
+    except RecursionError:
+        yield Rejected(file_id, "malformed JSON array: nested too deeply; whole file rejected")
         return
     except _read_errors() as exc:
         yield Rejected(file_id, f"unreadable, corrupt or truncated file: {exc}")

@@ -164,7 +164,9 @@ def compare_strategies(
     if steps < 1:
         raise ConfigError(f"steps={steps!r} must be >= 1")
     config = config or SimConfig()
-    gbt = global_batch_tokens or layout.dp * layout.context
+    gbt = layout.dp * layout.context if global_batch_tokens is None else global_batch_tokens
+    if gbt < 1:
+        raise ConfigError(f"global_batch_tokens={gbt!r} must be >= 1")
     rules = PlanConfig(layout=layout, global_batch_tokens=gbt, seed=seed, oversize=oversize)
     batches = rules.batches(docs)  # the rules `slimdata plan` and the loaders apply
     if not batches:

@@ -85,7 +85,7 @@ def write_epoch_plan(
             seed=seed,
             cost=cost,
             oversize=oversize,
-            **options,
+            **{"validate": False, **options},  # write_plan_shards validates every plan once
         )
     )
     extra = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from slimdata.errors import ConfigError
@@ -40,8 +41,8 @@ class Layout:
             raise ConfigError(f"pp={self.pp!r}: need at least one pipeline stage")
         if self.ranks_per_node < 1:
             raise ConfigError(f"ranks_per_node={self.ranks_per_node!r} must be >= 1")
-        if self.memory_gib <= 0:
-            raise ConfigError(f"memory_gib={self.memory_gib!r} must be > 0")
+        if not (math.isfinite(self.memory_gib) and self.memory_gib > 0):
+            raise ConfigError(f"memory_gib={self.memory_gib!r} must be a finite number > 0")
         if self.context < 128:
             raise ConfigError(f"context={self.context!r} must be >= 128 tokens")
         if self.pack_tokens is not None and self.pack_tokens < 128:

@@ -19,6 +19,7 @@ sidecar ``plan.json`` records them and the runtime checks every payload's stamp 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,15 +28,18 @@ from typing import Any
 import numpy as np
 
 from slimdata.errors import ConfigError, PlanError
+from slimdata.plan.load import parse_plan
 from slimdata.plan.types import StepPlan
 
 __all__ = [
     "PLAN_COLUMNS",
     "PLAN_SIDECAR",
+    "TIMING_KEYS",
     "check_payload",
     "payload_positions",
     "rank_tokens",
     "read_plan_payload",
+    "without_timings",
     "write_plan_shards",
 ]
 
@@ -48,8 +52,21 @@ PLAN_COLUMNS = {
 }
 PLAN_SIDECAR = "plan.json"
 
+TIMING_KEYS = frozenset({"solve_ms", "milp_ms", "solve_ms_total"})
+"""Wall-clock measurements in plan metadata: kept in memory and in the returned summary (the
+CLI prints them), never written, so the same inputs give byte-identical plan shards."""
+
 TokenSource = Callable[[int], np.ndarray]
 """``sample index -> token array`` of the document shards (``Document.sample``)."""
+
+
+def without_timings(meta: Any) -> Any:
+    """``meta`` with every :data:`TIMING_KEYS` entry removed, at any depth."""
+    if isinstance(meta, dict):
+        return {k: without_timings(v) for k, v in meta.items() if k not in TIMING_KEYS}
+    if isinstance(meta, list):
+        return [without_timings(v) for v in meta]
+    return meta
 
 
 def payload_positions(
@@ -115,6 +132,9 @@ def write_plan_shards(
 ) -> dict[str, Any]:
     """Write plan shards to ``out`` (must be empty or absent); returns the sidecar summary.
 
+    Deterministic: payloads and ``plan.json`` carry no wall-clock timings
+    (:data:`TIMING_KEYS`); the returned summary still has them.
+
     Every plan must have ``nodes * ranks_per_node`` ranks and steps ``0..n-1`` in order.
     """
     from streaming import MDSWriter
@@ -133,7 +153,7 @@ def write_plan_shards(
     by_pos = np.empty(pos.size, dtype=np.int64)
     by_pos[pos.reshape(-1)] = np.arange(pos.size)
     out = Path(out)
-    jsons = [p.to_json() for p in plans]
+    jsons = [dataclasses.replace(p, meta=without_timings(p.meta)).to_json() for p in plans]
     with MDSWriter(
         out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
     ) as w:
@@ -162,24 +182,33 @@ def write_plan_shards(
         "documents": int(sum(len(p.docs) for p in plans)),
         **(extra or {}),
     }
-    (out / PLAN_SIDECAR).write_text(json.dumps(summary, indent=2))
+    (out / PLAN_SIDECAR).write_text(json.dumps(without_timings(summary), indent=2))
     return summary
 
 
-def read_plan_payload(sample: dict[str, Any]) -> tuple[int, int, StepPlan, np.ndarray]:
+def read_plan_payload(
+    sample: dict[str, Any], dp: int | None = None
+) -> tuple[int, int, StepPlan, np.ndarray]:
     """``(step, rank, plan, tokens)`` of one plan-shard sample (the padding token of an empty
-    payload removed: ``tokens`` has ``ntokens`` entries)."""
-    plan = StepPlan.from_json(sample["plan"])
+    payload removed: ``tokens`` has ``ntokens`` entries).
+
+    The plan is parsed defensively and validated (:func:`slimdata.plan.load.parse_plan`,
+    ``dp`` the expected rank count); any defect is a :class:`PlanError`.
+    """
+    plan = parse_plan(sample["plan"], dp=dp)
     tokens = np.asarray(sample["tokens"], dtype=np.uint32)
     if "ntokens" in sample:
         tokens = tokens[: int(sample["ntokens"])]
     return int(sample["step"]), int(sample["rank"]), plan, tokens
 
 
-def check_payload(sample: dict[str, Any], step: int, rank: int) -> tuple[StepPlan, np.ndarray]:
-    """Return ``(plan, tokens)`` if ``sample`` is the payload of (step, rank), else raise
-    :class:`PlanError` (misaligned loader: wrong num_canonical_nodes, shuffle, or workers)."""
-    got_step, got_rank, plan, tokens = read_plan_payload(sample)
+def check_payload(
+    sample: dict[str, Any], step: int, rank: int, dp: int | None = None
+) -> tuple[StepPlan, np.ndarray]:
+    """Return ``(plan, tokens)`` if ``sample`` is the valid payload of (step, rank), else
+    raise :class:`PlanError` (misaligned loader: wrong num_canonical_nodes, shuffle, or
+    workers; or a damaged plan: see :func:`read_plan_payload`)."""
+    got_step, got_rank, plan, tokens = read_plan_payload(sample, dp)
     if (got_step, got_rank) != (step, rank):
         raise PlanError(
             f"plan payload misaligned: rank {rank} at step {step} received the payload of step "
@@ -188,6 +217,8 @@ def check_payload(sample: dict[str, Any], step: int, rank: int) -> tuple[StepPla
         )
     if plan.step != step:
         raise PlanError(f"plan payload stamped step {step} carries the plan of step {plan.step}")
+    if not 0 <= rank < plan.dp:
+        raise PlanError(f"plan payload of rank {rank} carries a plan of only {plan.dp} ranks")
     expected = sum(s.tokens for p in plan.ranks[rank].forward for s in p.slices)
     if len(tokens) not in (0, expected):
         raise PlanError(

@@ -62,3 +62,18 @@ def test_plan_oversize_error_names_document(tmp_path):
         ],
     )
     assert res.exit_code != 0 and "doc_id 1 has 9000 tokens" in res.output
+
+
+def test_plan_twice_writes_byte_identical_files(tmp_path):
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("\n".join(str(n) for n in [300, 40, 2000, 128, 77, 900, 12, 256] * 6))
+    trees = []
+    for name in ("a", "b"):
+        args = ["plan", "--lengths", str(lengths), "--nodes", "1", "--ranks-per-node", "2"]
+        args += ["--global-batch-tokens", "4096", "--memory-gib", "40", "-o", str(tmp_path / name)]
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, res.output
+        root = tmp_path / name
+        trees.append({p.name: p.read_bytes() for p in sorted(root.iterdir())})
+    assert len(trees[0]) >= 3 and trees[0] == trees[1]
+    assert b"solve_ms" not in b"".join(trees[0].values())

@@ -1,0 +1,79 @@
+"""Scale to many small documents (issue 18): plan validation and `slimdata plan` end to end.
+
+Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_validate.py [--docs 20000] [--plan-docs 1000000]``
+
+1. ``StepPlan.validate`` of one step of ``--docs`` documents (best of 5): one-token documents
+   over 8 ranks (the shape that took 175 s before), and instruction-data lengths
+   (lognormal, median 300 tokens) over 64 ranks at 32K context.
+2. ``slimdata plan --lengths`` on ``--plan-docs`` instruction-data lengths (lognormal,
+   median 300, clipped to 32K; DP 64 = 8 nodes x 8 ranks, 32K context, ~3.3M tokens per
+   step: about 150 steps of ~6,700 documents), wall time of the whole command (skip with
+   ``--plan-docs 0``). The plan shards are written to a temporary directory and deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np
+
+from slimdata.docsource import documents_from_lengths
+from slimdata.solver import Layout, solve
+
+
+def instruction_lengths(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.lognormal(np.log(300), 1.0, n)), 1, 32768).astype(np.int64)
+
+
+def best_validate(lengths, layout: Layout) -> tuple[float, int]:
+    plan = solve(documents_from_lengths(lengths), layout, "slimpack", 0, validate=False)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        plan.validate()
+        best = min(best, time.perf_counter() - t0)
+    return best, sum(1 for r in plan.ranks for _ in r.slices())
+
+
+def end_to_end(n: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        lengths = Path(tmp) / "lengths.txt"
+        np.savetxt(lengths, instruction_lengths(n), fmt="%d")
+        cmd = [sys.executable, "-c", "from slimdata.cli import main; main()", "plan"]
+        cmd += ["--lengths", str(lengths), "--nodes", "8", "--ranks-per-node", "8"]
+        cmd += ["--global-batch-tokens", "3300000", "--memory-gib", "60", "--context", "32768"]
+        cmd += ["-o", str(Path(tmp) / "plan")]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        seconds = time.perf_counter() - t0
+        size = sum(p.stat().st_size for p in (Path(tmp) / "plan").iterdir())
+        print(f"  {out.strip()}\n  plan shards: {size / 2**30:.2f} GiB")
+        return seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--plan-docs", type=int, default=1_000_000)
+    args = ap.parse_args()
+    s, n = best_validate([1] * args.docs, Layout(dp=8, memory_gib=60))
+    print(f"validate: {args.docs} one-token documents, dp 8, {n} slices: {s * 1e3:.1f} ms")
+    lengths = instruction_lengths(args.docs)
+    s, n = best_validate(lengths, Layout(dp=64, memory_gib=60, context=32768))
+    print(f"validate: {args.docs} instruction documents, dp 64, {n} slices: {s * 1e3:.1f} ms")
+    if args.plan_docs:
+        s = end_to_end(args.plan_docs)
+        print(f"slimdata plan --lengths ({args.plan_docs} documents), end to end: {s:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Untrusted files (lengths files, index.json) are validated before use, at bounded cost:
+a clear `Error: ...` (exit 2), never a traceback or an allocation a file asks for (issue 18)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slimdata import mdsindex
+from slimdata.cli import cli
+from slimdata.docsource import load_lengths
+from slimdata.errors import ConfigError, InputError
+from slimdata.mdsindex import check_index, check_inside
+from slimdata.slicing import MAX_DOCUMENT_TOKENS, check_length, slice_cuts
+from slimdata.solver import Layout
+
+LAYOUT = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "4096"]
+LAYOUT += ["--memory-gib", "40"]
+
+
+def plan_cli(tmp_path, *args):
+    return CliRunner().invoke(cli, ["plan", *args, *LAYOUT, "-o", str(tmp_path / "plan")])
+
+
+def test_length_of_ten_to_the_fifteen_is_refused_before_allocation(tmp_path):
+    path = tmp_path / "lengths.txt"
+    path.write_text("100\n1000000000000000\n")
+    result = plan_cli(tmp_path, "--lengths", str(path))
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: {path}:2: length 1000000000000000 exceeds the maximum of 2147483647 tokens "
+        "per document (int32 attention offsets); split the document\n"
+    )
+    assert not (tmp_path / "plan").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 1e400]", "entry 2: length inf is not an integer"),
+        ("[1, 2.5]", "entry 2: length 2.5 is not an integer"),
+        ('[1, "3"]', "entry 2: length '3' is not an integer"),
+        ("[1, true]", "entry 2: length True is not an integer"),
+        ("[1, [2]]", "entry 2: length [2] is not an integer"),
+        ("[5, 10000000000000000000000]", "entry 2: length 10000000000000000000000 exceeds"),
+        ("[3, -4]", "entry 2: length -4 is negative"),
+        ("[3, 0]", "entry 2: length is 0; lengths must be positive"),
+        ('{"a": 1}', "1: '{\"a\": 1}' is not an integer length"),
+        ("9" * 5000, "is not an integer length"),
+        ("[" * 100_000, "invalid JSON list"),
+        ("12\nx\n", "2: 'x' is not an integer length"),
+        ("\n\n", "no lengths found"),
+    ],
+)
+def test_bad_lengths_files_name_the_entry(tmp_path, content, message):
+    path = tmp_path / "lengths.txt"
+    path.write_text(content)
+    with pytest.raises(InputError) as info:
+        load_lengths(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_truncated_gzip_lengths_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "lengths.gz"
+    path.write_bytes(gzip.compress(b"1\n2\n3\n" * 1000)[:40])
+    with pytest.raises(InputError, match="cannot read lengths file"):
+        load_lengths(path)
+
+
+def test_largest_length_is_accepted_and_one_more_is_not():
+    assert check_length(MAX_DOCUMENT_TOKENS) == MAX_DOCUMENT_TOKENS
+    with pytest.raises(ConfigError, match="exceeds the maximum of 2147483647"):
+        slice_cuts(MAX_DOCUMENT_TOKENS + 1, 128)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from slimdata.build import BuildConfig, build
+
+    root = tmp_path_factory.mktemp("built")
+    src = root / "docs.jsonl"
+    src.write_text("".join(f'{{"text": "document number {i} " }}\n' for i in range(12)))
+    tokenizer = str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny_tokenizer.json")
+    build(BuildConfig(inputs=(str(src),), tokenizer=tokenizer, slice_tokens=128), root / "ds")
+    return root / "ds"
+
+
+def hostile_copy(built, tmp_path, basename):
+    """A copy of ``built`` whose first shard entry is renamed ``basename``; a valid copy of
+    the shard waits at ``tmp_path/outside/shard.00000.mds`` (what a traversal would read)."""
+    ds = tmp_path / "ds"
+    shutil.copytree(built, ds)
+    index = json.loads((ds / "index.json").read_text())
+    real = ds / index["shards"][0]["raw_data"]["basename"]
+    (tmp_path / "outside").mkdir()
+    shutil.copy(real, tmp_path / "outside" / "shard.00000.mds")
+    index["shards"][0]["raw_data"]["basename"] = basename
+    (ds / "index.json").write_text(json.dumps(index))
+    return ds
+
+
+def test_index_basename_outside_the_dataset_is_refused_by_plan(built, tmp_path):
+    ds = hostile_copy(built, tmp_path, "../outside/shard.00000.mds")
+    result = plan_cli(tmp_path, str(ds))
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: {ds / 'index.json'}: shard 0: shard basename '../outside/shard.00000.mds' "
+        "points outside the dataset directory; the index is corrupt or hostile, refusing to read it\n"
+    )
+
+
+def test_index_basename_through_a_symlink_is_refused(built, tmp_path):
+    ds = hostile_copy(built, tmp_path, "link.mds")
+    (ds / "link.mds").symlink_to(tmp_path / "outside" / "shard.00000.mds")
+    with pytest.raises(InputError, match=r"'link\.mds' resolves outside the dataset directory"):
+        check_index(ds)
+    for name in ("/etc/passwd", "", "a\\..\\..\\b", 7):
+        with pytest.raises(InputError, match="shard basename"):
+            check_inside(ds, name, "x")
+
+
+def test_loaders_refuse_a_dataset_whose_index_points_outside(built, tmp_path):
+    from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
+    from streaming import LocalDataset
+
+    ds = hostile_copy(built, tmp_path, "../outside/shard.00000.mds")
+    dataset = LocalDataset(local=str(ds))  # streaming itself does not look
+    cfg = LoaderConfig(layout=Layout(dp=2), global_batch_tokens=4096)
+    with pytest.raises(InputError, match="points outside the dataset directory"):
+        DocumentLoader(dataset, rank=0, config=cfg)
+    with pytest.raises(InputError, match="points outside the dataset directory"):
+        PlanShardLoader(dataset, rank=0, nodes=1, ranks_per_node=2)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"{not json", "not a valid MDS index (Expecting property name"),
+        (b"[" * 100_000, "not a valid MDS index (maximum recursion depth"),
+        (b'{"shards": 3}', "not a valid MDS index (no 'shards' list)"),
+        (b'{"shards": [3]}', "shard 0 is a int, not an object"),
+        (b'{"shards": [{}]}', "shard 0 has no 'raw_data' entry"),
+        (b'{"shards": [{"raw_data": {"basename": "a"}, "zip_data": 5}]}', "not an object"),
+        (b"\xff\xfe", "not a valid MDS index ("),
+    ],
+)
+def test_malformed_index_is_a_clear_error(tmp_path, content, message):
+    (tmp_path / "index.json").write_bytes(content)
+    with pytest.raises(InputError) as info:
+        check_index(tmp_path)
+    assert message in str(info.value)
+
+
+def test_oversized_index_is_refused_before_reading(tmp_path, monkeypatch):
+    monkeypatch.setattr(mdsindex, "MAX_INDEX_BYTES", 100)
+    (tmp_path / "index.json").write_bytes(b" " * 101)
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read"))
+    with pytest.raises(InputError, match="101 bytes is over the 100 byte limit for an index"):
+        check_index(tmp_path)
+
+
+def test_damaged_manifest_is_a_clear_error(built, tmp_path):
+    import polars as pl
+
+    ds = tmp_path / "ds"
+    shutil.copytree(built, ds)
+    (ds / "manifest.parquet").write_bytes(b"PAR1 not really")
+    result = plan_cli(tmp_path, str(ds))
+    assert result.exit_code == 2 and result.output.startswith(
+        f"Error: {ds / 'manifest.parquet'}: unreadable or not a slimdata manifest ("
+    )
+    df = pl.read_parquet(built / "manifest.parquet").with_columns(length=pl.lit(10**15))
+    df.write_parquet(ds / "manifest.parquet")
+    result = plan_cli(tmp_path, str(ds))
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: {ds / 'manifest.parquet'}: document length 1000000000000000 exceeds the maximum "
+        "of 2147483647 tokens per document (int32 attention offsets); split the document\n"
+    )
