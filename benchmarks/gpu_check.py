@@ -264,6 +264,36 @@ def _sync(dev: str) -> None:
 # -- 4. profile and held-out time MAPE ----------------------------------------------------------
 def profile_models(rep: Report) -> dict[str, CostModel]:
     """Both models profiled; returns their calibrated cost models by name."""
+    shapes, config, plan_args = _profile_setup(rep)
+    results, models = [], {}
+    for shape in shapes:
+        model = _hf_model(shape, rep)
+        t0 = time.perf_counter()
+        res = bench_mape(
+            config.repeats,
+            "median",
+            shape,
+            config=config,
+            model=model,
+            plans=heldout_plans(shape, **plan_args),
+        )
+        res["seconds"] = time.perf_counter() - t0
+        models[shape.name] = res.pop("cost_model")
+        models[shape.name].save(rep.out / f"profile-{shape.name}.json")
+        results.append(res)
+        del model
+        torch.cuda.empty_cache() if rep.device == "cuda" else None
+    _plot_pack_times(rep, results)
+    for r in results:  # JSON-ready rows
+        r["rows"] = [row | {"rec": bool(row["rec"])} for row in r["rows"]]
+    rep.section(
+        "Profile and per-pack time prediction", "profile", results, _profile_lines(config, results)
+    )
+    return models
+
+
+def _profile_setup(rep: Report) -> tuple[list[ModelConfig], ProfileConfig, dict]:
+    """A 1B-class and an 8B-shaped model, the GPU grid and the held-out plans' settings."""
     eight = MODEL_PRESETS["llama-8b"]
     shapes = [
         MODEL_PRESETS["llama-1b"],
@@ -282,41 +312,37 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         device=rep.device,
         dtype=str(rep.dtype).removeprefix("torch."),
     )
-    plan_args = HELDOUT
-    if rep.quick:
-        shapes = [
-            ModelConfig(name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
-        ]
-        config = dataclasses.replace(
-            config, slice_tokens=(32, 64, 128), prefixes=(0, 128), repeats=1
+    if not rep.quick:
+        return shapes, config, HELDOUT
+    tiny = ModelConfig(name="q", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
+    config = dataclasses.replace(config, slice_tokens=(32, 64, 128), prefixes=(0, 128), repeats=1)
+    return (
+        [tiny],
+        config,
+        dict(mu=4.5, sigma=1.0, clip=(2, 600), docs=8, slice_tokens=128, pack_tokens=256),
+    )
+
+
+def _plot_pack_times(rep: Report, results: list[dict]) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        ax.scatter(
+            [x["measured"] for x in r["rows"]],
+            [x["predicted"] for x in r["rows"]],
+            s=10,
+            label=r["model"],
         )
-        plan_args = dict(
-            mu=4.5, sigma=1.0, clip=(2, 600), docs=8, slice_tokens=128, pack_tokens=256
-        )
-    results, models, fig = [], {}, plt.figure(figsize=(6, 4))
-    for shape in shapes:
-        model = _hf_model(shape, rep)
-        plans = heldout_plans(shape, **plan_args)
-        t0 = time.perf_counter()
-        res = bench_mape(config.repeats, "median", shape, config=config, model=model, plans=plans)
-        res["seconds"] = time.perf_counter() - t0
-        models[shape.name] = res.pop("cost_model")
-        models[shape.name].save(rep.out / f"profile-{shape.name}.json")
-        rows = res["rows"]
-        results.append(res)
-        plt.scatter(
-            [r["measured"] for r in rows], [r["predicted"] for r in rows], s=10, label=shape.name
-        )
-        del model
-        torch.cuda.empty_cache() if rep.device == "cuda" else None
-    lim = plt.gca().get_xlim()
-    plt.plot(lim, lim, "k:", lw=1)
-    plt.gca().set(xscale="log", yscale="log", xlabel="measured pack time, s", ylabel="predicted, s")
-    plt.legend()
-    plt.tight_layout()
-    plt.savefig(rep.out / "pack_time_mape.png", dpi=120)
+    lim = ax.get_xlim()
+    ax.plot(lim, lim, "k:", lw=1)
+    ax.set(xscale="log", yscale="log", xlabel="measured pack time, s", ylabel="predicted, s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(rep.out / "pack_time_mape.png", dpi=120)
     plt.close(fig)
-    lines = [
+
+
+def _profile_lines(config: ProfileConfig, results: list[dict]) -> list[str]:
+    return [
         f"Grid: slices {config.slice_tokens} x prefixes {config.prefixes} x packs of"
         f" {config.pack_sizes} slices (points holding at most {config.max_point_tokens} tokens),"
         f" {config.repeats} rounds, calibrated on"
@@ -334,13 +360,6 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
         "",
         "![pack time, predicted against measured](pack_time_mape.png)",
     ]
-    for r in results:
-        r["rows"] = [
-            {k: v for k, v in row.items() if k != "rec"} | {"rec": bool(row["rec"])}
-            for row in r["rows"]
-        ]
-    rep.section("Profile and per-pack time prediction", "profile", results, lines)
-    return models
 
 
 # -- 5. memory fidelity --------------------------------------------------------------------------
@@ -385,16 +404,7 @@ def memory_fidelity(rep: Report, models: dict[str, CostModel]) -> None:
     mape_held = 100 * float(np.mean(np.abs(pred_a[ok] - held_a[ok]) / held_a[ok]))
     mape_peak = 100 * float(np.mean(np.abs(pred_a[ok] - peak_a[ok]) / peak_a[ok]))
     fit = float(np.sum(pred_a[ok] * held_a[ok]) / np.sum(pred_a[ok] ** 2))
-    fig, ax = plt.subplots(figsize=(5, 4))
-    ax.scatter(held_a / GIB, pred_a / GIB, s=12, label="held after forward pack")
-    ax.scatter(peak_a / GIB, pred_a / GIB, s=12, marker="x", label="peak during pack")
-    lim = [0, max(held_a.max(), peak_a.max(), pred_a.max()) / GIB * 1.05]
-    ax.plot(lim, lim, "k:", lw=1)
-    ax.set(xlabel="measured GiB", ylabel="predicted GiB (solver memory trace)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(rep.out / "memory_fidelity.png", dpi=120)
-    plt.close(fig)
+    _plot_memory(rep, pred_a, held_a, peak_a)
     data = {
         "packs": int(ok.sum()),
         "mape_held_pct": mape_held,
@@ -418,6 +428,19 @@ def memory_fidelity(rep: Report, models: dict[str, CostModel]) -> None:
         "![memory](memory_fidelity.png)",
     ]
     rep.section("Memory fidelity", "memory", data, lines)
+
+
+def _plot_memory(rep: Report, pred: np.ndarray, held: np.ndarray, peak: np.ndarray) -> None:
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter(held / GIB, pred / GIB, s=12, label="held after forward pack")
+    ax.scatter(peak / GIB, pred / GIB, s=12, marker="x", label="peak during pack")
+    lim = [0, max(held.max(), peak.max(), pred.max()) / GIB * 1.05]
+    ax.plot(lim, lim, "k:", lw=1)
+    ax.set(xlabel="measured GiB", ylabel="predicted GiB (solver memory trace)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(rep.out / "memory_fidelity.png", dpi=120)
+    plt.close(fig)
 
 
 # -- 6. measured speedup -------------------------------------------------------------------------
