@@ -1,9 +1,7 @@
 """``slimdata simulate``: predict the step time of packing strategies on your data.
 
-Fairness rule (see :mod:`slimdata.sim.compare`): every strategy respects ``--memory-gib``. A
-baseline whose plan does not fit runs static context parallelism (the smallest power of two
-``cp`` that fits, re-planned for ``dp / cp`` DP groups), as a Megatron-style job would;
-``slimpack`` runs ``cp = 1`` (DP-Merge) and must fit by itself.
+Fairness rules: see :mod:`slimdata.sim.compare` and docs/simulate.md (every baseline at its
+best configuration within ``--memory-gib``, same work stated, a plan-independent bound).
 """
 
 from __future__ import annotations
@@ -92,6 +90,14 @@ __all__ = ["command"]
     help="Share of ring-attention time that can hide the static-CP K/V exchange (0: exposed).",
 )
 @click.option(
+    "--baseline-config",
+    default="best",
+    show_default=True,
+    help="Configuration of every baseline: 'best' (fastest static CP size, hence "
+    "micro-batches, and pipeline schedule that fit --memory-gib), 'smallest' (smallest "
+    "static CP that fits, with --schedule) or 'cp=N'. slimpack and dcp always run cp=1.",
+)
+@click.option(
     "--strategies", default="all", show_default=True, help="Comma list of strategies, or 'all'."
 )
 @click.option(
@@ -145,6 +151,7 @@ def command(
     asymmetric,
     schedule,
     cp_overlap,
+    baseline_config,
     strategies,
     steps,
     seed,
@@ -156,11 +163,10 @@ def command(
 
     \b
     Fairness: all strategies get the same documents in the same steps, mask attention at
-    document boundaries, and respect --memory-gib. A baseline whose peak memory exceeds it
-    is re-planned for dp/cp DP groups and run with static context parallelism cp (the
-    smallest power of two that fits, for the whole job, as Megatron-LM would); if none
-    fits it is reported as failed. slimpack always runs with cp=1: its DP-Merge handles
-    the documents that do not fit one device, and it must fit by itself.
+    document boundaries, and respect --memory-gib. Every baseline runs at its best
+    configuration (static CP size taken out of DP, micro-batches, 1F1B or interleaved;
+    --baseline-config). Strategies that cut documents (concat) are marked '*': they
+    compute fewer attention pairs. 'bound' is a plan-independent lower bound of the step.
     """
     from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
     from slimdata.errors import ConfigError
@@ -196,6 +202,7 @@ def command(
             cp_overlap=cp_overlap,
         ),
         oversize=oversize,
+        baseline_config=baseline_config,
     )
     click.echo(
         f"{len(docs)} documents, {cost.label or cost.source}, dp={dp} pp={pp} context={context}, {cmp.config['global_batch_tokens']} tokens/step, {steps} step(s)"
