@@ -204,6 +204,7 @@ def command(
         oversize=oversize,
         baseline_config=baseline_config,
     )
+    cmp.config.update(model=model, device=device, recompute=recompute, cost_profile=cost_profile)
     click.echo(
         f"{len(docs)} documents, {cost.label or cost.source}, dp={dp} pp={pp} context={context}, {cmp.config['global_batch_tokens']} tokens/step, {steps} step(s)"
     )
