@@ -87,7 +87,8 @@ __all__ = ["command"]
     type=click.FloatRange(0.0, 1.0),
     default=1.0,
     show_default=True,
-    help="Share of ring-attention time that can hide the static-CP K/V exchange (0: exposed).",
+    help="Share of ring-attention time that can hide the K/V exchange of static CP, DP-Merge "
+    "and dcp groups (0: exposed).",
 )
 @click.option(
     "--baseline-config",

@@ -43,8 +43,9 @@ class SimConfig:
     across a fixed group of ``cp`` devices, so a plan solved for ``dp / cp`` DP groups runs on
     ``Layout.dp`` devices. ``1``: no CP (the plain model)."""
     cp_overlap: float = 1.0
-    """Share of the ring-attention overlap window that hides the CP K/V exchange: up to
-    ``cp_overlap * (cp - 1) / cp`` of a device's attention time (0: fully exposed)."""
+    """Share of the ring-attention overlap window that hides the K/V exchange of static CP,
+    DP-Merge and ``dcp`` groups alike: up to ``cp_overlap * (k - 1) / k`` of a member's
+    attention time in that layer (0: fully exposed)."""
 
     def __post_init__(self) -> None:
         if self.parallelism not in PARALLELISMS:
