@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from slimdata.cli.options import cost_model_from_options, cost_model_options
+from slimdata.cli.options import cost_model_from_options, cost_model_options_auto
 
 __all__ = ["command"]
 
@@ -29,7 +29,7 @@ __all__ = ["command"]
     default=None,
     help="Lengths file: one int per line or a JSON list (.gz ok).",
 )
-@cost_model_options
+@cost_model_options_auto
 @click.option(
     "--context",
     type=int,
@@ -50,22 +50,31 @@ __all__ = ["command"]
     "--global-batch-tokens",
     type=int,
     default=None,
-    help="Tokens per optimizer step [default: dp * context].",
+    help="Tokens per optimizer step [default: dp * context, times 2 * pp with --pp > 1 so "
+    "that every pipeline gets 2 * pp context-long micro-batches].",
 )
 @click.option(
     "--memory-gib",
     type=float,
-    default=40.0,
-    show_default=True,
-    help="Per-device budget for activations and K/V (model states excluded). Every strategy "
-    "respects it: a baseline that does not fit runs static context parallelism (column cp).",
+    default=None,
+    help="Per-device budget for activations and K/V, GiB [default: 90% of the --device memory "
+    "minus the model states of --model under --parallelism and --optimizer]. Every strategy "
+    "must fit it.",
 )
 @click.option(
     "--parallelism",
-    type=click.Choice(["ddp", "fsdp"]),
-    default="ddp",
+    type=click.Choice(["ddp", "zero1", "fsdp"]),
+    default="zero1",
     show_default=True,
-    help="DDP all-reduce at step end, or FSDP/ZeRO-3 lockstep packs.",
+    help="ddp (replicated states), zero1 (distributed optimizer; timed as ddp), or fsdp "
+    "(ZeRO-3, lockstep packs). Sets the model-state memory of the default --memory-gib.",
+)
+@click.option(
+    "--optimizer",
+    type=click.Choice(["adam", "sgd"]),
+    default="adam",
+    show_default=True,
+    help="Optimizer whose fp32 states the default --memory-gib leaves room for.",
 )
 @click.option(
     "--asymmetric",
@@ -149,6 +158,7 @@ def command(
     global_batch_tokens,
     memory_gib,
     parallelism,
+    optimizer,
     asymmetric,
     schedule,
     cp_overlap,
@@ -178,7 +188,12 @@ def command(
     if (shards is None) == (lengths is None):
         raise ConfigError("give exactly one of --shards DIR or --lengths FILE")
     docs = load_shard_documents(shards) if shards else documents_from_lengths(load_lengths(lengths))
-    cost = cost_model_from_options(model, device, recompute, cost_profile)
+    cost = cost_model_from_options(model, device, recompute, cost_profile, context)
+    memory_gib, memory_how = resolve_memory(
+        memory_gib, device, cost, parallelism, optimizer, dp, pp
+    )
+    if global_batch_tokens is None:
+        global_batch_tokens = dp * context * (2 * pp if pp > 1 else 1)
     mode = "lockstep" if (pp > 1 or parallelism == "fsdp") else "free"
     layout = Layout(
         dp=dp,
@@ -205,11 +220,19 @@ def command(
         oversize=oversize,
         baseline_config=baseline_config,
     )
-    cmp.config.update(model=model, device=device, recompute=recompute, cost_profile=cost_profile)
+    cmp.config.update(
+        model=model,
+        device=device,
+        recompute=cost.label.rsplit("/", 1)[-1] if cost.label else recompute,
+        cost_profile=cost_profile,
+        optimizer=optimizer,
+        memory_budget=memory_how,
+    )
     click.echo(
         f"{len(docs)} documents, {cost.label or cost.source}, dp={dp} pp={pp} context={context}, {cmp.config['global_batch_tokens']} tokens/step, {steps} step(s)"
     )
     click.echo(format_table(cmp))
+    click.echo(f"memory budget {memory_gib:.1f} GiB per device: {memory_how}")
     if json_path:
         Path(json_path).write_text(json.dumps(cmp.to_dict(), indent=2, default=float))
         click.echo(f"wrote {json_path}")
@@ -222,3 +245,26 @@ def command(
             title=f"dp={dp} pp={pp} context={context}",
         )
         click.echo(f"wrote {gantt}")
+
+
+def resolve_memory(
+    memory_gib: float | None,
+    device: str,
+    cost,
+    parallelism: str,
+    optimizer: str,
+    dp: int,
+    pp: int,
+) -> tuple[float, str]:
+    """``--memory-gib`` if given, else the device memory left after model states."""
+    from slimdata.cost import load_device
+    from slimdata.cost.states import activation_budget_gib
+    from slimdata.errors import ConfigError
+
+    if memory_gib is not None:
+        return memory_gib, "--memory-gib"
+    if cost.param_count <= 0:
+        raise ConfigError("the cost model has no parameter count: give --memory-gib")
+    return activation_budget_gib(
+        load_device(device).memory_gib, cost.param_count, parallelism, optimizer, dp, pp
+    )

@@ -9,7 +9,7 @@ from slimdata.errors import ConfigError
 
 __all__ = ["ASYMMETRIC", "PARALLELISMS", "SCHEDULE_NAMES", "SimConfig"]
 
-PARALLELISMS: tuple[str, ...] = ("ddp", "fsdp")
+PARALLELISMS: tuple[str, ...] = ("ddp", "zero1", "fsdp")
 ASYMMETRIC: tuple[str, ...] = ("split", "recompute")
 SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "interleaved")
 
@@ -19,7 +19,9 @@ class SimConfig:
     """Execution model of one training step (everything the plan itself does not say)."""
 
     parallelism: str = "ddp"
-    """``ddp``: replicated parameters, one gradient all-reduce at step end; ``fsdp``
+    """``ddp``: replicated parameters, one gradient all-reduce at step end; ``zero1``
+    (distributed optimizer): timed as ``ddp`` (its gradient reduce-scatter and parameter
+    all-gather move the bytes of one all-reduce), it only holds less memory; ``fsdp``
     (ZeRO-3): per-pack parameter all-gather and gradient reduce-scatter, all DP ranks in
     lockstep pack by pack."""
     asymmetric: str = "split"
