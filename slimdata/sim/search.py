@@ -191,7 +191,10 @@ def _screen(ev: Evaluator, name: str, k: int, schedule: str) -> float | str:
     if ev.cannot_fit(plan, k):
         ev.log.pruned += 1
         return "largest pack over the memory cap (pruned)"
-    r = ev.sim(name, k, schedule, 0)
+    try:
+        r = ev.sim(name, k, schedule, 0)
+    except PlanError as exc:  # e.g. a schedule that cannot run these micro-batches
+        return str(exc)
     if r.over_memory:
         return f"needs {r.peak_memory_gib:.1f} GiB per device"
     return r.step_time
