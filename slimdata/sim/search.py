@@ -239,8 +239,7 @@ def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
         if isinstance(run, Run):
             return run
         why = run
-    gib = ev.layout.memory_gib
-    return f"does not fit --memory-gib {gib:g} even with static CP {sizes[-1]} ({why})"
+    return _no_fit(ev, sizes[-1], why)
 
 
 def _first_that_fits(
@@ -254,5 +253,13 @@ def _first_that_fits(
         if isinstance(run, Run):
             return run
         why = run
+    return _no_fit(ev, largest, why)
+
+
+def _no_fit(ev: Evaluator, largest: int, why: str) -> str:
+    """One line: what did not fit, and what to change."""
     gib = ev.layout.memory_gib
-    return f"does not fit --memory-gib {gib:g} even with static CP {largest} ({why})"
+    return (
+        f"does not fit --memory-gib {gib:g} even with static CP {largest} ({why}); "
+        "raise --memory-gib, use --recompute full, a larger --pp or a smaller --context"
+    )
