@@ -180,7 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--contexts", default=",".join(CONTEXTS))
     ap.add_argument("--datasets", default="wikipedia,wlb128k,lognormal")
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="Only re-render the table and heat map of earlier runs' study_fair.json files.",
+    )
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
     dists = distributions(args.data)
     args.out.mkdir(parents=True, exist_ok=True)
     rows, raw = [], []
@@ -197,6 +206,17 @@ def main(argv: list[str] | None = None) -> int:
                 (args.out / "study_fair.json").write_text(json.dumps(raw, indent=1, default=float))
                 (args.out / "study_fair.md").write_text(table(rows))
     heatmap(rows, args.out / "study_fair.png")
+    print(table(rows))
+    return 0
+
+
+def merge(paths: list[Path], out: Path) -> int:
+    """Table and heat map of the cells of earlier runs (``--merge``)."""
+    raw = [c for p in paths for c in json.loads((p / "study_fair.json").read_text())]
+    rows = [row(c["dataset"], c["context"], c["config"]["dp"], c["config"]["pp"], c) for c in raw]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "study_fair.md").write_text(table(rows))
+    heatmap(rows, out / "study_fair.png")
     print(table(rows))
     return 0
 
