@@ -90,7 +90,7 @@ def best_baseline(results: dict) -> tuple[str, dict] | None:
     ok = {
         k: r
         for k, r in results.items()
-        if k != "slimpack" and not r.get("failed") and r["same_work"]
+        if k != "slimpack" and not r.get("failed") and r["same_work"] and not r["over_memory_steps"]
     }
     if not ok:
         return None
@@ -117,6 +117,8 @@ def row(ds: str, ctx: str, dp: int, pp: int, res: dict) -> dict:
         "megatron_s": t(mega),
         "dcp_s": t(dcp),
         "slimpack_s": t(sp),
+        "slimpack_over_memory": bool(sp.get("over_memory_steps")),
+        "dcp_over_memory": bool(dcp.get("over_memory_steps")),
         "slimpack_failed": sp.get("reason"),
         "speedup": (best[1]["step_time"] / sp["step_time"]) if best and t(sp) else None,
         "slimpack_over_bound": sp.get("step_over_bound"),
@@ -142,9 +144,15 @@ def table(rows: list[dict]) -> str:
         vs = fmt(r["speedup"]) + ("x" if r["speedup"] else "")
         lines.append(
             f"| {r['dataset']} | {r['context']} | {r['dp']}x{r['pp']} | {best} "
-            f"| {fmt(r['best_s'])} | {fmt(r['megatron_s'])} | {fmt(r['dcp_s'])} "
-            f"| {fmt(r['slimpack_s'])} | {vs} | {fmt(r['slimpack_over_bound'])} |"
+            f"| {fmt(r['best_s'])} | {fmt(r['megatron_s'])} "
+            f"| {fmt(r['dcp_s'])}{'!' if r.get('dcp_over_memory') else ''} "
+            f"| {fmt(r['slimpack_s'])}{'!' if r.get('slimpack_over_memory') else ''} "
+            f"| {vs} | {fmt(r['slimpack_over_bound'])} |"
         )
+    lines.append(
+        "\n`!`: over the memory budget in some step (never taken as the best baseline). "
+        "Best baseline: the fastest same-work strategy other than slimpack that fits."
+    )
     return "\n".join(lines) + "\n"
 
 

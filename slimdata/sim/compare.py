@@ -155,9 +155,11 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
 
     def speedups(self) -> dict[str, tuple[float, float]]:
-        """``strategy -> (speedup vs concat, speedup vs the best other same-work strategy)``."""
+        """``strategy -> (speedup vs concat, speedup vs the best other same-work strategy)``;
+        a strategy over the memory cap in some step is never the reference."""
         t = {k: v.step_time for k, v in self.results.items() if np.isfinite(v.step_time)}
-        same = {k for k, v in self.results.items() if v.same_work}
+        # a reference must compute the same work and fit memory in every step
+        same = {k for k, v in self.results.items() if v.same_work and not v.over_memory_steps}
         out = {}
         for k, v in t.items():
             others = [x for name, x in t.items() if name != k and name in same]
