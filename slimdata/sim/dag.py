@@ -192,7 +192,8 @@ def build_dag(
 
     def merge_comm(c: int, gi: int, kind: str, m: int, j: int) -> tuple[float, float]:
         """Member ``m``'s exposed K/V exchange of its merge pack ``j`` (:mod:`slimdata.sim.cp`)
-        and the bytes of the group's gathered K/V it holds meanwhile."""
+        and the bytes of one layer's gathered K/V of the group it holds meanwhile (the
+        exchange is per layer, as under static CP)."""
         grp = plan.merges[gi]
         k = len(grp.ranks)
         tokens = float(padded(np.array([plan.docs[d].length for d in grp.docs]), k).sum())
@@ -210,7 +211,7 @@ def build_dag(
             config.cp_overlap,
             spans_nodes(devs, rpn),
         )
-        return float(frac[c] * t[0]), cost.kv_bytes_per_token * float(frac[c]) * tokens
+        return float(frac[c] * t[0]), cost.kv_bytes_per_token / layers * tokens  # one layer
 
     def param_comm(c: int, kind: str) -> float:
         devs = real([dev(c, r) for r in range(dp)])
