@@ -275,19 +275,36 @@ def _run(
     ev: Evaluator, name: str, choice: BaselineConfig, schedule: str | None = None
 ) -> Run | str:
     """One strategy: CP-free strategies at ``cp = 1`` (over the cap reported, not refused);
-    baselines through the configuration search."""
-    from slimdata.errors import PlanError
-
+    baselines through the configuration search. ``dcp`` is a baseline: with ``best`` and
+    ``pp > 1`` it runs the faster of 1F1B and interleaved (``slimpack`` keeps ``--schedule``)."""
     if schedule is not None and schedule != ev.config.schedule:
         ev = _with_schedule(ev, schedule)
     if name not in CP_FREE:
         return search(ev, name, choice)
+    schedules = [ev.config.schedule]
+    if name != "slimpack" and choice.mode == "best" and ev.layout.pp > 1:
+        schedules = ["1f1b", "interleaved"]
+    runs = [_cp_free(ev, name, sch) for sch in schedules]
+    ok = [r for r in runs if isinstance(r, Run)]
+    if not ok:
+        return runs[0]
+    return min(ok, key=lambda r: (sum(x.over_memory for x in r.sims), _mean(r)))
+
+
+def _mean(run: Run) -> float:
+    return float(np.mean([r.step_time for r in run.sims]))
+
+
+def _cp_free(ev: Evaluator, name: str, schedule: str) -> Run | str:
+    """Every step of a CP-free strategy at ``cp = 1`` with ``schedule``."""
+    from slimdata.errors import PlanError
+
     try:
         plans = [ev.plan(name, 1, s) for s in range(len(ev.batches))]
-        sims = [ev.sim(name, 1, ev.config.schedule, s) for s in range(len(ev.batches))]
+        sims = [ev.sim(name, 1, schedule, s) for s in range(len(ev.batches))]
     except PlanError as exc:
         return str(exc)
-    return Run(1, ev.config.schedule, [p for p, _ in plans], sims, [t for _, t in plans])
+    return Run(1, schedule, [p for p, _ in plans], sims, [t for _, t in plans])
 
 
 def _with_schedule(ev: Evaluator, schedule: str) -> Evaluator:

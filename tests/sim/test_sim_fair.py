@@ -16,6 +16,7 @@ from slimdata.cli import cli
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths
 from slimdata.errors import ConfigError
+from slimdata.sim import SimConfig
 from slimdata.sim.bound import batch_work, step_bound
 from slimdata.sim.compare import compare_strategies
 from slimdata.sim.search import parse_baseline_config
@@ -198,3 +199,19 @@ def test_json_contract(tmp_path):
     assert data["results"]["bfd"]["tokens"] == sum(per_step) / len(per_step)
     assert data["megatron_default"]["config"]["schedule"] == "1f1b"
     assert data["search"]["simulations"] >= 1
+
+
+def test_dcp_runs_its_faster_schedule():
+    cost = CostModel.analytic("llama-1b")
+    lay = Layout(dp=2, pp=2, context=4096, memory_gib=100, mode="lockstep")
+    docs = documents_from_lengths([3000, 2500, 900, 800, 700, 600, 500, 400] * 4)
+    kw = dict(strategies=["dcp"], global_batch_tokens=4 * 4096)
+
+    def run(choice, schedule):
+        cfg = SimConfig(schedule=schedule)
+        return compare_strategies(docs, lay, cost, baseline_config=choice, config=cfg, **kw)
+
+    best = run("best", "1f1b").results["dcp"]
+    each = [run("smallest", s).results["dcp"].step_time for s in ("1f1b", "interleaved")]
+    assert best.step_time == min(each)
+    assert best.schedule == ("1f1b", "interleaved")[each.index(min(each))]
