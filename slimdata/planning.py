@@ -48,7 +48,7 @@ def plan_to_shards(
     seed: int = 0,
     context: int = 131072,
     mode: str = "free",
-    oversize: str = "error",
+    oversize: str = "split",
     slice_tokens: int = DEFAULT_SLICE_TOKENS,
     workers_per_rank: int = 1,
     cost: CostModel | None = None,

@@ -33,6 +33,7 @@ __all__ = [
     "FiniteFloatRange",
     "cost_model_from_options",
     "cost_model_options",
+    "cost_model_options_auto",
     "plan_layout_options",
 ]
 
@@ -55,7 +56,7 @@ SEED = click.IntRange(min=0)
 POSITIVE_FLOAT = FiniteFloatRange(min=0.0, min_open=True)
 
 
-def cost_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def cost_model_options(fn: Callable[..., Any], recompute: str = "selective") -> Callable[..., Any]:
     """Add ``--model``, ``--device``, ``--recompute`` and ``--cost-profile``."""
     fn = click.option(
         "--cost-profile",
@@ -65,10 +66,11 @@ def cost_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
     fn = click.option(
         "--recompute",
-        type=click.Choice(RECOMPUTE_POLICIES),
-        default="selective",
+        type=click.Choice(RECOMPUTE_POLICIES + (("auto",) if recompute == "auto" else ())),
+        default=recompute,
         show_default=True,
-        help="Activation recompute policy assumed by the memory and backward-time model.",
+        help="Activation recompute policy assumed by the memory and backward-time model"
+        + (" (auto: full from a 32K context on, else selective)." if recompute == "auto" else "."),
     )(fn)
     fn = click.option(
         "--device",
@@ -86,9 +88,18 @@ def cost_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def cost_model_from_options(
-    model: str, device: str, recompute: str, cost_profile: str | None
+    model: str, device: str, recompute: str, cost_profile: str | None, context: int = 0
 ) -> CostModel:
-    return resolve_cost_model(model, device, recompute, cost_profile)  # type: ignore[arg-type]
+    """The cost model of the options; ``recompute="auto"`` resolved with ``context``."""
+    from slimdata.cost.states import auto_recompute
+
+    rc = auto_recompute(recompute, context)
+    return resolve_cost_model(model, device, rc, cost_profile)  # type: ignore[arg-type]
+
+
+def cost_model_options_auto(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`cost_model_options` with ``--recompute auto`` (``plan`` and ``simulate``)."""
+    return cost_model_options(fn, recompute="auto")
 
 
 PLAN_LAYOUT_OPTIONS = ("nodes", "ranks_per_node", "global_batch_tokens", "memory_gib")
@@ -157,7 +168,7 @@ def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callab
             click.option(
                 "--oversize",
                 type=click.Choice(OVERSIZE_POLICIES),
-                default="error",
+                default="split",
                 show_default=True,
                 help="Documents longer than --context: split into independent pieces, truncate, or fail.",
             ),

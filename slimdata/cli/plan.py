@@ -8,7 +8,7 @@ from click.core import ParameterSource
 from slimdata.cli.options import (
     POSITIVE_INT,
     cost_model_from_options,
-    cost_model_options,
+    cost_model_options_auto,
     plan_layout_options,
 )
 
@@ -40,7 +40,7 @@ _COST_OPTIONS = ("model", "device", "recompute", "cost_profile")
     type=click.Path(file_okay=False),
     help="Output directory for plan shards.",
 )
-@cost_model_options
+@cost_model_options_auto
 @click.pass_context
 def command(
     ctx: click.Context, shards, lengths, out, model, device, recompute, cost_profile, **layout
@@ -58,7 +58,7 @@ def command(
         ctx.get_parameter_source(name) != ParameterSource.DEFAULT for name in _COST_OPTIONS
     )
     cost = (
-        cost_model_from_options(model, device, recompute, cost_profile)
+        cost_model_from_options(model, device, recompute, cost_profile, layout["context"])
         if explicit or shards is None
         else None
     )

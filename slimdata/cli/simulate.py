@@ -1,9 +1,7 @@
 """``slimdata simulate``: predict the step time of packing strategies on your data.
 
-Fairness rule (see :mod:`slimdata.sim.compare`): every strategy respects ``--memory-gib``. A
-baseline whose plan does not fit runs static context parallelism (the smallest power of two
-``cp`` that fits, re-planned for ``dp / cp`` DP groups), as a Megatron-style job would;
-``slimpack`` runs ``cp = 1`` (DP-Merge) and must fit by itself.
+Fairness rules: see :mod:`slimdata.sim.compare` and docs/simulate.md (every baseline at its
+best configuration within ``--memory-gib``, same work stated, a plan-independent bound).
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from slimdata.cli.options import (
     SEED,
     FiniteFloatRange,
     cost_model_from_options,
-    cost_model_options,
+    cost_model_options_auto,
 )
 
 __all__ = ["command"]
@@ -38,7 +36,7 @@ __all__ = ["command"]
     default=None,
     help="Lengths file: one int per line or a JSON list (.gz ok).",
 )
-@cost_model_options
+@cost_model_options_auto
 @click.option(
     "--context",
     type=POSITIVE_INT,
@@ -59,22 +57,31 @@ __all__ = ["command"]
     "--global-batch-tokens",
     type=POSITIVE_INT,
     default=None,
-    help="Tokens per optimizer step [default: dp * context].",
+    help="Tokens per optimizer step [default: dp * context, times 2 * pp with --pp > 1 so "
+    "that every pipeline gets 2 * pp context-long micro-batches].",
 )
 @click.option(
     "--memory-gib",
     type=POSITIVE_FLOAT,
-    default=40.0,
-    show_default=True,
-    help="Per-device budget for activations and K/V (model states excluded). Every strategy "
-    "respects it: a baseline that does not fit runs static context parallelism (column cp).",
+    default=None,
+    help="Per-device budget for activations and K/V, GiB [default: 90% of the --device memory "
+    "minus the model states of --model under --parallelism and --optimizer]. Every strategy "
+    "must fit it.",
 )
 @click.option(
     "--parallelism",
-    type=click.Choice(["ddp", "fsdp"]),
-    default="ddp",
+    type=click.Choice(["ddp", "zero1", "fsdp"]),
+    default="zero1",
     show_default=True,
-    help="DDP all-reduce at step end, or FSDP/ZeRO-3 lockstep packs.",
+    help="ddp (replicated states), zero1 (distributed optimizer; timed as ddp), or fsdp "
+    "(ZeRO-3, lockstep packs). Sets the model-state memory of the default --memory-gib.",
+)
+@click.option(
+    "--optimizer",
+    type=click.Choice(["adam", "sgd"]),
+    default="adam",
+    show_default=True,
+    help="Optimizer whose fp32 states the default --memory-gib leaves room for.",
 )
 @click.option(
     "--asymmetric",
@@ -96,7 +103,16 @@ __all__ = ["command"]
     type=FiniteFloatRange(0.0, 1.0),
     default=1.0,
     show_default=True,
-    help="Share of ring-attention time that can hide the static-CP K/V exchange (0: exposed).",
+    help="Share of ring-attention time that can hide the K/V exchange of static CP, DP-Merge "
+    "and dcp groups (0: exposed).",
+)
+@click.option(
+    "--baseline-config",
+    default="best",
+    show_default=True,
+    help="Configuration of every baseline: 'best' (fastest static CP size, hence "
+    "micro-batches, and pipeline schedule that fit --memory-gib), 'smallest' (smallest "
+    "static CP that fits, with --schedule) or 'cp=N'. slimpack and dcp always run cp=1.",
 )
 @click.option(
     "--strategies", default="all", show_default=True, help="Comma list of strategies, or 'all'."
@@ -149,9 +165,11 @@ def command(
     global_batch_tokens,
     memory_gib,
     parallelism,
+    optimizer,
     asymmetric,
     schedule,
     cp_overlap,
+    baseline_config,
     strategies,
     steps,
     seed,
@@ -163,11 +181,10 @@ def command(
 
     \b
     Fairness: all strategies get the same documents in the same steps, mask attention at
-    document boundaries, and respect --memory-gib. A baseline whose peak memory exceeds it
-    is re-planned for dp/cp DP groups and run with static context parallelism cp (the
-    smallest power of two that fits, for the whole job, as Megatron-LM would); if none
-    fits it is reported as failed. slimpack always runs with cp=1: its DP-Merge handles
-    the documents that do not fit one device, and it must fit by itself.
+    document boundaries, and respect --memory-gib. Every baseline runs at its best
+    configuration (static CP size taken out of DP, micro-batches, 1F1B or interleaved;
+    --baseline-config). Strategies that cut documents (concat) are marked '*': they
+    compute fewer attention pairs. 'bound' is a plan-independent lower bound of the step.
     """
     from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
     from slimdata.errors import ConfigError
@@ -178,7 +195,12 @@ def command(
     if (shards is None) == (lengths is None):
         raise ConfigError("give exactly one of --shards DIR or --lengths FILE")
     docs = load_shard_documents(shards) if shards else documents_from_lengths(load_lengths(lengths))
-    cost = cost_model_from_options(model, device, recompute, cost_profile)
+    cost = cost_model_from_options(model, device, recompute, cost_profile, context)
+    memory_gib, memory_how = resolve_memory(
+        memory_gib, device, cost, parallelism, optimizer, dp, pp
+    )
+    if global_batch_tokens is None:
+        global_batch_tokens = dp * context * (2 * pp if pp > 1 else 1)
     mode = "lockstep" if (pp > 1 or parallelism == "fsdp") else "free"
     layout = Layout(
         dp=dp,
@@ -203,11 +225,21 @@ def command(
             cp_overlap=cp_overlap,
         ),
         oversize=oversize,
+        baseline_config=baseline_config,
+    )
+    cmp.config.update(
+        model=model,
+        device=device,
+        recompute=cost.label.rsplit("/", 1)[-1] if cost.label else recompute,
+        cost_profile=cost_profile,
+        optimizer=optimizer,
+        memory_budget=memory_how,
     )
     click.echo(
         f"{len(docs)} documents, {cost.label or cost.source}, dp={dp} pp={pp} context={context}, {cmp.config['global_batch_tokens']} tokens/step, {steps} step(s)"
     )
     click.echo(format_table(cmp))
+    click.echo(f"memory budget {memory_gib:.1f} GiB per device: {memory_how}")
     if json_path:
         Path(json_path).write_text(json.dumps(cmp.to_dict(), indent=2, default=float))
         click.echo(f"wrote {json_path}")
@@ -220,3 +252,26 @@ def command(
             title=f"dp={dp} pp={pp} context={context}",
         )
         click.echo(f"wrote {gantt}")
+
+
+def resolve_memory(
+    memory_gib: float | None,
+    device: str,
+    cost,
+    parallelism: str,
+    optimizer: str,
+    dp: int,
+    pp: int,
+) -> tuple[float, str]:
+    """``--memory-gib`` if given, else the device memory left after model states."""
+    from slimdata.cost import load_device
+    from slimdata.cost.states import activation_budget_gib
+    from slimdata.errors import ConfigError
+
+    if memory_gib is not None:
+        return memory_gib, "--memory-gib"
+    if cost.param_count <= 0:
+        raise ConfigError("the cost model has no parameter count: give --memory-gib")
+    return activation_budget_gib(
+        load_device(device).memory_gib, cost.param_count, parallelism, optimizer, dp, pp
+    )

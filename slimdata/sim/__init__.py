@@ -8,6 +8,7 @@ chart and ``slimdata simulate`` for the command. Modelling assumptions are state
 
 from __future__ import annotations
 
+from slimdata.sim.bound import StepBound, batch_work, plan_work, step_bound
 from slimdata.sim.config import PARALLELISMS, SCHEDULE_NAMES, SimConfig
 from slimdata.sim.cp import CpPacks, cp_packs, cp_peak_memory
 from slimdata.sim.dag import StepDag, build_dag, common_order
@@ -28,9 +29,11 @@ __all__ = [
     "PackTimes",
     "SimConfig",
     "SimResult",
+    "StepBound",
     "StepDag",
     "TaskGraph",
     "Timing",
+    "batch_work",
     "build_dag",
     "chunk_fractions",
     "common_order",
@@ -40,6 +43,8 @@ __all__ = [
     "lower_bound",
     "memory_profile",
     "pack_times",
+    "plan_work",
     "simulate_step",
     "stage_ops",
+    "step_bound",
 ]

@@ -7,8 +7,8 @@ devices do. Times come from the alpha-beta :class:`~slimdata.cost.Interconnect`.
 - DDP: one ring all-reduce of a stage's gradients over the stage's DP ranks at step end.
 - FSDP / ZeRO-3: an all-gather of a chunk's parameters before every forward and backward
   pack and a reduce-scatter of its gradients after every backward pack.
-- DP-Merge: an all-gather of the merged documents' keys/values inside the merge group in the
-  forward, a reduce-scatter of their gradients in the backward.
+- Context parallelism (static CP, DP-Merge, dcp): the per-layer K/V exchange of
+  :mod:`slimdata.sim.cp`.
 - Pipeline: a point-to-point send of a pack's hidden states (``tokens * hidden * dtype``)
   between consecutive chunks, in each direction.
 """
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from slimdata.cost import CostModel, Interconnect
 
-__all__ = ["kv_exchange_time", "p2p_time", "param_collective_time", "spans_nodes"]
+__all__ = ["p2p_time", "param_collective_time", "spans_nodes"]
 
 
 def spans_nodes(devices: Iterable[int], ranks_per_node: int) -> bool:
@@ -38,22 +38,6 @@ def param_collective_time(
     """``all_reduce``, ``all_gather`` or ``reduce_scatter`` of ``fraction`` of the parameters."""
     nbytes = cost.param_count * fraction * grad_bytes
     return getattr(net, kind)(nbytes, len(devices), spans_nodes(devices, ranks_per_node))
-
-
-def kv_exchange_time(
-    net: Interconnect,
-    cost: CostModel,
-    fraction: float,
-    tokens: int,
-    devices: list[int],
-    ranks_per_node: int,
-) -> float:
-    """All-gather (forward) or reduce-scatter (backward) of the K/V of ``tokens`` tokens."""
-    return net.all_gather(
-        cost.kv_bytes_per_token * fraction * tokens,
-        len(devices),
-        spans_nodes(devices, ranks_per_node),
-    )
 
 
 def p2p_time(

@@ -1,22 +1,26 @@
 """Compare packing strategies on the same batches: what ``slimdata simulate`` runs.
 
-Fairness:
+Fairness (design §7):
 
 - every strategy sees the same documents in the same steps (one
   :func:`~slimdata.solver.make_batches` call, one seed, one oversize policy applied before
-  batching) and is judged by the same cost model and simulator;
-- every strategy, ``concat`` included, masks attention at document boundaries (pack times
-  count only within-document pairs);
-- **every strategy respects the memory cap** (``Layout.memory_gib``). The baselines do not
-  enforce memory themselves, so a baseline whose plan does not fit (its simulated per-device
-  peak memory, :attr:`SimResult.peak_memory`, in any step) is run the way a
-  Megatron-style job runs rows that do not fit: with **static context parallelism** of the
-  smallest power of two ``k`` that fits, for the whole job: it is re-planned for ``dp / k``
-  DP groups and simulated with ``SimConfig.cp = k`` (:mod:`slimdata.sim.cp`). If even
-  ``k = dp`` does not fit, it is reported as failed with the reason. ``slimpack`` always
-  runs with ``cp = 1`` (its DP-Merge handles the documents that do not fit one rank) and
-  must fit by itself: the solver plans within the cap; a simulated peak above it is
-  reported (``over_memory_steps``, ``!`` in the table), a plan it cannot make as failed.
+  batching) and is judged by the same cost model and simulator; every strategy, ``concat``
+  included, masks attention at document boundaries;
+- **every baseline runs at its best configuration** (:mod:`slimdata.sim.search`): static CP
+  size (CP ranks taken out of DP, re-planned for ``dp / cp`` DP groups), hence micro-batches
+  per pipeline, and the pipeline schedule, within the memory cap (``Layout.memory_gib``) in
+  every step. ``--baseline-config smallest`` gives the smallest CP that fits instead,
+  ``cp=N`` a fixed size. Strategies of :data:`CP_FREE` (``slimpack``: DP-Merge; ``dcp``:
+  per-sequence CP) run ``cp = 1`` and place long documents themselves; a simulated peak above
+  the cap is reported (``over_memory_steps``, ``!`` in the table);
+- **same work**: every result states the tokens and causal attention pairs its plans compute
+  (:func:`~slimdata.sim.bound.plan_work`); a strategy that cuts documents (``concat``)
+  computes fewer pairs and is marked ``same_work = False``. Speedups "vs best" are against
+  the fastest *other same-work* strategy; the speedup vs ``concat`` is shown beside it;
+- **one yardstick**: the plan-independent bound (:mod:`slimdata.sim.bound`) of every batch,
+  reported with ``step_time / bound`` for every strategy;
+- the **Megatron default** reference (concat, smallest static CP that fits, 1F1B, as the
+  SlimPack paper compares) is run too, and every result carries its speedup over it.
 
 The solver is imported lazily, so the simulator core does not depend on it.
 """
@@ -24,7 +28,6 @@ The solver is imported lazily, so the simulator core does not depend on it.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,12 +35,20 @@ from typing import Any
 import numpy as np
 
 from slimdata.cost import CostModel
-from slimdata.errors import ConfigError, PlanError
+from slimdata.errors import ConfigError
 from slimdata.plan import Document, StepPlan
+from slimdata.sim.bound import batch_work, plan_work, step_bound
 from slimdata.sim.config import SimConfig
 from slimdata.sim.cp import cp_peak_memory
 from slimdata.sim.results import SimResult
-from slimdata.sim.step import simulate_step
+from slimdata.sim.search import (
+    BaselineConfig,
+    Evaluator,
+    Run,
+    cp_sizes,
+    parse_baseline_config,
+    search,
+)
 from slimdata.solver.layout import Layout
 
 __all__ = [
@@ -51,9 +62,10 @@ __all__ = [
 ]
 
 REFERENCE = "concat"
-CP_FREE: tuple[str, ...] = ("slimpack",)
-"""Strategies that handle memory themselves (DP-Merge) and always run with ``cp = 1``."""
+CP_FREE: tuple[str, ...] = ("slimpack", "dcp")
+"""Strategies that place long documents themselves (DP-Merge, per-sequence CP): ``cp = 1``."""
 GIB = float(1 << 30)
+NAN = float("nan")
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class StrategyStats:
 
     step_time: float
     lower_bound: float
+    """The plan's own bound (:func:`~slimdata.sim.results.lower_bound`): moves with the plan."""
     imbalance: float
     bubble: float
     peak_memory_gib: float
@@ -70,21 +83,40 @@ class StrategyStats:
     over_memory_steps: int
     steps: int
     error: str = ""
-    """Why the strategy could not plan (then the numbers are NaN)."""
+    """Why the strategy could not plan or fit (then the numbers are NaN)."""
     cp: int = 1
     """Static context-parallel size it ran with (0 when it failed)."""
-    plan_memory_gib: float = float("nan")
-    """Per-device peak by the solver's rule under ``cp`` (:func:`~slimdata.sim.cp.cp_peak_memory`,
-    max over steps), for comparison with the simulated ``peak_memory_gib`` the fit test uses."""
+    plan_memory_gib: float = NAN
+    """Per-device peak by the solver's rule under ``cp`` (max over steps)."""
+    bound: float = NAN
+    """The plan-independent bound of the same batches (:mod:`slimdata.sim.bound`), mean."""
+    tokens: float = NAN
+    """Tokens computed per step (mean)."""
+    attention_pairs: float = NAN
+    """Causal query-key pairs computed per step (mean)."""
+    same_work: bool = True
+    """Computes every causal pair of the batch's documents (False: cuts documents)."""
+    schedule: str = ""
+    """Pipeline schedule it ran with."""
+    micro_batches: int = 0
+    """Most forward packs of any DP group in a step (micro-batches per pipeline)."""
+    merge_groups: float = 0.0
+    """Merge groups (DP-Merge or per-sequence CP groups) per step (mean)."""
 
     def to_dict(self) -> dict[str, Any]:
+        if self.error:
+            return {"failed": True, "reason": self.error, "error": self.error}
         out: dict[str, Any] = {}
         for k in (
             "step_time",
-            "lower_bound",
+            "bound",
             "imbalance",
-            "bubble",
             "peak_memory_gib",
+            "attention_pairs",
+            "tokens",
+            "same_work",
+            "lower_bound",
+            "bubble",
             "solve_ms",
             "comm_time",
             "over_memory_steps",
@@ -94,9 +126,18 @@ class StrategyStats:
         ):
             x = getattr(self, k)
             out[k] = None if isinstance(x, float) and not np.isfinite(x) else x  # JSON has no NaN
-        if self.error:
-            out["error"] = self.error
+        out["step_over_bound"] = self.step_time / self.bound if self.bound > 0 else None
+        out["config"] = {
+            "cp": self.cp,
+            "micro_batches": self.micro_batches,
+            "schedule": self.schedule,
+            "merge_groups": self.merge_groups,
+        }
         return out
+
+
+def _failed(error: str) -> StrategyStats:
+    return StrategyStats(NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0, 0, error=error, cp=0)
 
 
 @dataclass(frozen=True)
@@ -105,29 +146,53 @@ class Comparison:
     results: dict[str, StrategyStats]
     first: dict[str, tuple[StepPlan, SimResult]] = field(default_factory=dict, repr=False)
     """The first step of every strategy, for the Gantt chart."""
+    steps: list[list[int]] = field(default_factory=list, repr=False)
+    """Document lengths of every simulated step."""
+    megatron_default: StrategyStats | None = None
+    """concat at the smallest static CP that fits, 1F1B (the paper's reference)."""
+    search: dict[str, Any] = field(default_factory=dict)
+    """What the baseline-configuration search cost."""
+    warnings: list[str] = field(default_factory=list)
 
     def speedups(self) -> dict[str, tuple[float, float]]:
-        """``strategy -> (speedup vs concat, speedup vs the best other strategy)``.
-
-        ``concat-nomask`` (if present) is never a reference."""
+        """``strategy -> (speedup vs concat, speedup vs the best other same-work strategy)``;
+        a strategy over the memory cap in some step is never the reference."""
         t = {k: v.step_time for k, v in self.results.items() if np.isfinite(v.step_time)}
+        # a reference must compute the same work and fit memory in every step
+        same = {k for k, v in self.results.items() if v.same_work and not v.over_memory_steps}
         out = {}
         for k, v in t.items():
-            ref = t.get(REFERENCE, float("nan"))
-            others = [x for name, x in t.items() if name not in (k, "concat-nomask")]
-            best = min(others) if others else float("nan")
-            out[k] = (ref / v, best / v)
+            others = [x for name, x in t.items() if name != k and name in same]
+            out[k] = (t.get(REFERENCE, NAN) / v, (min(others) if others else NAN) / v)
         return out
 
+    def vs_megatron_default(self) -> dict[str, float]:
+        ref = self.megatron_default.step_time if self.megatron_default else NAN
+        return {k: ref / v.step_time for k, v in self.results.items() if not v.error}
+
     def to_dict(self) -> dict[str, Any]:
-        sp = self.speedups()
+        """The ``--json`` contract (docs/simulate.md)."""
+        sp, md = self.speedups(), self.vs_megatron_default()
         res = {}
         for k, v in self.results.items():
             d = v.to_dict()
             if k in sp:
-                d["speedup_vs_concat"], d["speedup_vs_best_other"] = sp[k]
+                d["speedup_vs_concat"], d["speedup_vs_best_baseline"] = (_num(x) for x in sp[k])
+                d["speedup_vs_megatron_default"] = _num(md[k])
             res[k] = d
-        return {"config": self.config, "results": res}
+        ref = self.megatron_default
+        return {
+            "config": self.config,
+            "steps": [{"lengths": s} for s in self.steps],
+            "results": res,
+            "megatron_default": ref.to_dict() if ref else None,
+            "search": self.search,
+            "warnings": self.warnings,
+        }
+
+
+def _num(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
 
 
 def parse_strategies(spec: str, known: Sequence[str]) -> list[str]:
@@ -154,15 +219,22 @@ def compare_strategies(
     global_batch_tokens: int | None = None,
     config: SimConfig | None = None,
     oversize: str = "split",
+    baseline_config: str | BaselineConfig = "best",
 ) -> Comparison:
     """Solve and simulate ``steps`` batches with every strategy; means per strategy.
 
-    ``global_batch_tokens`` defaults to ``dp * context`` (one context-long row per rank).
+    ``global_batch_tokens`` defaults to ``dp * context``; ``baseline_config``: ``best``,
+    ``smallest`` or ``cp=N`` (:mod:`slimdata.sim.search`).
     """
     from slimdata.solver import PlanConfig, solve
 
     if steps < 1:
         raise ConfigError(f"steps={steps!r} must be >= 1")
+    choice = (
+        parse_baseline_config(baseline_config)
+        if isinstance(baseline_config, str)
+        else baseline_config
+    )
     config = config or SimConfig()
     gbt = layout.dp * layout.context if global_batch_tokens is None else global_batch_tokens
     if gbt < 1:
@@ -172,49 +244,136 @@ def compare_strategies(
     if not batches:
         raise ConfigError("no documents to simulate")
     batches = [batches[s % len(batches)] for s in range(steps)]
+    ev = Evaluator(batches, layout, cost, config, seed, solve)
+    bounds = [step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages) for b in batches]
+    ref_work = [batch_work(b) for b in batches]
     results: dict[str, StrategyStats] = {}
     first: dict[str, tuple[StepPlan, SimResult]] = {}
-    nan = float("nan")
     for name in strategies:
-        sizes = [1] if name in CP_FREE else cp_sizes(layout.dp)
-        fit = _fit(name, batches, layout, cost, seed, sizes, solve, config)
-        plans, sims, solve_ms, k, err = fit
-        if err:
-            results[name] = StrategyStats(nan, nan, nan, nan, nan, nan, nan, 0, 0, error=err, cp=0)
+        run = _run(ev, name, choice)
+        if isinstance(run, str):
+            results[name] = _failed(run)
             continue
-        rows = []
-        for step, (plan, r, ms) in enumerate(zip(plans, sims, solve_ms, strict=True)):
-            if step == 0:
-                first[name] = (plan, r)
-            rows.append(
-                (
-                    r.step_time,
-                    r.lower_bound,
-                    r.imbalance,
-                    r.bubble,
-                    r.peak_memory_gib,
-                    ms,
-                    r.comm_time,
-                    r.over_memory,
-                )
-            )
-        a = np.array(rows, dtype=np.float64)
-        m = a.mean(axis=0)
-        step_t, bound, imbal, bubble, mem, ms, comm = (float(x) for x in m[:7])
-        results[name] = StrategyStats(
-            step_time=step_t,
-            lower_bound=bound,
-            imbalance=imbal,
-            bubble=bubble,
-            peak_memory_gib=mem,
-            solve_ms=ms,
-            comm_time=comm,
-            over_memory_steps=int(a[:, 7].sum()),
-            steps=len(rows),
-            cp=k,
-            plan_memory_gib=max(float(cp_peak_memory(p, cost, k).max()) for p in plans) / GIB,
-        )
-    cfg = {
+        first[name] = (run.plans[0], run.sims[0])
+        results[name] = _stats(run, cost, [b.value for b in bounds], ref_work)
+    default = _run(ev, REFERENCE, BaselineConfig("smallest"), schedule="1f1b")
+    mega = (
+        None
+        if isinstance(default, str)
+        else _stats(default, cost, [b.value for b in bounds], ref_work)
+    )
+    cfg = _config_dict(layout, cost, config, choice, gbt, steps, seed, oversize, strategies, docs)
+    return Comparison(
+        config=cfg,
+        results=results,
+        first=first,
+        steps=[[d.length for d in b] for b in batches],
+        megatron_default=mega,
+        search=_search_dict(ev),
+        warnings=_warnings(results, layout),
+    )
+
+
+def _run(
+    ev: Evaluator, name: str, choice: BaselineConfig, schedule: str | None = None
+) -> Run | str:
+    """One strategy: CP-free strategies at ``cp = 1`` (over the cap reported, not refused);
+    baselines through the configuration search. ``dcp`` is a baseline: with ``best`` and
+    ``pp > 1`` it runs the faster of 1F1B and interleaved (``slimpack`` keeps ``--schedule``)."""
+    if schedule is not None and schedule != ev.config.schedule:
+        ev = _with_schedule(ev, schedule)
+    if name not in CP_FREE:
+        return search(ev, name, choice)
+    schedules = [ev.config.schedule]
+    if name != "slimpack" and choice.mode == "best" and ev.layout.pp > 1:
+        schedules = ["1f1b", "interleaved"]
+    runs = [_cp_free(ev, name, sch) for sch in schedules]
+    ok = [r for r in runs if isinstance(r, Run)]
+    if not ok:
+        return runs[0]
+    return min(ok, key=lambda r: (sum(x.over_memory for x in r.sims), _mean(r)))
+
+
+def _mean(run: Run) -> float:
+    return float(np.mean([r.step_time for r in run.sims]))
+
+
+def _cp_free(ev: Evaluator, name: str, schedule: str) -> Run | str:
+    """Every step of a CP-free strategy at ``cp = 1`` with ``schedule``."""
+    from slimdata.errors import PlanError
+
+    try:
+        plans = [ev.plan(name, 1, s) for s in range(len(ev.batches))]
+        sims = [ev.sim(name, 1, schedule, s) for s in range(len(ev.batches))]
+    except PlanError as exc:
+        return str(exc)
+    return Run(1, schedule, [p for p, _ in plans], sims, [t for _, t in plans])
+
+
+def _with_schedule(ev: Evaluator, schedule: str) -> Evaluator:
+    """The same evaluator (caches shared) with another user schedule."""
+    other = Evaluator(
+        ev.batches,
+        ev.layout,
+        ev.cost,
+        dataclasses.replace(ev.config, schedule=schedule),
+        ev.seed,
+        ev._solve,
+    )
+    other._plans, other._sims, other.log = ev._plans, ev._sims, ev.log
+    return other
+
+
+def _stats(run: Run, cost: CostModel, bounds: list[float], ref: list) -> StrategyStats:
+    """Means of one run over its steps."""
+    rows = np.array(
+        [
+            (r.step_time, r.lower_bound, r.imbalance, r.bubble, r.peak_memory_gib, ms, r.comm_time)
+            for r, ms in zip(run.sims, run.solve_ms, strict=True)
+        ]
+    )
+    m = [float(x) for x in rows.mean(axis=0)]
+    works = [plan_work(p) for p in run.plans]
+    same = all(
+        w.tokens == b.tokens and w.attention_pairs >= b.attention_pairs * (1 - 1e-12)
+        for w, b in zip(works, ref, strict=True)
+    )
+    return StrategyStats(
+        step_time=m[0],
+        lower_bound=m[1],
+        imbalance=m[2],
+        bubble=m[3],
+        peak_memory_gib=m[4],
+        solve_ms=m[5],
+        comm_time=m[6],
+        over_memory_steps=sum(r.over_memory for r in run.sims),
+        steps=len(run.sims),
+        cp=run.cp,
+        plan_memory_gib=max(float(cp_peak_memory(p, cost, run.cp).max()) for p in run.plans) / GIB,
+        bound=float(np.mean(bounds)),
+        tokens=float(np.mean([w.tokens for w in works])),
+        attention_pairs=float(np.mean([w.attention_pairs for w in works])),
+        same_work=same,
+        schedule=run.schedule,
+        micro_batches=max(len(rs.forward) for p in run.plans for rs in p.ranks),
+        merge_groups=float(np.mean([len(p.merges) for p in run.plans])),
+    )
+
+
+def _config_dict(
+    layout: Layout,
+    cost: CostModel,
+    config: SimConfig,
+    choice: BaselineConfig,
+    gbt: int,
+    steps: int,
+    seed: int,
+    oversize: str,
+    strategies: Sequence[str],
+    docs: Sequence[Document],
+) -> dict[str, Any]:
+    """Every setting, resolved defaults and cost coefficients included (the JSON ``config``)."""
+    return {
         "dp": layout.dp,
         "pp": layout.pp,
         "context": layout.context,
@@ -227,95 +386,98 @@ def compare_strategies(
         "oversize": oversize,
         "documents": len(docs),
         "cost_model": cost.label or cost.source,
+        "cost": cost.to_dict(),
         "parallelism": config.parallelism,
+        "asymmetric": config.asymmetric,
         "schedule": config.schedule,
-        "strategies": list(strategies),
+        "virtual_stages": config.virtual_stages,
         "cp_overlap": config.cp_overlap,
-        "memory_rule": "baselines over --memory-gib run static CP (smallest power of two that "
-        "fits, re-planned for dp/cp DP groups); slimpack runs cp=1 and must fit",
+        "interconnect": dataclasses.asdict(config.interconnect),
+        "baseline_config": choice.label(),
+        "strategies": list(strategies),
+        "memory_rule": "every strategy must fit memory_gib in every step; baselines search "
+        "static CP (taken out of DP) and the schedule; slimpack and dcp run cp=1",
     }
-    return Comparison(config=cfg, results=results, first=first)
 
 
-def cp_sizes(dp: int) -> list[int]:
-    """Static CP sizes a ``dp``-device stage can run: powers of two dividing ``dp``."""
-    out, k = [], 1
-    while k <= dp and dp % k == 0:
-        out.append(k)
-        k *= 2
-    return out
+def _search_dict(ev: Evaluator) -> dict[str, Any]:
+    log = ev.log
+    return {
+        "configurations": log.screened,
+        "pruned_by_memory": log.pruned,
+        "solves": log.solves,
+        "simulations": log.simulations,
+        "seconds": log.seconds,
+        "tried": [
+            {
+                **t,
+                "first_step": t["first_step"] if isinstance(t["first_step"], float) else None,
+                **({"reason": t["first_step"]} if isinstance(t["first_step"], str) else {}),
+            }
+            for t in log.tried
+        ],
+    }
 
 
-def _fit(
-    name: str,
-    batches: Sequence[Sequence[Document]],
-    layout: Layout,
-    cost: CostModel,
-    seed: int,
-    sizes: Sequence[int],
-    solve: Any,
-    config: SimConfig,
-) -> tuple[list[StepPlan], list[SimResult], list[float], int, str]:
-    """Plans and simulations of every step at the smallest CP size in ``sizes`` whose
-    simulated per-device peak memory fits the cap in every step.
-
-    Returns ``(plans, results, solve_ms, cp, error)``; ``error`` is empty on success. A
-    strategy of :data:`CP_FREE` (one size, ``1``) is returned even over the cap: its
-    ``SimResult.over_memory`` reports it.
-    """
-    cap = layout.memory_bytes
-    err, peak = "", 0.0
-    for k in sizes:
-        lay_k = dataclasses.replace(
-            layout, dp=layout.dp // k, ranks_per_node=max(1, layout.ranks_per_node // k)
-        )
-        cfg_k = dataclasses.replace(config, cp=k)
-        plans, sims, times, peak = [], [], [], 0.0
-        try:
-            for step, batch in enumerate(batches):
-                t0 = time.perf_counter()
-                plan = solve(batch, lay_k, name, seed, cost, step=step)
-                times.append((time.perf_counter() - t0) * 1e3)
-                r = simulate_step(plan, cost, layout, cfg_k)
-                peak = max(peak, float(r.peak_memory.max()))
-                plans.append(plan)
-                sims.append(r)
-                if peak > cap and name not in CP_FREE:
-                    break
-        except PlanError as exc:
-            err = str(exc)
-            continue
-        if peak <= cap or name in CP_FREE:
-            return plans, sims, times, k, ""
-        err = ""
-    if err:
-        return [], [], [], 0, err
-    why = (
-        f"does not fit --memory-gib {layout.memory_gib:g} even with static CP {sizes[-1]} "
-        f"(needs {peak / GIB:.1f} GiB per device)"
-    )
-    return [], [], [], 0, why
+def _warnings(results: dict[str, StrategyStats], layout: Layout) -> list[str]:
+    """A pipeline with fewer than ``2 * pp`` micro-batches mostly waits (bubble)."""
+    if layout.pp == 1:
+        return []
+    few = {
+        k: r.micro_batches
+        for k, r in results.items()
+        if not r.error and r.micro_batches < 2 * layout.pp
+    }
+    if not few:
+        return []
+    names = ", ".join(f"{k} ({m})" for k, m in few.items())
+    return [
+        f"fewer than 2*pp = {2 * layout.pp} micro-batches per pipeline: {names}; the pipeline "
+        "bubble dominates their step time (raise --global-batch-tokens)"
+    ]
 
 
 def format_table(cmp: Comparison) -> str:
     """A fixed-width comparison table, one row per strategy."""
-    sp = cmp.speedups()
-    head = f"{'strategy':<14}{'cp':>3}{'step s':>10}{'bound s':>10}{'eff':>7}{'imbal':>8}{'bubble':>8}{'mem GiB':>9}{'solve ms':>10}{'vs concat':>11}{'vs best':>9}"
+    sp, md = cmp.speedups(), cmp.vs_megatron_default()
+    head = (
+        f"{'strategy':<12}{'cp':>3}{'sched':>12}{'mb':>4}{'step s':>10}{'bound s':>10}"
+        f"{'step/bnd':>9}{'imbal':>7}{'bubble':>7}{'mem GiB':>9}{'solve ms':>9}"
+        f"{'vs best':>9}{'vs concat':>10}{'vs mega':>9}"
+    )
     lines = [head, "-" * len(head)]
     for name, r in cmp.results.items():
         if r.error:
-            lines.append(f"{name:<14}  failed: {r.error}")
+            lines.append(f"{name:<12}  failed: {r.error}")
             continue
-        vc, vb = sp.get(name, (float("nan"), float("nan")))
+        vc, vb = sp.get(name, (NAN, NAN))
         mem = f"{r.peak_memory_gib:.1f}" + ("!" if r.over_memory_steps else "")
+        tag = "" if r.same_work else "*"
         lines.append(
-            f"{name:<14}{r.cp:>3}{r.step_time:>10.3f}{r.lower_bound:>10.3f}{r.lower_bound / r.step_time:>7.2f}{r.imbalance:>8.3f}{r.bubble:>8.3f}{mem:>9}{r.solve_ms:>10.1f}{vc:>10.2f}x{vb:>8.2f}x"
+            f"{name + tag:<12}{r.cp:>3}{r.schedule:>12}{r.micro_batches:>4}{r.step_time:>10.3f}"
+            f"{r.bound:>10.3f}{r.step_time / r.bound:>9.2f}{r.imbalance:>7.2f}{r.bubble:>7.2f}"
+            f"{mem:>9}{r.solve_ms:>9.1f}{vb:>8.2f}x{vc:>9.2f}x{md.get(name, NAN):>8.2f}x"
         )
-    if any(r.over_memory_steps for r in cmp.results.values()):
-        lines.append(f"! peak memory above --memory-gib {cmp.config['memory_gib']} in some steps")
-    if any(r.cp > 1 for r in cmp.results.values()):
-        lines.append(
-            "cp: static context parallelism a baseline needs to fit --memory-gib "
-            "(re-planned for dp/cp DP groups); slimpack always runs cp=1 (DP-Merge)"
-        )
+    lines.extend(_notes(cmp))
     return "\n".join(lines)
+
+
+def _notes(cmp: Comparison) -> list[str]:
+    out = []
+    if any(r.over_memory_steps for r in cmp.results.values()):
+        out.append(f"! peak memory above --memory-gib {cmp.config['memory_gib']} in some steps")
+    if any(not r.same_work for r in cmp.results.values() if not r.error):
+        out.append(
+            "* cuts documents: computes fewer attention pairs than the batch holds (not the same "
+            "work); 'vs best' compares against same-work strategies only"
+        )
+    mega = cmp.megatron_default
+    ref = f"{mega.step_time:.3f} s at cp={mega.cp}" if mega else "failed"
+    out.append(
+        f"baselines: {cmp.config['baseline_config']} configuration (cp = static context "
+        f"parallelism taken out of DP, mb = micro-batches per pipeline); vs mega: vs concat at "
+        f"the smallest CP that fits, 1F1B ({ref}); bound: plan-independent (docs/simulate.md); "
+        f"search: {cmp.search.get('simulations', 0)} simulations, "
+        f"{cmp.search.get('seconds', 0.0):.1f} s"
+    )
+    return out + [f"warning: {w}" for w in cmp.warnings]

@@ -9,7 +9,7 @@ from slimdata.errors import ConfigError
 
 __all__ = ["ASYMMETRIC", "PARALLELISMS", "SCHEDULE_NAMES", "SimConfig"]
 
-PARALLELISMS: tuple[str, ...] = ("ddp", "fsdp")
+PARALLELISMS: tuple[str, ...] = ("ddp", "zero1", "fsdp")
 ASYMMETRIC: tuple[str, ...] = ("split", "recompute")
 SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "interleaved")
 
@@ -19,7 +19,9 @@ class SimConfig:
     """Execution model of one training step (everything the plan itself does not say)."""
 
     parallelism: str = "ddp"
-    """``ddp``: replicated parameters, one gradient all-reduce at step end; ``fsdp``
+    """``ddp``: replicated parameters, one gradient all-reduce at step end; ``zero1``
+    (distributed optimizer): timed as ``ddp`` (its gradient reduce-scatter and parameter
+    all-gather move the bytes of one all-reduce), it only holds less memory; ``fsdp``
     (ZeRO-3): per-pack parameter all-gather and gradient reduce-scatter, all DP ranks in
     lockstep pack by pack."""
     asymmetric: str = "split"
@@ -43,8 +45,9 @@ class SimConfig:
     across a fixed group of ``cp`` devices, so a plan solved for ``dp / cp`` DP groups runs on
     ``Layout.dp`` devices. ``1``: no CP (the plain model)."""
     cp_overlap: float = 1.0
-    """Share of the ring-attention overlap window that hides the CP K/V exchange: up to
-    ``cp_overlap * (cp - 1) / cp`` of a device's attention time (0: fully exposed)."""
+    """Share of the ring-attention overlap window that hides the K/V exchange of static CP,
+    DP-Merge and ``dcp`` groups alike: up to ``cp_overlap * (k - 1) / k`` of a member's
+    attention time in that layer (0: fully exposed)."""
 
     def __post_init__(self) -> None:
         if self.parallelism not in PARALLELISMS:

@@ -1,39 +1,44 @@
-"""Static context parallelism (CP): every pack split across a fixed group of ``cp`` devices.
+"""The one context-parallel (CP) cost model: static CP, Megatron dynamic CP and DP-Merge.
 
-This is how a Megatron-style job runs rows that do not fit one device
-(``--context-parallel-size k`` with THD/varlen packing): the CP size is fixed for the whole
-job, so every row, short or long, is split across ``k`` devices, and only ``dp / k`` DP
-groups remain. SlimPack instead keeps CP at 1 and merges DP ranks only for the documents that
-need it (DP-Merge, :mod:`slimdata.sim.dag`). Modelling assumptions:
+Three mechanisms split a sequence over ``k`` devices: static CP (``SimConfig.cp = k``: every
+pack of a plan solved for ``dp / k`` DP groups runs on a fixed group of ``k`` devices, as
+Megatron's ``--context-parallel-size``), and merge groups of a plan (DP-Merge of
+``slimpack``; the per-sequence CP groups of ``dcp``). All are priced here, alike:
 
-- **Placement.** A plan solved for ``dp / k`` DP groups runs on ``dp`` devices per pipeline
-  stage. DP group ``g`` of stage ``s`` is devices ``s * dp + g * k .. s * dp + g * k + k - 1``
-  (Megatron orders TP-CP-DP-PP, CP inside DP), so a CP group is intra-node when ``k`` divides
-  ``ranks_per_node``. The ``k`` members of a group run identical schedules; the simulator
-  evaluates one representative per group and reports every device.
-- **Compute.** Each member computes exactly ``1 / k`` of every pack's linear tokens and
-  causal query-key pairs (ideal zigzag / head-tail load balancing of every document); the
-  per-slice fixed overhead (kernel launches) is paid by every member, not divided.
-- **Exchange, per layer.** The forward all-gathers the pack's keys and values,
-  ``tokens * kv_dim * 2 * dtype_bytes`` bytes (``CostModel.kv_bytes_per_token / layers``),
-  over the ``k`` members (alpha-beta ring: ``latency + (k - 1) / k * bytes / bandwidth``).
-  The backward gathers them again and reduce-scatters their gradients (2 collectives), plus
-  one more gather when the backward re-runs the forward (``recompute=full``: 3).
-- **Overlap.** Ring attention sends the next K/V block while computing attention on the
-  current one: ``k - 1`` transfers hide behind ``k - 1`` of the ``k`` attention blocks, so up
-  to ``cp_overlap * (k - 1) / k`` of a member's attention time per layer hides that layer's
-  exchange; the rest is exposed. Linear layers hide none of it.
-- **Memory per device.** The activations and retained K/V of the plan's rule (design §5,
-  :mod:`slimdata.solver.memory`) divided by ``k``, plus the gathered K/V of one layer while a
-  pack runs (twice that in the backward: K/V and their gradients).
-- **Other collectives.** DDP's gradient all-reduce and FSDP's parameter collectives span all
-  ``dp`` devices (DP x CP), as Megatron reduces gradients over the DP x CP group; pipeline
-  sends carry each member's ``1 / k`` of the hidden states.
+- **Padding and chunks.** A sequence of ``s`` tokens under static CP is padded to a multiple
+  of ``2 k`` (``s' = ceil(s / 2k) * 2k``, Megatron's THD requirement) and cut into ``2 k``
+  load-balanced chunks (member ``i`` holds chunks ``i`` and ``2k - 1 - i``), so each member
+  computes ``1 / k`` of the padded sequence's linear tokens and causal pairs. A merge group
+  runs the slices its plan gives each member (``dcp``: the ``2 k`` chunks; ``slimpack``: its
+  own slices), priced slice by slice.
+- **Kernel efficiency.** Attention on a chunk of ``c`` tokens of a ``w``-token sequence costs
+  ``chunk_factor(w, c)`` times the unsplit time per pair (:mod:`slimdata.cost.attention`, a
+  published FlashAttention-3 curve): static CP ``w = s'``, ``c = s' / 2k``; a merge member's
+  slice ``w = `` its document's length, ``c = `` the slice's tokens.
+- **K/V exchange, per layer.** The forward all-gathers the keys and values of the sequence
+  (``tokens * kv_bytes_per_token / layers`` bytes per layer, padded tokens for static CP)
+  over the ``k`` members (alpha-beta ring: ``latency + (k - 1) / k * bytes / bandwidth``);
+  the backward gathers them again and reduce-scatters their gradients (2 collectives), one
+  more gather when it re-runs the forward (``recompute=full``: 3). Intra- or inter-node
+  bandwidth by the members' placement.
+- **Overlap.** Ring/all-gather attention sends the next K/V block while computing attention
+  on the current one, so up to ``cp_overlap * (k - 1) / k`` of a member's attention time of
+  that layer hides that layer's exchange; the rest is exposed. Linear layers hide none of it.
+- **Memory per device** (static CP). The activations and retained K/V of the plan's rule
+  (design §5, :mod:`slimdata.solver.memory`) divided by ``k``, plus the gathered K/V of one
+  layer while a pack runs (twice that in the backward: K/V and their gradients).
+- **Placement and other collectives** (static CP). DP group ``g`` of stage ``s`` is devices
+  ``s * dp + g * k .. + k - 1`` (Megatron orders TP-CP-DP-PP), so a CP group is intra-node
+  when ``k`` divides ``ranks_per_node``; the ``k`` members run identical schedules and the
+  simulator evaluates one representative per group. DDP's all-reduce and FSDP's collectives
+  span all ``dp`` devices (DP x CP); pipeline sends carry each member's ``1 / k``.
 
-Example: ``k = 2``, one pack of 1000 tokens whose forward takes 10 s (8 s linear, 2 s
-attention, no constants) on one device: each member computes 5 s; with 1 layer, 1 byte of
-K/V per token and 100 B/s intra-node, the gather moves ``1000 * 1/2 = 500`` bytes, 5 s, of
-which ``(k - 1) / k * 1 s = 0.5 s`` hides behind the member's attention: 4.5 s exposed.
+Example (static CP): ``k = 2``, one pack holding a 1000-token sequence whose forward takes
+10 s (8 s linear, 2 s attention, no constants) on one device: 1000 is a multiple of 4 (no
+padding), its chunks of 250 tokens and the sequence are both below the curve's first point
+(factor 1), so each member computes 5 s; with 1 layer, 1 byte of K/V per token and 100 B/s
+intra-node, the gather moves ``1000 * 1/2 = 500`` bytes, 5 s, of which
+``(k - 1) / k * 1 s = 0.5 s`` hides behind the member's attention: 4.5 s exposed.
 """
 
 from __future__ import annotations
@@ -42,11 +47,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slimdata.cost import CostModel, Interconnect
+from slimdata.cost import CostModel, Interconnect, causal_pairs
+from slimdata.cost.attention import attention_curve
 from slimdata.plan import StepPlan
 from slimdata.sim.packs import PackTimes
 
-__all__ = ["CpPacks", "cp_packs", "cp_peak_memory", "real_devices"]
+__all__ = [
+    "CpPacks",
+    "cp_packs",
+    "cp_peak_memory",
+    "exchange_exposed",
+    "merge_attention_scale",
+    "padded",
+    "real_devices",
+]
 
 
 @dataclass(frozen=True)
@@ -80,26 +94,54 @@ def real_devices(devices: list[int] | tuple[int, ...], groups: int, cp: int) -> 
     return out
 
 
-def _exposed(
+def padded(tokens: np.ndarray, k: int) -> np.ndarray:
+    """Tokens padded to a multiple of ``2 k`` (``k > 1``): ``padded(1000, 3) == 1002``."""
+    t = np.asarray(tokens, dtype=np.float64)
+    return t if k == 1 else np.ceil(t / (2 * k)) * (2 * k)
+
+
+def exchange_exposed(
     net: Interconnect,
     layer_bytes: np.ndarray,
     collectives: int,
     att_member: np.ndarray,
-    cp: int,
+    k: int,
     layers: int,
     overlap: float,
+    spans_nodes: bool,
 ) -> np.ndarray:
-    """``(2, packs)`` exposed seconds over all layers, intra-node row then inter-node row."""
-    out = np.zeros((2, len(layer_bytes)))
-    if cp == 1:
-        return out
-    hide = overlap * (cp - 1) / cp * att_member / layers
-    for row, spans in enumerate((False, True)):
-        per_layer = collectives * (
-            net.latency_s + layer_bytes * (cp - 1) / cp / net.bandwidth(spans)
-        )
-        out[row] = np.where(layer_bytes > 0, layers * np.maximum(per_layer - hide, 0.0), 0.0)
-    return out
+    """Exposed K/V exchange seconds over all ``layers`` (module docstring): per layer
+    ``collectives`` ring collectives of ``layer_bytes`` over ``k`` members, less up to
+    ``overlap * (k - 1) / k`` of the member's per-layer attention time ``att_member / layers``."""
+    layer_bytes = np.asarray(layer_bytes, dtype=np.float64)
+    if k == 1:
+        return np.zeros_like(layer_bytes)
+    hide = overlap * (k - 1) / k * np.asarray(att_member) / layers
+    per_layer = collectives * (
+        net.latency_s + layer_bytes * (k - 1) / k / net.bandwidth(spans_nodes)
+    )
+    return np.where(layer_bytes > 0, layers * np.maximum(per_layer - hide, 0.0), 0.0)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    return np.divide(num, den, out=np.ones_like(num), where=den > 0)
+
+
+def _static_scales(
+    pt: PackTimes, cp: int, pack: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pack: padded over real tokens, padded-and-slowed over real pairs, padded tokens."""
+    curve = attention_curve()
+    s = (pt.s_end - pt.s_start).astype(np.float64)
+    sp = padded(s, cp)
+    pairs = causal_pairs(pt.s_start, pt.s_end)
+    slow = causal_pairs(pt.s_start, pt.s_start + sp) * curve.chunk_factor(sp, sp / (2 * cp))
+    tok_p = np.bincount(pack, weights=sp, minlength=n)
+    lin = _ratio(tok_p, np.bincount(pack, weights=s, minlength=n))
+    att = _ratio(
+        np.bincount(pack, weights=slow, minlength=n), np.bincount(pack, weights=pairs, minlength=n)
+    )
+    return lin, att, tok_p
 
 
 def cp_packs(
@@ -112,17 +154,49 @@ def cp_packs(
     overlap: float = 1.0,
 ) -> CpPacks:
     """Member compute, exposed exchange and gathered bytes of every pack (module docstring)."""
+    if cp == 1:
+        zf, zb = np.zeros((2, len(pt.fwd))), np.zeros((2, len(pt.bwd)))
+        return CpPacks(pt.fwd, pt.bwd, zf, zb, np.zeros(len(pt.fwd)), np.zeros(len(pt.bwd)))
     layers = max(cost.layers, 1)
-    f_kv = cost.kv_bytes_per_token / layers * pt.f_tokens
-    b_kv = cost.kv_bytes_per_token / layers * pt.b_tokens
-    return CpPacks(
-        fwd=(pt.fwd - pt.f_const) / cp + pt.f_const,
-        bwd=(pt.bwd - pt.b_const) / cp + pt.b_const,
-        f_comm=_exposed(net, f_kv, 1, pt.f_att / cp, cp, layers, overlap),
-        b_comm=_exposed(net, b_kv, 3 if recompute_full else 2, pt.b_att / cp, cp, layers, overlap),
-        f_layer_kv=f_kv if cp > 1 else np.zeros_like(f_kv),
-        b_layer_kv=b_kv if cp > 1 else np.zeros_like(b_kv),
+    per_layer = cost.kv_bytes_per_token / layers
+    out = []
+    for tot, att, const, pack, coll in (
+        (pt.fwd, pt.f_att, pt.f_const, pt.s_fpack, 1),
+        (pt.bwd, pt.b_att, pt.b_const, pt.s_bpack, 3 if recompute_full else 2),
+    ):
+        lin_s, att_s, tok_p = _static_scales(pt, cp, pack, len(tot))
+        member_att = att * att_s / cp
+        member = (tot - att - const) * lin_s / cp + member_att + const
+        kv = per_layer * tok_p
+        comm = np.stack(
+            [
+                exchange_exposed(net, kv, coll, member_att, cp, layers, overlap, spans)
+                for spans in (False, True)
+            ]
+        )
+        out.append((member, comm, kv))
+    (fwd, f_comm, f_kv), (bwd, b_comm, b_kv) = out
+    return CpPacks(fwd, bwd, f_comm, b_comm, f_kv, b_kv)
+
+
+def merge_attention_scale(
+    pt: PackTimes, doc_len: np.ndarray, merged: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per flat forward and backward pack: attention time of its slices of merged documents
+    with the chunk factor (``w`` = document length, ``c`` = slice tokens), over without it.
+    1 for packs without merged slices."""
+    curve = attention_curve()
+    pairs = causal_pairs(pt.s_start, pt.s_end)
+    fac = np.where(
+        merged[pt.s_doc],
+        curve.chunk_factor(doc_len[pt.s_doc], pt.s_end - pt.s_start),
+        1.0,
     )
+    out = []
+    for pack, n in ((pt.s_fpack, len(pt.fwd)), (pt.s_bpack, len(pt.bwd))):
+        num = np.bincount(pack, weights=pairs * fac, minlength=n)
+        out.append(_ratio(num, np.bincount(pack, weights=pairs, minlength=n)))
+    return out[0], out[1]
 
 
 def cp_peak_memory(plan: StepPlan, cost: CostModel, cp: int) -> np.ndarray:

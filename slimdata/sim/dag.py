@@ -28,9 +28,15 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.plan import StepPlan
-from slimdata.sim.comm import kv_exchange_time, p2p_time, param_collective_time
+from slimdata.sim.comm import p2p_time, param_collective_time, spans_nodes
 from slimdata.sim.config import SimConfig
-from slimdata.sim.cp import cp_packs, real_devices
+from slimdata.sim.cp import (
+    cp_packs,
+    exchange_exposed,
+    merge_attention_scale,
+    padded,
+    real_devices,
+)
 from slimdata.sim.engine import TaskGraph
 from slimdata.sim.packs import PackTimes, chunk_fractions
 from slimdata.sim.schedule import ready_index, stage_ops
@@ -119,6 +125,7 @@ def build_dag(
     C = pp * v
     frac = chunk_fractions(cost.layers, C)
     net, rpn = config.interconnect, ranks_per_node
+    layers = max(cost.layers, 1)
     fsdp = config.parallelism == "fsdp"
     cp = config.cp
     cpp = cp_packs(
@@ -129,8 +136,12 @@ def build_dag(
         recompute_full=cost.label.endswith("/full"),
         overlap=config.cp_overlap,
     )
-    fwork = frac[:, None] * cpp.fwd[None, :]
-    bwork = frac[:, None] * cpp.bwd[None, :]
+    doc_len = np.array([d.length for d in plan.docs], dtype=np.float64)
+    merged = np.zeros(len(plan.docs), dtype=bool)
+    merged[[d for m in plan.merges for d in m.docs]] = True
+    f_scale, b_scale = merge_attention_scale(pt, doc_len, merged)
+    fwork = frac[:, None] * (cpp.fwd + pt.f_att * (f_scale - 1) / cp)[None, :]
+    bwork = frac[:, None] * (cpp.bwd + pt.b_att * (b_scale - 1) / cp)[None, :]
     if durations:
         offs = {"F": pt.f_offset, "B": pt.b_offset}
         for (c, r, kind, i), sec in durations.items():
@@ -179,12 +190,28 @@ def build_dag(
         off = (pt.f_offset if kind == "F" else pt.b_offset)[r] + i
         return float((fwork if kind == "F" else bwork)[c, off])
 
-    def merge_comm(c: int, gi: int) -> tuple[float, float]:
-        m = plan.merges[gi]
-        tokens = sum(plan.docs[d].length for d in m.docs)
-        devs = real([dev(c, r) for r in m.ranks])
-        t = kv_exchange_time(net, cost, float(frac[c]), tokens, devs, rpn)
-        return t, cost.kv_bytes_per_token * float(frac[c]) * tokens
+    def merge_comm(c: int, gi: int, kind: str, m: int, j: int) -> tuple[float, float]:
+        """Member ``m``'s exposed K/V exchange of its merge pack ``j`` (:mod:`slimdata.sim.cp`)
+        and the bytes of one layer's gathered K/V of the group it holds meanwhile (the
+        exchange is per layer, as under static CP)."""
+        grp = plan.merges[gi]
+        k = len(grp.ranks)
+        tokens = float(padded(np.array([plan.docs[d].length for d in grp.docs]), k).sum())
+        devs = real([dev(c, r) for r in grp.ranks])
+        off = (pt.f_offset if kind == "F" else pt.b_offset)[m] + j
+        att = (pt.f_att[off] * f_scale[off]) if kind == "F" else (pt.b_att[off] * b_scale[off])
+        coll = 1 if kind == "F" else (3 if cost.label.endswith("/full") else 2)
+        t = exchange_exposed(
+            net,
+            np.array([cost.kv_bytes_per_token / layers * tokens]),
+            coll,
+            np.array([att]),
+            k,
+            layers,
+            config.cp_overlap,
+            spans_nodes(devs, rpn),
+        )
+        return float(frac[c] * t[0]), cost.kv_bytes_per_token / layers * tokens  # one layer
 
     def param_comm(c: int, kind: str) -> float:
         devs = real([dev(c, r) for r in range(dp)])
@@ -223,7 +250,7 @@ def build_dag(
             tagged = j < n_packs(m, kind) and merge_at.get((m, kind)) == j and mg is not None
             x = cp_comm(c, m, kind, j)
             if tagged and mg is not None:
-                t, nbytes = merge_comm(c, mg)
+                t, nbytes = merge_comm(c, mg, kind, m, j)
                 comm.append(t + x)
                 extra.append((dev(c, m), nbytes * (1 if kind == "F" else 2)))  # K/V (+ their grads)
             else:

@@ -11,8 +11,9 @@ Assumptions (model states, i.e. parameters, gradients and optimizer, are exclude
   pack (recompute plus backward) runs;
 - with ``recompute="full"`` the per-step K/V store keeps the slice's keys and values over the
   same interval (with ``none``/``selective`` they are part of the activations already);
-- a DP-Merge pack holds the gathered K/V of its documents while it runs (twice that in the
-  backward: K/V and their gradients);
+- a merge pack (DP-Merge, ``dcp``) holds one layer's gathered K/V of its group's documents
+  while it runs (twice that in the backward: K/V and their gradients), as static CP does: the
+  exchange is per layer and freed after the layer (design §9);
 - at equal times frees happen before allocations;
 - with static context parallelism (``cp = k``) a device holds ``1 / k`` of every slice's
   activations and retained K/V, plus the gathered K/V of one layer while a pack runs (twice

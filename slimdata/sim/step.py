@@ -15,14 +15,16 @@ Modelling assumptions (the simulator's contract, design §7):
   during every rank's last backward pack, so it ends no earlier than the latest last-pack
   start plus the all-reduce time, nor than the latest last-pack end plus latency; FSDP all-gathers parameters before every pack and
   reduce-scatters gradients after every backward pack, overlapped with that pack's compute,
-  so all DP ranks advance pack by pack at the slowest rank's pace; a DP-Merge pack's K/V
-  all-gather (forward) and gradient reduce-scatter (backward) are exposed (not overlapped)
-  and its members leave together. Pipeline sends are edge lags on separate streams.
+  so all DP ranks advance pack by pack at the slowest rank's pace; a merge pack (DP-Merge,
+  ``dcp``) pays the per-layer K/V exchange of the one context-parallel cost model
+  (:mod:`slimdata.sim.cp`: overlapped only with that layer's attention) and its members
+  leave together. Pipeline sends are edge lags on separate streams.
 - Memory: see :mod:`slimdata.sim.memory`. Optimizer step, data loading, and tensor
   parallelism inside a rank are not modelled.
 - Static context parallelism (``SimConfig.cp = k``): a plan solved for ``dp / k`` DP groups
   runs on ``Layout.dp`` devices, every pack split over ``k`` devices with a per-layer K/V
-  exchange; see :mod:`slimdata.sim.cp`. ``k = 1`` is the plain model.
+  exchange, priced by the same model; see :mod:`slimdata.sim.cp`. ``k = 1`` is the plain
+  model.
 """
 
 from __future__ import annotations

@@ -29,9 +29,10 @@ class PlanConfig:
     """Solver strategy (``slimdata.solver.STRATEGIES``)."""
     seed: int = 0
     """Shuffle and solver seed; epoch ``e`` shuffles with ``seed + e``."""
-    oversize: str = "error"
-    """Documents longer than ``layout.context``: ``split`` into independent pieces,
-    ``truncate`` to the context, or ``error``."""
+    oversize: str = "split"
+    """Documents longer than ``layout.context``: ``split`` into independent pieces (the
+    default of ``slimdata plan`` and ``simulate`` too), ``truncate`` to the context, or
+    ``error``."""
     cost: CostModel | None = None
     """Cost model for the solver (None: the solver's default)."""
 

@@ -15,6 +15,7 @@ from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.layout import Layout
 from slimdata.solver.strategies.bfd import bfd
 from slimdata.solver.strategies.concat import concat
+from slimdata.solver.strategies.dcp import dcp
 from slimdata.solver.strategies.multipack import multipack
 from slimdata.solver.strategies.slimpack import slimpack
 from slimdata.solver.strategies.sorted import sorted_batches
@@ -28,6 +29,7 @@ STRATEGIES: dict[str, Callable[..., StepPlan]] = {
     "multipack": multipack,
     "wlb": wlb,
     "sorted": sorted_batches,
+    "dcp": dcp,
     "slimpack": slimpack,
 }
 

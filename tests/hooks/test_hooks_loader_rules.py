@@ -55,7 +55,7 @@ def _tokens_seen(ds, config):
 
 def test_oversize_error_names_the_loader_argument(shards):
     ds, _ = shards
-    loader = DocumentLoader(ds, rank=0, config=_config())
+    loader = DocumentLoader(ds, rank=0, config=_config(oversize="error"))
     with pytest.raises(PlanError, match=r"d0.*700 tokens.*LoaderConfig\(oversize="):
         next(iter(loader))
 

@@ -34,7 +34,7 @@ def mib_cost() -> CostModel:
     )
 
 
-def run(memory_gib: float, strategies=("concat", "bfd", "slimpack")):
+def run(memory_gib: float, strategies=("concat", "bfd", "slimpack"), baseline_config="smallest"):
     lay = Layout(dp=4, context=1024, memory_gib=memory_gib)
     return compare_strategies(
         documents_from_lengths(LENGTHS),
@@ -43,6 +43,7 @@ def run(memory_gib: float, strategies=("concat", "bfd", "slimpack")):
         strategies=list(strategies),
         global_batch_tokens=4 * 1024,
         steps=2,
+        baseline_config=baseline_config,
     )
 
 
@@ -93,6 +94,7 @@ def test_cli_reports_cp_per_strategy(tmp_path):
     args = ["simulate", "--lengths", str(lengths), "--model", "llama-1b", "--recompute", "full"]
     args += ["--context", "16384", "--dp", "4", "--global-batch-tokens", "65536"]
     args += ["--memory-gib", "1.25", "--strategies", "concat,slimpack", "--json", str(out)]
+    args += ["--baseline-config", "smallest"]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())["results"]

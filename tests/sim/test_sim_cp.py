@@ -134,8 +134,10 @@ def test_cp_pipeline_sends_a_share_of_the_hidden_states():
     c = linear_cost(layers=2)
     net = Interconnect(intra_node_gbps=1e-9, latency_s=0.0)
     r = simulate_step(plan, c, Layout(dp=2, pp=2, context=128), SimConfig(cp=2, interconnect=net))
-    # S0F [0,.25] send 1 s, S1F [1.25,1.5], S1B [1.5,2], send 1 s, S0B [3,3.5]
-    assert r.step_time == pytest.approx(3.5)
+    # the token is padded to 2 * cp = 4 (2 per member, computed), the send carries the real
+    # token's share: S0F 2 tokens * 1 s * 1/2 layers = [0,1], send 1 s, S1F [2,3], S1B [3,5],
+    # send 1 s, S0B [6,8]
+    assert r.step_time == pytest.approx(8.0)
     assert r.busy.shape == (2, 2)
 
 

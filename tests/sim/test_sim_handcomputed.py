@@ -238,12 +238,26 @@ def test_merge_kv_exchange_is_exposed():
     cost = linear_cost(att_f=1.0, att_b=2.0)
     cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})  # 1 GB per token
     net = Interconnect(intra_node_gbps=1.0, latency_s=0.0)  # 1 GB/s
-    r = simulate_step(merge_plan(), cost, Layout(dp=2, context=128), SimConfig(interconnect=net))
-    # all-gather of 4 GB over 2 ranks moves half: 2 s in forward and 2 s in backward
-    assert r.step_time == pytest.approx(27.0 + 4.0)
-    assert r.comm.tolist() == [[4.0, 4.0]]
+    cfg = SimConfig(interconnect=net, cp_overlap=0.0)  # nothing hides the exchange
+    r = simulate_step(merge_plan(), cost, Layout(dp=2, context=128), cfg)
+    # all-gather of 4 GB over 2 ranks moves half: 2 s in forward; the backward gathers again
+    # and reduce-scatters the gradients: 4 s. F: 2 + 9 = 11, B: 4 + 18 = 22
+    assert r.step_time == pytest.approx(33.0)
+    assert r.comm.tolist() == [[6.0, 6.0]]
     # the gathered K/V (4 GB) is held during the forward, K/V and grads (8 GB) during the backward
     assert r.peak_memory.max() == pytest.approx(8e9 + 2)
+
+
+def test_merge_kv_exchange_hides_behind_attention():
+    cost = linear_cost(att_f=1.0, att_b=2.0)
+    cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
+    net = Interconnect(intra_node_gbps=1.0, latency_s=0.0)
+    r = simulate_step(merge_plan(), cost, Layout(dp=2, context=128), SimConfig(interconnect=net))
+    # up to (k - 1) / k = 1/2 of a member's attention hides its exchange: rank 0 (attention
+    # 3 s F, 6 s B) exposes 2 - 1.5 = 0.5 s and 4 - 3 = 1 s; rank 1 (7 s, 14 s) exposes none.
+    # F: max(0.5 + 5, 9) = 9, B: max(1 + 10, 18) = 18 -> 27, as without any exchange
+    assert r.step_time == pytest.approx(27.0)
+    assert r.comm.tolist() == [[1.5, 0.0]]
 
 
 def test_fsdp_lockstep_sums_packwise_maxima():

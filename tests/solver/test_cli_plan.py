@@ -57,6 +57,8 @@ def test_plan_oversize_error_names_document(tmp_path):
             "40",
             "--context",
             "4096",
+            "--oversize",
+            "error",
             "-o",
             str(tmp_path / "o"),
         ],

@@ -21,7 +21,7 @@ def rank_tokens(plan):
 
 
 def test_registry_names_and_unknown():
-    assert list(STRATEGIES) == ["concat", "bfd", "multipack", "wlb", "sorted", "slimpack"]
+    assert list(STRATEGIES) == ["concat", "bfd", "multipack", "wlb", "sorted", "dcp", "slimpack"]
     with pytest.raises(ConfigError, match="strategy='nope'"):
         solve(docs_of([10]), Layout(dp=1), "nope")
 

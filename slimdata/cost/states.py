@@ -1,0 +1,76 @@
+"""Memory left for activations: device memory minus model states (the default budget).
+
+Model states per parameter, mixed-precision training as in the ZeRO paper (Rajbhandari et
+al., SC'20, §3.1): 2 bytes of bf16 parameters, 2 bytes of bf16 gradients and the optimizer's
+fp32 states: 12 bytes for Adam (master parameters, momentum, variance), 8 for SGD with
+momentum. A pipeline stage holds ``1 / pp`` of the parameters. Sharding over the ``dp``
+devices of a stage (DP x static CP, as Megatron's distributed optimizer):
+
+    ddp   (replicated):            (2 + 2 + K) * P / pp
+    zero1 (optimizer sharded):     (2 + 2 + K / dp) * P / pp
+    fsdp  (everything sharded):    (2 + 2 + K) * P / (pp * dp)
+
+The budget is ``RESERVE`` (90%) of the device memory minus the states: the other 10% covers
+the CUDA context, allocator fragmentation and transient buffers (attention workspace, the
+chunked loss). Example: llama-8b (8.03e9 parameters) on an 80 GiB H100 with zero1 over 64
+devices, pp 1: states ``(4 + 12 / 64) * 8.03e9 B = 31.3 GiB``, budget ``72 - 31.3 = 40.7 GiB``.
+"""
+
+from __future__ import annotations
+
+from slimdata.errors import ConfigError
+
+__all__ = [
+    "OPTIMIZER_BYTES",
+    "PARALLELISM_STATES",
+    "RESERVE",
+    "activation_budget_gib",
+    "model_state_gib",
+]
+
+GIB = float(1 << 30)
+RESERVE = 0.9
+"""Share of device memory usable by model states and activations."""
+OPTIMIZER_BYTES: dict[str, float] = {"adam": 12.0, "sgd": 8.0}
+"""fp32 optimizer bytes per parameter (master copy included)."""
+PARALLELISM_STATES: tuple[str, ...] = ("ddp", "zero1", "fsdp")
+FULL_RECOMPUTE_FROM = 32768
+"""``--recompute auto`` picks ``full`` from this context length on: a 32K-token row holds
+108 GiB of llama-8b activations under selective recompute, more than any device."""
+
+
+def auto_recompute(recompute: str, context: int) -> str:
+    """``auto`` -> ``full`` at ``context >= FULL_RECOMPUTE_FROM`` else ``selective``."""
+    if recompute != "auto":
+        return recompute
+    return "full" if context >= FULL_RECOMPUTE_FROM else "selective"
+
+
+def model_state_gib(params: int, parallelism: str, optimizer: str, dp: int, pp: int) -> float:
+    """GiB of parameters, gradients and optimizer states one device holds (module docstring)."""
+    if parallelism not in PARALLELISM_STATES:
+        raise ConfigError(f"parallelism={parallelism!r}: use one of {PARALLELISM_STATES}")
+    if optimizer not in OPTIMIZER_BYTES:
+        raise ConfigError(f"optimizer={optimizer!r}: use one of {sorted(OPTIMIZER_BYTES)}")
+    k = OPTIMIZER_BYTES[optimizer]
+    per_param = {"ddp": 4.0 + k, "zero1": 4.0 + k / dp, "fsdp": (4.0 + k) / dp}[parallelism]
+    return per_param * params / pp / GIB
+
+
+def activation_budget_gib(
+    device_gib: float, params: int, parallelism: str, optimizer: str, dp: int, pp: int
+) -> tuple[float, str]:
+    """The default ``--memory-gib`` and a one-line account of it; raises when nothing is left."""
+    states = model_state_gib(params, parallelism, optimizer, dp, pp)
+    budget = RESERVE * device_gib - states
+    how = (
+        f"{RESERVE:.0%} of {device_gib:g} GiB minus {states:.1f} GiB of model states "
+        f"({params / 1e9:.2f}B parameters, {parallelism}, {optimizer}, dp={dp}, pp={pp})"
+    )
+    if budget <= 0:
+        raise ConfigError(
+            f"model states need {states:.1f} GiB per device, more than {RESERVE:.0%} of "
+            f"{device_gib:g} GiB: use --parallelism zero1 or fsdp, a larger --pp, or give "
+            "--memory-gib"
+        )
+    return budget, how

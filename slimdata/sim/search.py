@@ -1,0 +1,265 @@
+"""Run every baseline at the configuration a Megatron user would tune (global batch fixed).
+
+For a baseline the search covers:
+
+- **static CP size** ``k``: powers of two dividing ``dp``; the ``k`` CP ranks come out of DP, so
+  the plan is solved for ``dp / k`` DP groups (:mod:`slimdata.sim.cp`). With the global batch
+  fixed, fewer DP groups means more micro-batches per pipeline: Megatron's packed (THD)
+  path runs micro-batch size 1, so the micro-batch count of a baseline follows from its rows,
+  the global batch and ``dp / k``, and the CP search is also the micro-batch search;
+- **pipeline schedule** (``pp > 1``): 1F1B or interleaved (``SimConfig.virtual_stages``
+  virtual stages).
+
+``best`` (the default) reports the fastest configuration that fits the memory cap in every
+step; ``smallest`` the smallest ``k`` that fits, with the schedule the user gave (what the
+Megatron default of the paper does); ``cp=N`` exactly that size. Costs and shortcuts:
+
+- a plan does not depend on the schedule: each ``(strategy, k, step)`` is solved once and
+  simulated once per schedule (:class:`Evaluator` memoizes both);
+- a ``k`` whose largest pack cannot fit even alone (``act_bytes_per_token * tokens *
+  smallest stage share / k`` above the cap: a necessary condition for the simulated peak) is
+  pruned without simulating it;
+- candidates are screened on the first step; the fastest is then run on every step, and if a
+  later step does not fit the next candidate is tried.
+
+``SearchLog`` says what the search cost: configurations screened, pruned, simulations run
+and wall seconds, reported in ``simulate``'s JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from slimdata.cost import CostModel
+from slimdata.errors import ConfigError, PlanError
+from slimdata.plan import Document, StepPlan
+from slimdata.sim.config import SimConfig
+from slimdata.sim.packs import chunk_fractions
+from slimdata.sim.results import SimResult
+from slimdata.sim.step import simulate_step
+from slimdata.solver.layout import Layout
+
+__all__ = [
+    "BaselineConfig",
+    "Evaluator",
+    "Run",
+    "SearchLog",
+    "cp_sizes",
+    "parse_baseline_config",
+    "search",
+]
+
+
+@dataclass(frozen=True)
+class BaselineConfig:
+    """``best``, ``smallest`` or a fixed ``cp``."""
+
+    mode: str
+    cp: int = 0
+
+    def label(self) -> str:
+        return f"cp={self.cp}" if self.mode == "fixed" else self.mode
+
+
+def parse_baseline_config(spec: str) -> BaselineConfig:
+    """``"best"``, ``"smallest"`` or ``"cp=N"`` (``N`` a power of two)."""
+    s = spec.strip().lower()
+    if s in ("best", "smallest"):
+        return BaselineConfig(s)
+    if s.startswith("cp="):
+        try:
+            k = int(s[3:])
+        except ValueError:
+            k = 0
+        if k >= 1 and k & (k - 1) == 0:
+            return BaselineConfig("fixed", k)
+    raise ConfigError(
+        f"--baseline-config {spec!r}: use 'best', 'smallest' or 'cp=N' with N a power of two"
+    )
+
+
+def cp_sizes(dp: int) -> list[int]:
+    """Static CP sizes a ``dp``-device stage can run: powers of two dividing ``dp``."""
+    out, k = [], 1
+    while k <= dp and dp % k == 0:
+        out.append(k)
+        k *= 2
+    return out
+
+
+@dataclass
+class SearchLog:
+    """What a search cost."""
+
+    screened: int = 0
+    """Configurations considered (``k`` x schedule)."""
+    pruned: int = 0
+    """Configurations skipped by the memory test, without simulating."""
+    simulations: int = 0
+    solves: int = 0
+    seconds: float = 0.0
+    tried: list[dict] = field(default_factory=list)
+    """Per screened configuration: ``cp``, ``schedule``, first-step ``step_time`` or why not."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """A strategy run on every step in one configuration."""
+
+    cp: int
+    schedule: str
+    plans: list[StepPlan]
+    sims: list[SimResult]
+    solve_ms: list[float]
+
+
+class Evaluator:
+    """Solve and simulate ``(strategy, cp, step)`` at most once each (per schedule)."""
+
+    def __init__(
+        self,
+        batches: Sequence[Sequence[Document]],
+        layout: Layout,
+        cost: CostModel,
+        config: SimConfig,
+        seed: int,
+        solve: Callable[..., StepPlan],
+    ) -> None:
+        self.batches, self.layout, self.cost = batches, layout, cost
+        self.config, self.seed, self._solve = config, seed, solve
+        self._plans: dict[tuple[str, int, int], tuple[StepPlan, float]] = {}
+        self._sims: dict[tuple[str, int, str, int], SimResult] = {}
+        self.log = SearchLog()
+
+    def plan(self, name: str, k: int, step: int) -> tuple[StepPlan, float]:
+        key = (name, k, step)
+        if key not in self._plans:
+            lay = dataclasses.replace(
+                self.layout,
+                dp=self.layout.dp // k,
+                ranks_per_node=max(1, self.layout.ranks_per_node // k),
+            )
+            t0 = time.perf_counter()
+            plan = self._solve(
+                self.batches[step], lay, name, self.seed, self.cost, step=step, validate=False
+            )
+            self._plans[key] = (plan, (time.perf_counter() - t0) * 1e3)
+            self.log.solves += 1
+        return self._plans[key]
+
+    def sim(self, name: str, k: int, schedule: str, step: int) -> SimResult:
+        key = (name, k, schedule, step)
+        if key not in self._sims:
+            cfg = dataclasses.replace(self.config, cp=k, schedule=schedule)
+            self._sims[key] = simulate_step(
+                self.plan(name, k, step)[0], self.cost, self.layout, cfg
+            )
+            self.log.simulations += 1
+        return self._sims[key]
+
+    def cannot_fit(self, plan: StepPlan, k: int) -> bool:
+        """The largest pack alone, at the smallest stage share, is over the cap (see module)."""
+        most = max((p.tokens for rs in plan.ranks for p in (*rs.forward, *rs.backward)), default=0)
+        pp = self.layout.pp
+        share = float(min(chunk_fractions(self.cost.layers, pp)))
+        return self.cost.act_bytes_per_token * most * share / k > self.layout.memory_bytes
+
+    def run(self, name: str, k: int, schedule: str) -> Run | str:
+        """Every step in one configuration, or why it does not fit."""
+        plans, sims, ms = [], [], []
+        for step in range(len(self.batches)):
+            plan, t = self.plan(name, k, step)
+            r = self.sim(name, k, schedule, step)
+            if r.over_memory:
+                return f"needs {r.peak_memory_gib:.1f} GiB per device in step {step}"
+            plans.append(plan)
+            sims.append(r)
+            ms.append(t)
+        return Run(k, schedule, plans, sims, ms)
+
+
+def _screen(ev: Evaluator, name: str, k: int, schedule: str) -> float | str:
+    """First-step time of a configuration, or why it does not fit."""
+    ev.log.screened += 1
+    try:
+        plan, _ = ev.plan(name, k, 0)
+    except PlanError as exc:
+        return str(exc)
+    if ev.cannot_fit(plan, k):
+        ev.log.pruned += 1
+        return "largest pack over the memory cap (pruned)"
+    try:
+        r = ev.sim(name, k, schedule, 0)
+    except PlanError as exc:  # e.g. a schedule that cannot run these micro-batches
+        return str(exc)
+    if r.over_memory:
+        return f"needs {r.peak_memory_gib:.1f} GiB per device"
+    return r.step_time
+
+
+def search(ev: Evaluator, name: str, choice: BaselineConfig) -> Run | str:
+    """The configuration ``choice`` asks for (module docstring), or why none fits."""
+    t0 = time.perf_counter()
+    lay, cfg = ev.layout, ev.config
+    sizes = cp_sizes(lay.dp) if choice.mode != "fixed" else [choice.cp]
+    if choice.mode == "fixed" and lay.dp % choice.cp:
+        return f"cp={choice.cp} does not divide dp={lay.dp}"
+    schedules = ["1f1b", "interleaved"] if choice.mode == "best" and lay.pp > 1 else [cfg.schedule]
+    if choice.mode == "smallest":
+        out = _smallest(ev, name, sizes)
+    else:
+        screened: list[tuple[float, int, str]] = []
+        why = ""
+        for k in sizes:
+            for sch in schedules:
+                t = _screen(ev, name, k, sch)
+                ev.log.tried.append({"strategy": name, "cp": k, "schedule": sch, "first_step": t})
+                if isinstance(t, str):
+                    why = why or t
+                else:
+                    screened.append((t, k, sch))
+        out = _first_that_fits(ev, name, sorted(screened), why, sizes[-1])
+    ev.log.seconds += time.perf_counter() - t0
+    return out
+
+
+def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
+    """The smallest ``k`` that fits every step, with the user's schedule."""
+    why = ""
+    for k in sizes:
+        ev.log.screened += 1
+        try:
+            run = ev.run(name, k, ev.config.schedule)
+        except PlanError as exc:
+            why = str(exc)
+            continue
+        if isinstance(run, Run):
+            return run
+        why = run
+    return _no_fit(ev, sizes[-1], why)
+
+
+def _first_that_fits(
+    ev: Evaluator, name: str, ranked: list[tuple[float, int, str]], why: str, largest: int
+) -> Run | str:
+    for _t, k, sch in ranked:
+        try:
+            run = ev.run(name, k, sch)
+        except PlanError as exc:
+            run = str(exc)
+        if isinstance(run, Run):
+            return run
+        why = run
+    return _no_fit(ev, largest, why)
+
+
+def _no_fit(ev: Evaluator, largest: int, why: str) -> str:
+    """One line: what did not fit, and what to change."""
+    gib = ev.layout.memory_gib
+    return (
+        f"does not fit --memory-gib {gib:g} even with static CP {largest} ({why}); "
+        "raise --memory-gib, use --recompute full, a larger --pp or a smaller --context"
+    )

@@ -1,0 +1,217 @@
+"""Fair comparison: the plan-independent bound, same-work accounting, the baseline
+configuration search and the ``--json`` contract."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sim_helpers import linear_cost
+
+from slimdata.cli import cli
+from slimdata.cost import CostModel
+from slimdata.docsource import documents_from_lengths
+from slimdata.errors import ConfigError
+from slimdata.sim import SimConfig
+from slimdata.sim.bound import batch_work, step_bound
+from slimdata.sim.compare import compare_strategies
+from slimdata.sim.search import parse_baseline_config
+from slimdata.solver import Layout
+
+MIB = 1 << 20
+
+
+def test_bound_hand_computed_dp():
+    # fwd 1 s/token, bwd 2 s/token: docs of 6 and 2 tokens cost 18 s and 6 s, W = 24 s
+    b = step_bound(documents_from_lengths([6, 2]), linear_cost(), dp=2)
+    assert b.work == 24.0
+    assert b.longest == 9.0  # 18 s over the 2 devices that may share the document
+    assert b.value == b.stage == 12.0  # 24 s over 2 devices
+
+
+def test_bound_hand_computed_pipeline_fill():
+    # 2 layers on pp=2, dp=1. 1F1B: chunks of 1/2, stage 1 = 24/2 + (1 + 2) * 1/2 = 13.5.
+    # interleaved (4 chunks of 1/4, 2 per device): stage 1 = 12 + 3 * 1/4 = 12.75 -> the bound
+    b = step_bound(documents_from_lengths([6, 2]), linear_cost(layers=2), dp=1, pp=2)
+    assert b.value == b.stage == 12.75
+    assert b.longest == 9.0
+
+
+def test_bound_counts_attention_pairs():
+    # 1 s per pair forward, 2 backward, no linear: a 3-token document has 6 pairs -> 18 s
+    cost = linear_cost(fwd=0.0, bwd=0.0, att_f=1.0, att_b=2.0)
+    assert step_bound(documents_from_lengths([3]), cost, dp=3).value == 6.0
+    assert batch_work(documents_from_lengths([3, 2])).attention_pairs == 6 + 3
+
+
+LENGTHS = [300, 120, 250, 80, 60, 310, 200, 90, 150, 40, 280, 220, 170, 130, 260, 100] * 3
+
+
+def mib_cost() -> CostModel:
+    """1 MiB of activations per token, no K/V: a 1024-token concat row holds 1 GiB."""
+    return CostModel(
+        fwd_lin=1e-3,
+        fwd_att=1e-6,
+        fwd_const=0.0,
+        bwd_lin=2e-3,
+        bwd_att=2e-6,
+        bwd_const=0.0,
+        act_bytes_per_token=float(MIB),
+        kv_bytes_per_token=0.0,
+        layers=1,
+        hidden=1,
+    )
+
+
+def test_same_work_concat_cuts_documents():
+    # context 128: concat rows [100 | 28 of doc 2] [72 of doc 2]: pairs 5050 + 406 + 2628
+    docs = documents_from_lengths([100, 100])
+    cmp = compare_strategies(
+        docs,
+        Layout(dp=2, context=128, memory_gib=100),
+        linear_cost(),
+        strategies=["concat", "bfd"],
+        global_batch_tokens=256,
+    )
+    c, b = cmp.results["concat"], cmp.results["bfd"]
+    assert (c.tokens, c.attention_pairs, c.same_work) == (200, 8084, False)
+    assert (b.tokens, b.attention_pairs, b.same_work) == (200, 10100, True)
+    # speedup "vs best" of bfd is against the same-work strategies only (none other here)
+    assert math.isnan(cmp.speedups()["bfd"][1])
+    assert cmp.speedups()["concat"][1] == pytest.approx(b.step_time / c.step_time)
+
+
+def test_search_finds_better_cp_than_smallest():
+    # bfd bins of 512: [504, 8] and [8 x 39]: at cp=1 one rank runs the 504-token document
+    # (attention-bound) while the others wait; cp=4 splits both bins over all 4 devices. No K/V
+    # bytes (free exchange), lengths multiples of 8 (no padding), sequences below the
+    # efficiency curve's first point (chunk factor 1).
+    cost = CostModel(
+        fwd_lin=1e-3,
+        fwd_att=1e-4,
+        fwd_const=0.0,
+        bwd_lin=2e-3,
+        bwd_att=2e-4,
+        bwd_const=0.0,
+        act_bytes_per_token=1.0,
+        kv_bytes_per_token=0.0,
+        layers=1,
+        hidden=1,
+    )
+    lay = Layout(dp=4, context=512, memory_gib=100)
+    kw = dict(strategies=["bfd"], global_batch_tokens=2048)
+    docs = documents_from_lengths([504] + [8] * 40)
+    small = compare_strategies(docs, lay, cost, baseline_config="smallest", **kw)
+    best = compare_strategies(docs, lay, cost, **kw)
+    s, b = small.results["bfd"], best.results["bfd"]
+    assert s.cp == 1 and b.cp == 4
+    # fwd + bwd = 3 x forward. bin 0: 512 tokens, 504 * 505 / 2 + 36 = 127,296 pairs;
+    # bin 1: 312 tokens, 39 * 36 = 1,404 pairs. cp=1: bin 0 alone; cp=4: both, over 4 devices
+    bin0, bin1 = 3 * (512e-3 + 127296e-4), 3 * (312e-3 + 1404e-4)
+    assert s.step_time == pytest.approx(bin0)
+    assert b.step_time == pytest.approx((bin0 + bin1) / 4)
+    # bfd: cp 1, 2, 4 screened; the Megatron default (concat, smallest CP): cp=1 fits
+    assert best.search["configurations"] == 4 and best.search["simulations"] == 4
+    fixed = compare_strategies(docs, lay, cost, baseline_config="cp=2", **kw)
+    assert fixed.results["bfd"].cp == 2
+
+
+def test_megatron_default_is_concat_smallest_cp_1f1b():
+    lay = Layout(dp=4, context=1024, memory_gib=0.6)
+    cmp = compare_strategies(
+        documents_from_lengths(LENGTHS),
+        lay,
+        mib_cost(),
+        strategies=["bfd"],
+        global_batch_tokens=4 * 1024,
+    )
+    ref = cmp.megatron_default
+    assert ref is not None and ref.cp == 2 and ref.schedule == "1f1b"  # 1 GiB rows, 0.6 GiB
+    assert cmp.to_dict()["results"]["bfd"]["speedup_vs_megatron_default"] == pytest.approx(
+        ref.step_time / cmp.results["bfd"].step_time
+    )
+
+
+def test_baseline_config_parsing():
+    assert parse_baseline_config("best").mode == "best"
+    assert parse_baseline_config("cp=8").cp == 8
+    for bad in ("cp=3", "cp=x", "fastest"):
+        with pytest.raises(ConfigError, match=r"power of two"):
+            parse_baseline_config(bad)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    lengths=st.lists(st.integers(1, 900), min_size=1, max_size=30),
+    dp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([1, 2]),
+    seed=st.integers(0, 3),
+)
+def test_bound_never_above_any_same_work_strategy(lengths, dp, pp, seed):
+    cost = CostModel.analytic("llama-1b")
+    lay = Layout(dp=dp, pp=pp, context=1024, memory_gib=100, mode="lockstep" if pp > 1 else "free")
+    cmp = compare_strategies(
+        documents_from_lengths(lengths),
+        lay,
+        cost,
+        strategies=["bfd", "wlb", "sorted", "dcp", "slimpack"],
+        global_batch_tokens=dp * 1024,
+        seed=seed,
+    )
+    checked = 0
+    for r in cmp.results.values():
+        assert not r.error
+        if r.same_work:
+            assert r.bound <= r.step_time * (1 + 1e-9)
+            checked += 1
+    assert checked >= 4
+
+
+def test_json_contract(tmp_path):
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("\n".join(str(n * 8) for n in LENGTHS) + "\n")
+    out = tmp_path / "r.json"
+    args = ["simulate", "--lengths", str(lengths), "--model", "llama-1b", "--context", "4096"]
+    args += ["--dp", "4", "--pp", "2", "--global-batch-tokens", "32768", "--steps", "2"]
+    args += ["--strategies", "concat,bfd,slimpack", "--json", str(out)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    cfg = data["config"]
+    for k in ("dp", "pp", "context", "memory_gib", "recompute", "oversize", "baseline_config"):
+        assert k in cfg, k
+    for k in ("fwd_lin", "bwd_lin", "fwd_att", "bwd_att", "fwd_const", "bwd_const"):
+        assert cfg["cost"][k] >= 0
+    assert [len(s["lengths"]) > 0 for s in data["steps"]] == [True, True]
+    assert set(data["results"]) == {"concat", "bfd", "slimpack"}
+    for r in data["results"].values():
+        assert r.get("failed") or 0 < r["bound"] <= r["step_time"] or not r["same_work"]
+        for k in ("imbalance", "peak_memory_gib", "attention_pairs", "tokens", "same_work"):
+            assert k in r
+        assert set(r["config"]) == {"cp", "micro_batches", "schedule", "merge_groups"}
+        assert "speedup_vs_best_baseline" in r and "speedup_vs_megatron_default" in r
+    assert data["results"]["concat"]["same_work"] is False
+    per_step = [sum(s["lengths"]) for s in data["steps"]]
+    assert data["results"]["bfd"]["tokens"] == sum(per_step) / len(per_step)
+    assert data["megatron_default"]["config"]["schedule"] == "1f1b"
+    assert data["search"]["simulations"] >= 1
+
+
+def test_dcp_runs_its_faster_schedule():
+    cost = CostModel.analytic("llama-1b")
+    lay = Layout(dp=2, pp=2, context=4096, memory_gib=100, mode="lockstep")
+    docs = documents_from_lengths([3000, 2500, 900, 800, 700, 600, 500, 400] * 4)
+    kw = dict(strategies=["dcp"], global_batch_tokens=4 * 4096)
+
+    def run(choice, schedule):
+        cfg = SimConfig(schedule=schedule)
+        return compare_strategies(docs, lay, cost, baseline_config=choice, config=cfg, **kw)
+
+    best = run("best", "1f1b").results["dcp"]
+    each = [run("smallest", s).results["dcp"].step_time for s in ("1f1b", "interleaved")]
+    assert best.step_time == min(each)
+    assert best.schedule == ("1f1b", "interleaved")[each.index(min(each))]
