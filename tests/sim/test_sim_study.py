@@ -10,13 +10,10 @@ import pytest
 from slimdata.solver import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT.parent / "shared" / "data" / "lengths"
+DATA = ROOT / "tests" / "fixtures" / "lengths"  # copies of the shared samples
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not (DATA / "wlb128k.json.gz").is_file(), reason="shared length samples not present"
-)
 def test_strategy_study_small(tmp_path):
     spec = importlib.util.spec_from_file_location(
         "strategy_study", ROOT / "examples" / "strategy_study.py"
