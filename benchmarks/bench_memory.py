@@ -9,17 +9,24 @@ derived from the same model (``LoaderConfig(model=...)``'s rule: analytic, ``rec
 activations held from forward to backward plus retained keys/values. Printed: per shape, the
 mean absolute percentage error of the per-plan peak, and of every forward-pack point.
 
+Each shape is predicted twice: with the analytic activation bytes per token, and with the
+bytes ``slimdata profile`` measures (:func:`~slimdata.hooks.profile.measure_activation_bytes`
+on a few packs of whole documents, not the plans' packs).
+
     python benchmarks/bench_memory.py [--plans 8] [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 
 import numpy as np
 import torch
 from slimdata.hooks import Callback, hf, make_payload, run_step
+from slimdata.hooks.memory import SavedTensorMeter
+from slimdata.hooks.profile import measure_activation_bytes
 
 from slimdata.cost import CostModel, ModelConfig
 from slimdata.docsource import documents_from_lengths
@@ -31,51 +38,13 @@ SHAPES = {
     "2x256": dict(layers=2, hidden=256, heads=8, kv_heads=8, ffn=688),
 }
 VOCAB = 512
-
-
-class SavedBytes:
-    """Distinct non-parameter storages held by autograd for backward, live and peak bytes."""
-
-    def __init__(self, params) -> None:
-        self.params = {p.untyped_storage().data_ptr() for p in params}
-        self.refs: dict[int, list[int]] = {}  # data_ptr -> [refcount, bytes]
-        self.live = 0
-
-    def pack(self, t: torch.Tensor):
-        st = t.untyped_storage()
-        key = st.data_ptr()
-        if key in self.params or st.nbytes() == 0:
-            return t
-        return _Held(self, key, st.nbytes(), t)
-
-    def unpack(self, h):
-        return h.t if isinstance(h, _Held) else h
-
-    def add(self, key: int, nbytes: int) -> None:
-        ref = self.refs.setdefault(key, [0, nbytes])
-        if ref[0] == 0:
-            self.live += nbytes
-        ref[0] += 1
-
-    def drop(self, key: int) -> None:
-        ref = self.refs[key]
-        ref[0] -= 1
-        if ref[0] == 0:
-            self.live -= ref[1]
-            del self.refs[key]
-
-
-class _Held:
-    def __init__(self, owner: SavedBytes, key: int, nbytes: int, t: torch.Tensor) -> None:
-        self.owner, self.key, self.t = owner, key, t
-        owner.add(key, nbytes)
-
-    def __del__(self) -> None:
-        self.owner.drop(self.key)
+PROFILE_SIZES = ((128, 1), (256, 1), (256, 2), (512, 1))
+"""``(slice tokens, slices)`` packs that ``measure_activation_bytes`` fits (``slimdata profile``
+uses its grid's sizes)."""
 
 
 class AfterForward(Callback):
-    def __init__(self, saved: SavedBytes) -> None:
+    def __init__(self, saved: SavedTensorMeter) -> None:
         self.saved, self.points = saved, []
 
     def on_pack_end(self, event) -> None:
@@ -100,20 +69,23 @@ def model_of(shape: dict):
     return LlamaForCausalLM(cfg)
 
 
-def measure(model, cost: CostModel, rng: np.random.Generator) -> tuple[list[float], list[float]]:
-    """(measured, predicted) bytes after every forward pack of one random plan."""
+def measure(
+    model, cost: CostModel, rng: np.random.Generator, models: list[CostModel]
+) -> tuple[list[float], list[list[float]]]:
+    """Measured bytes after every forward pack of one random plan (solved with ``cost``), and
+    each of ``models``' predictions of them."""
     lengths = np.clip(rng.lognormal(5.0, 0.9, size=int(rng.integers(3, 8))), 8, 900)
     docs = documents_from_lengths(lengths.astype(int).tolist(), slice_tokens=128)
     plan = solve(docs, Layout(dp=1, context=1024, pack_tokens=256, memory_gib=1), cost=cost)
     toks = [rng.integers(0, VOCAB, size=d.length).astype(np.uint32) for d in plan.docs]
-    saved = SavedBytes(model.parameters())
+    saved = SavedTensorMeter(model.parameters())
     meter = AfterForward(saved)
     model.zero_grad(set_to_none=True)
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+    with saved.watch():
         run_step(model, make_payload(plan, 0, toks), callbacks=[meter])
-    trace = rank_memory_trace(plan, 0, cost)
-    pred = [b for (kind, _i), b in zip(plan.ranks[0].order, trace, strict=True) if kind == "F"]
-    return [float(x) for x in meter.points], pred
+    fwd = [i for i, (kind, _) in enumerate(plan.ranks[0].order) if kind == "F"]
+    preds = [[rank_memory_trace(plan, 0, m)[i] for i in fwd] for m in models]
+    return [float(x) for x in meter.points], preds
 
 
 def main() -> None:
@@ -125,17 +97,22 @@ def main() -> None:
     for name, shape in SHAPES.items():
         model = model_of(shape)
         cost = CostModel.analytic(ModelConfig.from_hf(model), "h100", "none")
+        act = measure_activation_bytes(model, cost, PROFILE_SIZES)
+        models = {"analytic": cost, "profiled": dataclasses.replace(cost, act_bytes_per_token=act)}
         rng = np.random.default_rng(args.seed)
-        peaks, points = [], []
+        peaks: dict[str, list[float]] = {k: [] for k in models}
+        points: dict[str, list[float]] = {k: [] for k in models}
         for _ in range(args.plans):
-            meas, pred = measure(model, cost, rng)
-            peaks.append(abs(max(pred) - max(meas)) / max(meas))
-            points += [abs(p - m) / m for p, m in zip(pred, meas, strict=True) if m > 0]
-        print(
-            f"{name}: peak MAPE {100 * statistics.mean(peaks):.2f}% over {len(peaks)} plans, "
-            f"per-pack MAPE {100 * statistics.mean(points):.2f}% over {len(points)} points, "
-            f"model: {cost.act_bytes_per_token:.0f} activation B/token"
-        )
+            meas, preds = measure(model, cost, rng, list(models.values()))
+            for key, pred in zip(models, preds, strict=True):
+                peaks[key].append(abs(max(pred) - max(meas)) / max(meas))
+                points[key] += [abs(p - m) / m for p, m in zip(pred, meas, strict=True) if m > 0]
+        for key, m in models.items():
+            print(
+                f"{name} {key}: peak MAPE {100 * statistics.mean(peaks[key]):.2f}% over"
+                f" {len(peaks[key])} plans, per-pack MAPE {100 * statistics.mean(points[key]):.2f}%"
+                f" over {len(points[key])} points, {m.act_bytes_per_token:.0f} activation B/token"
+            )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ separate terms of the cost model (design §5)::
 with non-negative coefficients (a negative term is dropped and the rest refitted), relative
 residuals. ``pack_const`` (one model call per pack) goes to ``CostModel.fwd_pack_const`` /
 ``bwd_pack_const``; with ``--pack-sizes 1`` the two constants cannot be told apart and all of
-it is per slice. Memory coefficients come from the analytic model (they are not timed).
+it is per slice. The activation bytes per token are measured (:func:`measure_activation_bytes`,
+``--no-measure-memory`` keeps the analytic value); the K/V bytes are the analytic model's.
 
 Calibration (``--calibration-plans``, default 3): a few slimpack plans of random documents
 run in the same rounds as the grid, and the fitted forward and backward coefficients are
@@ -106,6 +107,9 @@ class ProfileConfig:
     calibration_memory_gib: float = 16.0
     """Activation budget (GiB, the analytic model's bytes) the calibration plans are solved
     for, so that they fit the device being profiled."""
+    measure_memory: bool = True
+    """Measure the activation bytes per token (:func:`measure_activation_bytes`) instead of
+    taking the analytic model's; the K/V bytes stay analytic."""
     max_point_tokens: int | None = None
     """Skip grid points whose step holds more than this many tokens, ``k * (start + s)``
     (the prefix packs and the measured pack are all held until their backward), so a grid
@@ -449,6 +453,51 @@ def calibrate(
     return scaled, f, b
 
 
+class _AfterFirstForward:
+    """Callback: the meter's live bytes after the step's first forward pack."""
+
+    def __init__(self, meter) -> None:
+        self.meter, self.bytes = meter, None
+
+    def on_step_start(self, plan, rank) -> None:
+        pass
+
+    def on_step_end(self, summary) -> None:
+        pass
+
+    def on_pack_end(self, event) -> None:
+        if event.pass_ == "F" and self.bytes is None:
+            self.bytes = self.meter.live
+
+
+def measure_activation_bytes(
+    model, cost: CostModel, sizes: Sequence[tuple[int, int]], backend: str = "auto"
+) -> float:
+    """Activation bytes per token the memory model should use for ``model``: the bytes
+    autograd holds after a forward pack of ``k`` whole documents of ``s`` tokens, for every
+    ``(s, k)`` of ``sizes``, fitted as ``slope * tokens`` (least squares through 0, the memory
+    model's form), minus ``cost.kv_bytes_per_token``, which the memory trace adds for the
+    same tokens (:func:`slimdata.solver.memory.rank_memory_trace`). Counted by
+    :class:`~slimdata.hooks.memory.SavedTensorMeter` (parameters excluded), on any device."""
+    from slimdata.hooks import run_step
+    from slimdata.hooks.memory import SavedTensorMeter
+
+    rng = np.random.default_rng(0)
+    tokens, held = [], []
+    for s, k in sizes:
+        payload, _ = point_payload(model, (s, 0, k), rng)
+        meter = SavedTensorMeter(model.parameters())
+        after = _AfterFirstForward(meter)
+        model.zero_grad(set_to_none=True)
+        with meter.watch():
+            run_step(model, payload, backend=backend, callbacks=[after])
+        tokens.append(float(s * k))
+        held.append(float(after.bytes or 0.0))
+    t, b = np.array(tokens), np.array(held)
+    slope = float(t @ b / (t @ t))
+    return max(slope - cost.kv_bytes_per_token, 0.0)
+
+
 def profile_cost_model(
     model_cfg: ModelConfig, config: ProfileConfig = ProfileConfig()
 ) -> tuple[CostModel, list[dict], dict]:
@@ -466,6 +515,10 @@ def profile_cost_model(
     meas = aggregate_points(points, results[: len(points)], config.stat)
     cm = fit_cost_model(model_cfg, meas, config)
     cm, f, b = calibrate(cm, [p for p, _ in plans], results[len(points) :], config.stat)
+    if config.measure_memory:
+        sizes = sorted({(s, k) for s, _, k in points})
+        act = measure_activation_bytes(model, cm, sizes, config.backend)
+        cm = dataclasses.replace(cm, act_bytes_per_token=act)
     return cm, meas, {"plans": len(plans), "forward_scale": f, "backward_scale": b}
 
 
@@ -521,6 +574,12 @@ def _ints(text: str) -> tuple[int, ...]:
     help="slimpack plans run with the grid to calibrate the fit to in-plan pack times (0: none).",
 )
 @click.option(
+    "--measure-memory/--no-measure-memory",
+    default=True,
+    show_default=True,
+    help="Measure the activation bytes per token on this device (else the analytic value).",
+)
+@click.option(
     "--max-point-tokens",
     type=int,
     default=None,
@@ -552,6 +611,7 @@ def command(
     repeats,
     lead_packs,
     calibration_plans,
+    measure_memory,
     max_point_tokens,
     stat,
     measurements,
@@ -565,6 +625,7 @@ def command(
         lead_packs=lead_packs,
         calibration_plans=calibration_plans,
         max_point_tokens=max_point_tokens,
+        measure_memory=measure_memory,
         device=device,
         dtype=dtype,
         backend=backend,

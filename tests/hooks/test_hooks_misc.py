@@ -266,3 +266,31 @@ def test_profile_rejects_bad_grids_without_a_traceback(tmp_path):
         )
         assert res.exit_code == 2, res.output
         assert "Error: bad profile grid" in res.output and "Traceback" not in res.output
+
+
+def test_measured_activation_bytes_predict_an_unseen_pack():
+    from hooks_helpers import tiny_llama
+    from slimdata.hooks import hf
+    from slimdata.hooks.memory import SavedTensorMeter
+    from slimdata.hooks.profile import measure_activation_bytes, point_payload
+
+    from slimdata.cost import CostModel, ModelConfig
+
+    model = tiny_llama(hf.register())
+    cost = CostModel.analytic(ModelConfig.from_hf(model), "h100", "none")
+    act = measure_activation_bytes(model, cost, [(64, 1), (96, 2)])
+    assert act > 0
+    # a pack the fit never saw: 3 documents of 80 tokens
+    payload, _ = point_payload(model, (80, 0, 3), np.random.default_rng(5))
+    meter = SavedTensorMeter(model.parameters())
+    held = []
+
+    class After(Callback):
+        def on_pack_end(self, event):
+            if event.pass_ == "F":
+                held.append(meter.live)
+
+    with meter.watch():
+        run_step(model, payload, callbacks=[After()])
+    predicted = (act + cost.kv_bytes_per_token) * 240  # the memory trace after that pack
+    assert abs(predicted - held[0]) / held[0] < 0.05
