@@ -9,10 +9,12 @@ from click.core import ParameterSource
 
 from slimdata.build.config import BuildConfig
 from slimdata.cli.options import (
+    MEMORY_BUDGET_OPTIONS,
     PLAN_LAYOUT_OPTIONS,
     POSITIVE_INT,
     cost_model_options,
     plan_layout_options,
+    resolve_memory,
 )
 from slimdata.errors import ConfigError
 from slimdata.readers import FORMATS
@@ -24,6 +26,7 @@ __all__ = ["command"]
 # CLI parameter name -> BuildConfig field, for options that override a --pipeline recipe.
 _PLAN_OPTIONS = (
     *PLAN_LAYOUT_OPTIONS,
+    *MEMORY_BUDGET_OPTIONS,
     "strategy",
     "context",
     "seed",
@@ -238,10 +241,21 @@ def command(
                 err=True,
             )
     if plan_dir is not None:
-        from slimdata.planning import plan_to_shards
+        from slimdata.planning import build_cost_model, plan_to_shards
 
+        budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
+        layout["memory_gib"], how = resolve_memory(
+            budget["memory_gib"],
+            config.device,
+            build_cost_model(output),
+            budget["parallelism"],
+            budget["optimizer"],
+            layout["nodes"] * layout["ranks_per_node"],
+            1,
+        )
         plan = plan_to_shards(plan_dir, shards=output, slice_tokens=config.slice_tokens, **layout)
         if not quiet:
+            click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
             click.echo(
                 f"wrote plan shards for {plan['steps']} steps to {plan_dir} "
                 f"(strategy {layout['strategy']}, mean imbalance {plan['mean_imbalance']:.4f})"

@@ -23,9 +23,11 @@ from slimdata.cost import (
     CostModel,
     resolve_cost_model,
 )
+from slimdata.errors import ConfigError
 
 __all__ = [
     "DEFAULT_MODEL",
+    "MEMORY_BUDGET_OPTIONS",
     "PLAN_LAYOUT_OPTIONS",
     "POSITIVE_FLOAT",
     "POSITIVE_INT",
@@ -34,7 +36,9 @@ __all__ = [
     "cost_model_from_options",
     "cost_model_options",
     "cost_model_options_auto",
+    "memory_budget_options",
     "plan_layout_options",
+    "resolve_memory",
 ]
 
 DEFAULT_MODEL = "llama-8b"
@@ -102,8 +106,67 @@ def cost_model_options_auto(fn: Callable[..., Any]) -> Callable[..., Any]:
     return cost_model_options(fn, recompute="auto")
 
 
-PLAN_LAYOUT_OPTIONS = ("nodes", "ranks_per_node", "global_batch_tokens", "memory_gib")
+PLAN_LAYOUT_OPTIONS = ("nodes", "ranks_per_node", "global_batch_tokens")
 """Layout options that planning needs (required by ``plan``; by ``build`` only with --plan)."""
+
+MEMORY_BUDGET_OPTIONS = ("memory_gib", "parallelism", "optimizer")
+"""What sets the per-device activation budget (:func:`memory_budget_options`)."""
+
+
+def memory_budget_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--memory-gib`` (default: derived, :func:`resolve_memory`), ``--parallelism`` and
+    ``--optimizer``: one definition for ``plan``, ``build --plan`` and ``simulate``."""
+    opts = [
+        click.option(
+            "--memory-gib",
+            type=POSITIVE_FLOAT,
+            default=None,
+            help="Per-device budget for activations and K/V, GiB [default: 90% of the --device "
+            "memory minus the model states of --model under --parallelism and --optimizer]. "
+            "Every strategy must fit it.",
+        ),
+        click.option(
+            "--parallelism",
+            type=click.Choice(["ddp", "zero1", "fsdp"]),
+            default="zero1",
+            show_default=True,
+            help="ddp (replicated states), zero1 (distributed optimizer; timed as ddp), or fsdp "
+            "(ZeRO-3, lockstep packs). Sets the model-state memory of the default --memory-gib.",
+        ),
+        click.option(
+            "--optimizer",
+            type=click.Choice(["adam", "sgd"]),
+            default="adam",
+            show_default=True,
+            help="Optimizer whose fp32 states the default --memory-gib leaves room for.",
+        ),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def resolve_memory(
+    memory_gib: float | None,
+    device: str,
+    cost,
+    parallelism: str,
+    optimizer: str,
+    dp: int,
+    pp: int,
+) -> tuple[float, str]:
+    """``--memory-gib`` if given, else the device memory left after model states, and a
+    one-line account of where the number came from."""
+    from slimdata.cost import load_device
+    from slimdata.cost.states import activation_budget_gib
+
+    if memory_gib is not None:
+        return memory_gib, "--memory-gib"
+    if cost.param_count <= 0:
+        raise ConfigError("the cost model has no parameter count: give --memory-gib")
+    return activation_budget_gib(
+        load_device(device).memory_gib, cost.param_count, parallelism, optimizer, dp, pp
+    )
 
 
 def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -130,12 +193,6 @@ def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callab
                 type=POSITIVE_INT,
                 required=required,
                 help="Tokens per optimizer step.",
-            ),
-            click.option(
-                "--memory-gib",
-                type=POSITIVE_FLOAT,
-                required=required,
-                help="Per-rank budget for activations and K/V, GiB.",
             ),
             click.option(
                 "--strategy",
@@ -182,6 +239,6 @@ def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callab
         ]
         for opt in reversed(opts):
             fn = opt(fn)
-        return fn
+        return memory_budget_options(fn)
 
     return decorate

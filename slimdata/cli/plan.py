@@ -6,10 +6,12 @@ import click
 from click.core import ParameterSource
 
 from slimdata.cli.options import (
+    MEMORY_BUDGET_OPTIONS,
     POSITIVE_INT,
     cost_model_from_options,
     cost_model_options_auto,
     plan_layout_options,
+    resolve_memory,
 )
 
 __all__ = ["command"]
@@ -50,9 +52,12 @@ def command(
     From SHARDS (a `slimdata build` output) the plan uses the build's cost model unless a
     cost option is given, and every payload carries its rank's tokens. Example:
 
-        slimdata plan out/ --nodes 2 --ranks-per-node 8 --global-batch-tokens 1048576 --memory-gib 60 -o plan/
+        slimdata plan out/ --nodes 2 --ranks-per-node 8 --global-batch-tokens 1048576 -o plan/
+
+    The memory budget defaults to what the --device leaves after the model states
+    (--parallelism, --optimizer), as in `slimdata simulate`; --memory-gib sets it.
     """
-    from slimdata.planning import plan_to_shards
+    from slimdata.planning import build_cost_model, plan_to_shards
 
     explicit = any(
         ctx.get_parameter_source(name) != ParameterSource.DEFAULT for name in _COST_OPTIONS
@@ -62,7 +67,19 @@ def command(
         if explicit or shards is None
         else None
     )
+    budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
+    given = budget["memory_gib"] is not None or cost is not None
+    layout["memory_gib"], how = resolve_memory(
+        budget["memory_gib"],
+        device,
+        cost if given else build_cost_model(shards),  # the model whose states are left out
+        budget["parallelism"],
+        budget["optimizer"],
+        layout["nodes"] * layout["ranks_per_node"],
+        1,
+    )
     summary = plan_to_shards(out, shards=shards, lengths=lengths, cost=cost, **layout)
+    click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
     click.echo(
         f"wrote {summary['steps']} steps x {layout['nodes'] * layout['ranks_per_node']} ranks to {out} "
         f"(strategy {layout['strategy']}, mean imbalance {summary['mean_imbalance']:.4f}, "

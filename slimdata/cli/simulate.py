@@ -12,12 +12,13 @@ from pathlib import Path
 import click
 
 from slimdata.cli.options import (
-    POSITIVE_FLOAT,
     POSITIVE_INT,
     SEED,
     FiniteFloatRange,
     cost_model_from_options,
     cost_model_options_auto,
+    memory_budget_options,
+    resolve_memory,
 )
 
 __all__ = ["command"]
@@ -60,29 +61,7 @@ __all__ = ["command"]
     help="Tokens per optimizer step [default: dp * context, times 2 * pp with --pp > 1 so "
     "that every pipeline gets 2 * pp context-long micro-batches].",
 )
-@click.option(
-    "--memory-gib",
-    type=POSITIVE_FLOAT,
-    default=None,
-    help="Per-device budget for activations and K/V, GiB [default: 90% of the --device memory "
-    "minus the model states of --model under --parallelism and --optimizer]. Every strategy "
-    "must fit it.",
-)
-@click.option(
-    "--parallelism",
-    type=click.Choice(["ddp", "zero1", "fsdp"]),
-    default="zero1",
-    show_default=True,
-    help="ddp (replicated states), zero1 (distributed optimizer; timed as ddp), or fsdp "
-    "(ZeRO-3, lockstep packs). Sets the model-state memory of the default --memory-gib.",
-)
-@click.option(
-    "--optimizer",
-    type=click.Choice(["adam", "sgd"]),
-    default="adam",
-    show_default=True,
-    help="Optimizer whose fp32 states the default --memory-gib leaves room for.",
-)
+@memory_budget_options
 @click.option(
     "--asymmetric",
     type=click.Choice(["split", "recompute"]),
@@ -252,26 +231,3 @@ def command(
             title=f"dp={dp} pp={pp} context={context}",
         )
         click.echo(f"wrote {gantt}")
-
-
-def resolve_memory(
-    memory_gib: float | None,
-    device: str,
-    cost,
-    parallelism: str,
-    optimizer: str,
-    dp: int,
-    pp: int,
-) -> tuple[float, str]:
-    """``--memory-gib`` if given, else the device memory left after model states."""
-    from slimdata.cost import load_device
-    from slimdata.cost.states import activation_budget_gib
-    from slimdata.errors import ConfigError
-
-    if memory_gib is not None:
-        return memory_gib, "--memory-gib"
-    if cost.param_count <= 0:
-        raise ConfigError("the cost model has no parameter count: give --memory-gib")
-    return activation_budget_gib(
-        load_device(device).memory_gib, cost.param_count, parallelism, optimizer, dp, pp
-    )

@@ -171,3 +171,50 @@ def test_payloads_without_tokens_read_back_empty(tmp_path):
         step, rank, _plan, tokens = read_plan_payload(sample)
         assert tokens.dtype == np.uint32 and len(tokens) == 0
         assert check_payload(sample, step, rank)[1].shape == (0,)
+
+
+def test_plan_derives_the_memory_budget_simulate_derives(tmp_path):
+    # without --memory-gib, `plan` leaves room for the same model states as `simulate`
+    from slimdata.cli import cli
+
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text(json.dumps([3000, 1200, 700, 5000, 90, 2400]))
+    common = ["--lengths", str(lengths), "--model", "llama-1b", "--context", "4096"]
+    res = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            *common,
+            "--nodes",
+            "1",
+            "--ranks-per-node",
+            "2",
+            "--global-batch-tokens",
+            "8192",
+            "--parallelism",
+            "ddp",
+            "-o",
+            str(tmp_path / "p"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "memory budget" in res.output and "ddp, adam, dp=2" in res.output
+    planned = json.loads((tmp_path / "p" / "plan.json").read_text())["memory_gib"]
+    res = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            *common,
+            "--dp",
+            "2",
+            "--parallelism",
+            "ddp",
+            "--strategies",
+            "bfd",
+            "--json",
+            str(tmp_path / "s.json"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "s.json").read_text())["config"]["memory_gib"] == planned
+    assert 0 < planned < 80
