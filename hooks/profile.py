@@ -453,23 +453,6 @@ def calibrate(
     return scaled, f, b
 
 
-class _AfterFirstForward:
-    """Callback: the meter's live bytes after the step's first forward pack."""
-
-    def __init__(self, meter) -> None:
-        self.meter, self.bytes = meter, None
-
-    def on_step_start(self, plan, rank) -> None:
-        pass
-
-    def on_step_end(self, summary) -> None:
-        pass
-
-    def on_pack_end(self, event) -> None:
-        if event.pass_ == "F" and self.bytes is None:
-            self.bytes = self.meter.live
-
-
 def measure_activation_bytes(
     model, cost: CostModel, sizes: Sequence[tuple[int, int]], backend: str = "auto"
 ) -> float:
@@ -479,20 +462,24 @@ def measure_activation_bytes(
     model's form), minus ``cost.kv_bytes_per_token``, which the memory trace adds for the
     same tokens (:func:`slimdata.solver.memory.rank_memory_trace`). Counted by
     :class:`~slimdata.hooks.memory.SavedTensorMeter` (parameters excluded), on any device."""
-    from slimdata.hooks import run_step
+    from slimdata.hooks import Callback, run_step
     from slimdata.hooks.memory import SavedTensorMeter
 
+    class AfterForward(Callback):  # the plan runs one forward pack, then its backward
+        def on_pack_end(self, event) -> None:
+            if event.pass_ == "F":
+                held.append(float(meter.live))
+
     rng = np.random.default_rng(0)
-    tokens, held = [], []
+    tokens: list[float] = []
+    held: list[float] = []
     for s, k in sizes:
         payload, _ = point_payload(model, (s, 0, k), rng)
         meter = SavedTensorMeter(model.parameters())
-        after = _AfterFirstForward(meter)
         model.zero_grad(set_to_none=True)
         with meter.watch():
-            run_step(model, payload, backend=backend, callbacks=[after])
+            run_step(model, payload, backend=backend, callbacks=[AfterForward()])
         tokens.append(float(s * k))
-        held.append(float(after.bytes or 0.0))
     t, b = np.array(tokens), np.array(held)
     slope = float(t @ b / (t @ t))
     return max(slope - cost.kv_bytes_per_token, 0.0)

@@ -137,7 +137,15 @@ def get_backend(name: str) -> AttentionBackend:
     return BACKENDS[name]
 
 
+_AUTO_CHOICE: dict[tuple[str, torch.dtype], AttentionBackend] = {}
+"""``auto``'s kernel per (device type, dtype), resolved once: it runs in every layer of every pack."""
+
+
 def _auto(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch, scale: float
 ) -> torch.Tensor:
-    return BACKENDS[resolve_backend(AUTO, q.device, q.dtype)](q, k, v, batch, scale)
+    key = (q.device.type, q.dtype)
+    fn = _AUTO_CHOICE.get(key)
+    if fn is None:
+        fn = _AUTO_CHOICE[key] = BACKENDS[resolve_backend(AUTO, q.device, q.dtype)]
+    return fn(q, k, v, batch, scale)

@@ -5,6 +5,26 @@ from __future__ import annotations
 from slimdata.cost import CostModel
 from slimdata.plan import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
 
+MIB = 1 << 20
+LENGTHS = [300, 120, 250, 80, 60, 310, 200, 90, 150, 40, 280, 220, 170, 130, 260, 100] * 3
+"""Document lengths of the CP-search and same-work tests (concat cuts some of them)."""
+
+
+def mib_cost() -> CostModel:
+    """1 MiB of activations per token, no K/V: a 1024-token concat row holds 1 GiB."""
+    return CostModel(
+        fwd_lin=1e-3,
+        fwd_att=1e-6,
+        fwd_const=0.0,
+        bwd_lin=2e-3,
+        bwd_att=2e-6,
+        bwd_const=0.0,
+        act_bytes_per_token=float(MIB),
+        kv_bytes_per_token=0.0,
+        layers=1,
+        hidden=1,
+    )
+
 
 def linear_cost(
     fwd: float = 1.0,

@@ -7,31 +7,12 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from sim_helpers import LENGTHS, mib_cost
 
 from slimdata.cli import cli
-from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths
 from slimdata.sim.compare import compare_strategies, cp_sizes, format_table
 from slimdata.solver import Layout
-
-MIB = 1 << 20
-LENGTHS = [300, 120, 250, 80, 60, 310, 200, 90, 150, 40, 280, 220, 170, 130, 260, 100] * 3
-
-
-def mib_cost() -> CostModel:
-    """1 MiB of activations per token, no K/V: a 1024-token concat row holds 1 GiB."""
-    return CostModel(
-        fwd_lin=1e-3,
-        fwd_att=1e-6,
-        fwd_const=0.0,
-        bwd_lin=2e-3,
-        bwd_att=2e-6,
-        bwd_const=0.0,
-        act_bytes_per_token=float(MIB),
-        kv_bytes_per_token=0.0,
-        layers=1,
-        hidden=1,
-    )
 
 
 def run(memory_gib: float, strategies=("concat", "bfd", "slimpack"), baseline_config="smallest"):

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sim_helpers import linear_cost
+from sim_helpers import LENGTHS, linear_cost, mib_cost
 
 from slimdata.cli import cli
 from slimdata.cost import CostModel
@@ -21,8 +21,6 @@ from slimdata.sim.bound import batch_work, step_bound
 from slimdata.sim.compare import compare_strategies
 from slimdata.sim.search import parse_baseline_config
 from slimdata.solver import Layout
-
-MIB = 1 << 20
 
 
 def test_bound_hand_computed_dp():
@@ -46,25 +44,6 @@ def test_bound_counts_attention_pairs():
     cost = linear_cost(fwd=0.0, bwd=0.0, att_f=1.0, att_b=2.0)
     assert step_bound(documents_from_lengths([3]), cost, dp=3).value == 6.0
     assert batch_work(documents_from_lengths([3, 2])).attention_pairs == 6 + 3
-
-
-LENGTHS = [300, 120, 250, 80, 60, 310, 200, 90, 150, 40, 280, 220, 170, 130, 260, 100] * 3
-
-
-def mib_cost() -> CostModel:
-    """1 MiB of activations per token, no K/V: a 1024-token concat row holds 1 GiB."""
-    return CostModel(
-        fwd_lin=1e-3,
-        fwd_att=1e-6,
-        fwd_const=0.0,
-        bwd_lin=2e-3,
-        bwd_att=2e-6,
-        bwd_const=0.0,
-        act_bytes_per_token=float(MIB),
-        kv_bytes_per_token=0.0,
-        layers=1,
-        hidden=1,
-    )
 
 
 def test_same_work_concat_cuts_documents():
