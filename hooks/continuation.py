@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from slimdata.hooks.attention import VarlenBatch, get_backend
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.merge import MergeRuntime
+from torch.utils.checkpoint import checkpoint
 
 from slimdata.plan import Slice
 
@@ -70,29 +71,16 @@ class PackContext:
             raise RuntimeError(
                 f"attention got {q.shape[0]} tokens, the pack has {sum(s.tokens for s in self.slices)}"
             )
-        own: dict[Slice, tuple[torch.Tensor, torch.Tensor]] = {}
-        off = 0
-        for s in self.slices:
-            own[s] = (k[off : off + s.tokens], v[off : off + s.tokens])
-            off += s.tokens
-        merged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        if self.merge is not None:
-            mine = [s for s in self.slices if s.doc in self.merge.docs]
-            merged = self.merge.gather(
-                layer,
-                {s: own[s][0] for s in mine},
-                {s: own[s][1] for s in mine},
-                recompute=self.mode == "recompute",
-            )
+        if self.merge is not None:  # a merge pack holds merged slices only (plan rule)
+            if not torch.is_grad_enabled():
+                return self._merged_attention(q, k, v, scale)
+            # the group's keys/values are gathered for this layer and freed after it; the
+            # backward gathers them again (context parallelism's memory, design §9)
+            return checkpoint(self._merged_attention, q, k, v, scale, use_reentrant=False)
+        own = self._per_slice(k, v)
         ks, vs, k_lens = [], [], []
         prefixes = False  # does any slice read keys before its own?
         for s in self.slices:
-            if s.doc in merged:
-                fk, fv = merged[s.doc]
-                ks.append(fk[: s.end])
-                vs.append(fv[: s.end])
-                k_lens.append(s.end)
-                continue
             self.live[(layer, s)] = own[s]
             if self.doc_slices[s.doc][-1] != s:  # a later slice of the doc reads it
                 self.store.put(layer, s, *own[s])
@@ -106,13 +94,37 @@ class PackContext:
             ks.append(own[s][0])
             vs.append(own[s][1])
             k_lens.append(s.end)
+        if not prefixes:  # every slice reads its own keys only: no copy
+            return self._varlen(q, k, v, k_lens, scale)
+        return self._varlen(q, torch.cat(ks), torch.cat(vs), k_lens, scale)
+
+    def _merged_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """Every slice of a merge pack attends to its document's prefix gathered from the
+        group (one all-gather per call)."""
+        assert self.merge is not None
+        full = self.merge.gather(self._per_slice(k, v))
+        ks = [full[s.doc][0][: s.end] for s in self.slices]
+        vs = [full[s.doc][1][: s.end] for s in self.slices]
+        return self._varlen(q, torch.cat(ks), torch.cat(vs), [s.end for s in self.slices], scale)
+
+    def _per_slice(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> dict[Slice, tuple[torch.Tensor, torch.Tensor]]:
+        """The pack's keys/values cut into its slices."""
+        own, off = {}, 0
+        for s in self.slices:
+            own[s] = (k[off : off + s.tokens], v[off : off + s.tokens])
+            off += s.tokens
+        return own
+
+    def _varlen(self, q, k, v, k_lens: list[int], scale: float) -> torch.Tensor:
         if self._batch is None:  # same for every layer of the pack (masks cached inside)
             self._batch = VarlenBatch.from_lengths(
                 [s.tokens for s in self.slices], k_lens, device=q.device
             )
-        if not prefixes and not merged:  # every slice reads its own keys only: no copy
-            return get_backend(self.backend)(q, k, v, self._batch, scale)
-        return get_backend(self.backend)(q, torch.cat(ks), torch.cat(vs), self._batch, scale)
+        return get_backend(self.backend)(q, k, v, self._batch, scale)
 
 
 def active_context() -> PackContext | None:

@@ -7,10 +7,19 @@ of the gathered tensor, keeping their own rows (backward): every member's keys/v
 carry the gradient from every member's queries. Parameters are untouched; the ordinary DP
 gradient reduction sums the members' partial parameter gradients into the exact gradient.
 
-Collective sequence per member and step: ``L`` all-gathers in the forward merge pack, ``L``
-all-reduces in the backward merge pack (a recomputed merge pack reuses the gathered tensors
-from the forward and does not gather again), so members stay matched whatever the
-kept/recomputed status of their packs. Subgroups are created once per rank set and cached;
+Memory is context parallelism's: the gathered keys/values of a layer live while that layer's
+attention runs and are freed after it (the attention over them is checkpointed,
+:mod:`slimdata.hooks.continuation`); the backward gathers them again, layer by layer, so a
+member holds one layer's gathered keys/values at a time (twice that in the backward, with
+their gradient) -- :meth:`slimdata.cost.CostModel.gathered_kv_bytes`, the planner's and the
+simulator's rule.
+
+Collective sequence per member and step: ``L`` all-gathers in every forward run of the merge
+pack (its forward, and its recomputed forward when its backward pack recomputes it), then per
+layer, last first, one all-gather and one all-reduce in its backward. Members of a group
+share the merge pack's kept/recomputed status (a merge pack's backward pack holds exactly its
+forward pack's slices, so it is kept outside FSDP; under FSDP the status is plan-global), so
+their sequences match. Subgroups are created once per rank set and cached;
 ``new_group`` is collective, so every rank calls :func:`merge_group` for every group of a
 plan in plan order.
 """
@@ -48,16 +57,11 @@ def ensure_groups(plan: StepPlan) -> None:
 
 class _GatherKV(torch.autograd.Function):
     """all-gather of ``own (2, maxlen, H, D)`` -> ``(world, 2, maxlen, H, D)``; backward
-    all-reduces the gradient and returns this member's rows. With ``cached`` (a recomputed
-    merge pack) the forward reuses the gathered tensor and only substitutes its own rows."""
+    all-reduces the gradient and returns this member's rows."""
 
     @staticmethod
-    def forward(ctx, own, group, index, world, cached):
+    def forward(ctx, own, group, index, world):
         ctx.group, ctx.index = group, index
-        if cached is not None:
-            out = cached.clone()
-            out[index] = own
-            return out
         parts = [torch.empty_like(own) for _ in range(world)]
         dist.all_gather(parts, own.contiguous(), group=group)
         return torch.stack(parts)
@@ -66,13 +70,11 @@ class _GatherKV(torch.autograd.Function):
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
-        return grad[ctx.index], None, None, None, None
+        return grad[ctx.index], None, None, None
 
 
-def gather_kv(
-    own: torch.Tensor, group, index: int, world: int, cached: torch.Tensor | None = None
-) -> torch.Tensor:
-    return _GatherKV.apply(own, group, index, world, cached)
+def gather_kv(own: torch.Tensor, group, index: int, world: int) -> torch.Tensor:
+    return _GatherKV.apply(own, group, index, world)
 
 
 @dataclass
@@ -86,8 +88,6 @@ class MergeRuntime:
     layout: dict[int, list[Slice]] = field(default_factory=dict)
     """member rank -> its merged slices sorted by (doc, start): the row order it contributes."""
     maxlen: int = 0
-    cache: dict[int, torch.Tensor] = field(default_factory=dict)
-    """layer -> gathered ``(world, 2, maxlen, H, D)`` from the forward merge pack (detached)."""
 
     def __post_init__(self) -> None:
         m = self.plan.merges[self.group_index]
@@ -111,22 +111,16 @@ class MergeRuntime:
         self.docs = docs
 
     def gather(
-        self,
-        layer: int,
-        own_k: dict[Slice, torch.Tensor],
-        own_v: dict[Slice, torch.Tensor],
-        recompute: bool,
+        self, own: dict[Slice, tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """Full keys/values of every merged document at ``layer``, doc -> (k, v) over ``[0, length)``."""
+        """Full keys/values of every merged document at one layer from this member's ``own``
+        slice -> (k, v) there: doc -> (k, v) over ``[0, length)``."""
         mine = self.layout[self.rank]
-        kv = torch.stack([torch.cat([own_k[s] for s in mine]), torch.cat([own_v[s] for s in mine])])
+        kv = torch.stack(
+            [torch.cat([own[s][0] for s in mine]), torch.cat([own[s][1] for s in mine])]
+        )
         kv = F.pad(kv, (0, 0, 0, 0, 0, self.maxlen - kv.shape[1]))
-        cached = self.cache.get(layer) if recompute else None
-        if recompute and cached is None:
-            raise RuntimeError(f"merge pack recomputed before its forward ran (layer {layer})")
-        gathered = gather_kv(kv, self.group, self.index, len(self.members), cached)
-        if not recompute:
-            self.cache[layer] = gathered.detach()
+        gathered = gather_kv(kv, self.group, self.index, len(self.members))
         pieces: dict[int, list[tuple[int, torch.Tensor]]] = {d: [] for d in self.docs}
         for m_i, r in enumerate(self.members):
             off = 0

@@ -179,6 +179,12 @@ class CostModel:
     def kv_bytes(self, end) -> np.ndarray:
         return self.kv_bytes_per_token * np.asarray(end, dtype=np.float64)
 
+    def gathered_kv_bytes(self, tokens) -> np.ndarray:
+        """One layer's keys and values of ``tokens`` tokens: what a context-parallel member
+        (DP-Merge or static CP) holds gathered while that layer runs, freed after it (twice
+        that in the backward: the keys/values and their gradients; design §9)."""
+        return self.kv_bytes_per_token / max(self.layers, 1) * np.asarray(tokens, dtype=np.float64)
+
     def slice_costs(self, starts, ends) -> SliceCosts:
         """Costs of slices ``[starts[i], ends[i])`` (each relative to its document's start)."""
         starts = np.asarray(starts, dtype=np.float64)

@@ -16,7 +16,7 @@ Megatron's ``--context-parallel-size``), and merge groups of a plan (DP-Merge of
   published FlashAttention-3 curve): static CP ``w = s'``, ``c = s' / 2k``; a merge member's
   slice ``w = `` its document's length, ``c = `` the slice's tokens.
 - **K/V exchange, per layer.** The forward all-gathers the keys and values of the sequence
-  (``tokens * kv_bytes_per_token / layers`` bytes per layer, padded tokens for static CP)
+  (``CostModel.gathered_kv_bytes``: one layer's K/V, padded tokens for static CP)
   over the ``k`` members (alpha-beta ring: ``latency + (k - 1) / k * bytes / bandwidth``);
   the backward gathers them again and reduce-scatters their gradients (2 collectives), one
   more gather when it re-runs the forward (``recompute=full``: 3). Intra- or inter-node
@@ -158,7 +158,6 @@ def cp_packs(
         zf, zb = np.zeros((2, len(pt.fwd))), np.zeros((2, len(pt.bwd)))
         return CpPacks(pt.fwd, pt.bwd, zf, zb, np.zeros(len(pt.fwd)), np.zeros(len(pt.bwd)))
     layers = max(cost.layers, 1)
-    per_layer = cost.kv_bytes_per_token / layers
     out = []
     for tot, att, const, pack, coll in (
         (pt.fwd, pt.f_att, pt.f_const, pt.s_fpack, 1),
@@ -167,7 +166,7 @@ def cp_packs(
         lin_s, att_s, tok_p = _static_scales(pt, cp, pack, len(tot))
         member_att = att * att_s / cp
         member = (tot - att - const) * lin_s / cp + member_att + const
-        kv = per_layer * tok_p
+        kv = cost.gathered_kv_bytes(tok_p)
         comm = np.stack(
             [
                 exchange_exposed(net, kv, coll, member_att, cp, layers, overlap, spans)
@@ -211,10 +210,9 @@ def cp_peak_memory(plan: StepPlan, cost: CostModel, cp: int) -> np.ndarray:
 
     peak = plan_peak_memory(plan, cost) / cp
     if cp > 1:
-        per_layer = cost.kv_bytes_per_token / max(cost.layers, 1)
         for rs in plan.ranks:
             most = max(
                 (sum(s.tokens for s in p.slices) for p in (*rs.forward, *rs.backward)), default=0
             )
-            peak[rs.rank] += 2 * per_layer * most
+            peak[rs.rank] += 2 * float(cost.gathered_kv_bytes(most))
     return peak

@@ -201,9 +201,10 @@ def build_dag(
         off = (pt.f_offset if kind == "F" else pt.b_offset)[m] + j
         att = (pt.f_att[off] * f_scale[off]) if kind == "F" else (pt.b_att[off] * b_scale[off])
         coll = 1 if kind == "F" else (3 if cost.label.endswith("/full") else 2)
+        nbytes = float(cost.gathered_kv_bytes(tokens))
         t = exchange_exposed(
             net,
-            np.array([cost.kv_bytes_per_token / layers * tokens]),
+            np.array([nbytes]),
             coll,
             np.array([att]),
             k,
@@ -211,7 +212,7 @@ def build_dag(
             config.cp_overlap,
             spans_nodes(devs, rpn),
         )
-        return float(frac[c] * t[0]), cost.kv_bytes_per_token / layers * tokens  # one layer
+        return float(frac[c] * t[0]), nbytes
 
     def param_comm(c: int, kind: str) -> float:
         devs = real([dev(c, r) for r in range(dp)])

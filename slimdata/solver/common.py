@@ -60,6 +60,9 @@ class BatchView:
     doc_mem: np.ndarray
     """Peak bytes of a document run alone on one rank: all activations + K/V of its length."""
     kv_per_token: float
+    gathered_kv_per_token: float
+    """One layer's K/V bytes per token (:meth:`CostModel.gathered_kv_bytes`): a merge member's
+    gathered buffer per token of its group."""
 
     @classmethod
     def build(cls, docs: Sequence[Document], cost: CostModel) -> BatchView:
@@ -100,6 +103,7 @@ class BatchView:
             doc_len=doc_len,
             doc_mem=doc_act + cost.kv_bytes_per_token * doc_len,
             kv_per_token=cost.kv_bytes_per_token,
+            gathered_kv_per_token=float(cost.gathered_kv_bytes(1)),
         )
 
     @cached_property

@@ -5,8 +5,9 @@ Under a rank's execution ``order``, after each event the rank holds:
 - the **activations** of every slice whose forward pack has run and whose backward pack has
   not: ``act_bytes_per_token * tokens``;
 - the **retained keys/values** of every document with a slice forwarded and a slice not yet
-  backwarded on this rank: ``kv_bytes_per_token * (largest end forwarded so far)``. For a
-  merge-group member that is the gathered prefix its slices attend to.
+  backwarded on this rank: ``kv_bytes_per_token * (largest end forwarded so far)``. A
+  merge-group member retains the K/V of its own merged slices only: the others' arrive one
+  layer at a time and are freed after the layer (:meth:`CostModel.gathered_kv_bytes`).
 
 The peak is taken right after each forward pack (when activations are largest); transient
 buffers inside a pass (attention workspace, the gradient of the pack being backwarded) and
@@ -40,12 +41,13 @@ def rank_memory_trace(plan: StepPlan, rank: int, cost: CostModel) -> list[float]
     trace: list[float] = []
     for kind, i in rs.order:
         if kind == "F":
+            merged = rs.forward[i].merge is not None
             for s in rs.forward[i].slices:
                 held_act += act_per * s.tokens
-                old = kv_end.get(s.doc, 0)
-                if s.end > old:
-                    kv_total += kv_per * (s.end - old)
-                    kv_end[s.doc] = s.end
+                old = kv_end.get(s.doc, 0)  # K/V tokens of the document held (merged: own)
+                new = old + s.tokens if merged else max(s.end, old)
+                kv_total += kv_per * (new - old)
+                kv_end[s.doc] = new
         else:
             for s in rs.backward[i].slices:
                 held_act -= act_per * s.tokens

@@ -9,8 +9,9 @@ least the skew bound) whose members all fit the memory cap and carry at most the
 forward and the balanced backward time (the rest of their time is then filled with short
 documents); if no ``k`` is that even, the smallest that fits memory. Members split the
 document's slices by LPT on predicted time (each member then holds a set of slices, whose
-queries see the gathered prefix); a member holds ``act`` of its slices plus K/V of the prefix
-up to its last slice of every group document, plus (``gather``) the simulator's merge buffers.
+queries see the gathered prefix); a member holds ``act`` and K/V of its own slices, plus
+(``gather``) the per-layer merge buffers: one layer's gathered K/V of the group's documents,
+exchanged layer by layer and freed after the layer, as under context parallelism (design §9).
 Groups use disjoint ranks, lowest free ranks first (so a small group stays inside a node).
 When too few free ranks remain, a document joins the existing group that can absorb it under
 the memory cap with the fewest of the remaining free ranks added to it (then the lowest load);
@@ -81,14 +82,13 @@ def split_group(
 
 
 def member_peak(view: BatchView, slices: Sequence[int]) -> float:
-    """Bytes a member holds for its merge pack: activations of its slices plus the gathered
-    K/V prefix of every group document up to its last slice there (``slices`` sorted)."""
+    """Bytes a member holds for its merge pack from its forward to its backward: activations
+    and K/V of its own slices (the gathered K/V of the others' slices lives for one layer, the
+    merge buffer of :func:`plan_merges`)."""
     ms = np.asarray(slices, dtype=np.int64)
     if len(ms) == 0:
         return 0.0
-    docs = view.doc[ms]
-    last = np.flatnonzero(np.append(docs[1:] != docs[:-1], True))
-    return float(view.act[ms].sum()) + view.kv_per_token * float(view.end[ms[last]].sum())
+    return float(view.act[ms].sum()) + view.kv_per_token * member_tokens(view, slices)
 
 
 def member_tokens(view: BatchView, slices: Sequence[int]) -> int:
@@ -203,10 +203,10 @@ def plan_merges(
     every other pack of the member (pipeline micro-batches of similar cost).
     ``balance_ratio`` (free mode, ``packs == 1``): also merge documents that whole would leave
     their rank backward-heavy beyond ``ratio_tol`` (:func:`skew_group_sizes`), with at least
-    that many members. ``gather``: a member also holds ``gather`` x the K/V of all its
-    group's documents (the simulator's merge buffers: the gathered K/V while the merge forward
-    runs, with their gradients, 2x, while the merge backward runs); 0 counts only the prefix
-    its slices attend to (:func:`member_peak`). ``layer_share``: with pipeline stages, ``mem``
+    that many members. ``gather``: a member also holds ``gather`` x one layer's K/V of all its
+    group's documents (the merge buffers: one layer's gathered K/V while the merge forward
+    runs, with their gradients, 2x, while the merge backward runs); 0 counts only its own
+    slices (:func:`member_peak`). ``layer_share``: with pipeline stages, ``mem``
     is the device cap divided by the first stage's share of the layers (bytes are compared as
     full-model bytes); error messages report per-device bytes. ``whole``: a document whose
     footprint exceeds it must merge (default ``mem``; lower leaves room beside it).
@@ -240,7 +240,7 @@ def plan_merges(
         )
         k_max = min(len(sl), dp)
         k, members = (None, None)
-        mem_d = mem - gather * view.kv_per_token * float(view.doc_len[d])
+        mem_d = mem - gather * view.gathered_kv_per_token * float(view.doc_len[d]) / layer_share
         if k_max >= 2:
             k_cap = math.ceil(float(view.doc_len[d]) / cap) if math.isfinite(cap) else 2
             k, members = _smallest_k(
@@ -264,7 +264,7 @@ def plan_merges(
                     f"{mem * layer_share / GIB:.1f} GiB per device and even {k_max} merged ranks cannot "
                     "hold it"
                     + (
-                        f" (each member also holds {gather:g}x the document's gathered K/V, "
+                        f" (each member also holds {gather:g}x one layer's gathered K/V, "
                         f"{(mem - mem_d) * layer_share / GIB:.1f} GiB)"
                         if gather > 0
                         else ""
@@ -295,9 +295,8 @@ def plan_merges(
             merged = group_slices[g] + sl
             members, loads, peak = split_group(view, merged, len(ranks) + extra)
             tokens = group_tokens[g] + float(view.doc_len[d])
-            if peak + gather * view.kv_per_token * tokens <= mem and _within_cap(
-                view, members, cap
-            ):
+            buffer = gather * view.gathered_kv_per_token * tokens / layer_share
+            if peak + buffer <= mem and _within_cap(view, members, cap):
                 ranks = (*ranks, *free[:extra])
                 del free[:extra]
                 group_slices[g] = merged

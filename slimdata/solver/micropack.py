@@ -234,9 +234,9 @@ def pack_rank_lockstep(
     stage's is the largest), and stage ``s`` runs every backward pack ``pp - 1 - s`` forward
     packs later than the plan order, so the first stage holds the slices of the last
     ``pp - 1`` backward packs the plan has already run, on top of what the plan order holds
-    (``lag + pp`` packs in flight). A merge member's first stage also holds the gathered K/V
-    of its group's documents (``merge_kv`` bytes, full model) while its merge forward pack
-    runs, twice that while its merge backward pack runs. The check is
+    (``lag + pp`` packs in flight). A merge member's first stage also holds one layer's gathered
+    K/V of its group's documents (``merge_kv`` bytes, expressed in full-model bytes like
+    ``mem``) while its merge forward pack runs, twice that while its merge backward pack runs. The check is
     ``layer_share * held <= mem`` on the first stage at every forward slice and merge pack;
     ``pp=1, layer_share=1, merge_kv=0`` is the single-device rule of
     :mod:`slimdata.solver.memory`. ``kv_per_slice``: a slice's K/V is freed with its

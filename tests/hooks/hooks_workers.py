@@ -132,9 +132,51 @@ def check_torch_threads(rank: int, world: int) -> int:
     return torch.get_num_threads()
 
 
-def two_rank_suite(rank: int, world: int) -> tuple[list, tuple]:
-    """Both 2-rank bodies in one spawn (saves a process start on busy CI machines)."""
-    return equivalence(rank, world, ["merge2", "solver2"], True), ddp_no_merge(rank, world)
+def merge_exchanges(rank: int, world: int) -> list[tuple[str, int, int, int]]:
+    """Per executed pack of plan ``merge2``: (pass, pack, K/V all-gathers, all-reduces) this
+    rank made while the pack ran (token all-gathers, which are integer, not counted)."""
+    import torch.distributed as dist
+    from slimdata.hooks import Callback
+
+    counts = {"gather": 0, "reduce": 0}
+    real_gather, real_reduce = dist.all_gather, dist.all_reduce
+
+    def all_gather(parts, t, *a, **k):
+        counts["gather"] += t.is_floating_point()
+        return real_gather(parts, t, *a, **k)
+
+    def all_reduce(t, *a, **k):
+        counts["reduce"] += 1
+        return real_reduce(t, *a, **k)
+
+    events: list[tuple[str, int, int, int]] = []
+
+    class Record(Callback):
+        def on_pack_end(self, event) -> None:
+            events.append((event.pass_, event.pack, counts["gather"], counts["reduce"]))
+            counts.update(gather=0, reduce=0)
+
+    lengths, plan = PLANS["merge2"]()
+    dist.all_gather, dist.all_reduce = all_gather, all_reduce
+    try:
+        run_step(
+            TinyLM(seed=1),
+            make_payload(plan, rank, doc_tokens(lengths, seed=7)),
+            forward=tiny_forward,
+            callbacks=[Record()],
+        )
+    finally:
+        dist.all_gather, dist.all_reduce = real_gather, real_reduce
+    return events
+
+
+def two_rank_suite(rank: int, world: int) -> tuple[list, tuple, list]:
+    """The 2-rank bodies in one spawn (saves a process start on busy CI machines)."""
+    return (
+        equivalence(rank, world, ["merge2", "solver2"], True),
+        ddp_no_merge(rank, world),
+        merge_exchanges(rank, world),
+    )
 
 
 # --- FSDP2 (fully_shard) on lockstep plans --------------------------------------------------

@@ -23,6 +23,14 @@ def test_two_ranks_merge_and_ddp():
     # DDP without merge groups
     assert sum(r[1][0] for r in res) == pytest.approx(res[0][1][1], rel=1e-6)
     assert max(r[1][2] for r in res) <= TOL
+    # DP-Merge holds one layer's gathered K/V at a time: TinyLM's 2 layers each gather once in
+    # the merge forward pack and once more in its backward (re-gathered, not kept), which also
+    # all-reduces each layer's K/V gradient; no other pack exchanges anything
+    rank0, rank1 = (r[2] for r in res)
+    assert rank0 == [("F", 0, 0, 0), ("F", 1, 2, 0), ("B", 0, 2, 2), ("F", 2, 0, 0), ("B", 1, 0, 0)]
+    assert rank1 == [
+        ("F", 0, 0, 0), ("F", 1, 2, 0), ("F", 2, 0, 0), ("B", 0, 0, 0), ("B", 1, 2, 2), ("B", 2, 0, 0)
+    ]  # fmt: skip
 
 
 def test_merge_four_ranks_and_fsdp():

@@ -172,9 +172,9 @@ def test_stage_share_matches_the_simulator_split():
 )
 def test_pipeline_plan_fits_the_cap_in_the_simulator(dp, context, memory_gib, long):
     # llama-8b, 4 stages: a full-model memory check refuses these batches outright (a 32K
-    # document needs 12 GiB, a 64K one 24 GiB on one device); per stage they fit, with the lag
-    # the long documents need, and the simulator's accounting (per stage, 1F1B packs in
-    # flight, merge K/V buffers) stays within the cap
+    # document needs 12 GiB, a 64K one 24 GiB on one device); per stage they fit, merged or
+    # with the lag a long document left whole needs, and the simulator's accounting (per
+    # stage, 1F1B packs in flight, one layer's merge K/V buffers) stays within the cap
     from slimdata.sim import SimConfig, simulate_step
 
     cost = CostModel.analytic("llama-8b", "h100", "full")
@@ -182,7 +182,9 @@ def test_pipeline_plan_fits_the_cap_in_the_simulator(dp, context, memory_gib, lo
     lengths = long + rng.integers(500, 4000, size=40).tolist()
     layout = Layout(dp=dp, pp=4, mode="lockstep", context=context, memory_gib=memory_gib)
     plan = solve(docs_of(lengths, 2048), layout, "slimpack", 0, cost)
-    assert plan.meta["lag"] >= 1
+    merged = {d for g in plan.merges for d in g.docs}
+    if not {0, 1} <= merged:  # a long document left whole spans packs: its backward lags
+        assert plan.meta["lag"] >= 1
     if dp == 8:  # the 64K document needs 6 GiB per stage: it is merged
         assert any(0 in g.docs for g in plan.merges)
     result = simulate_step(plan, cost, layout, SimConfig())

@@ -61,9 +61,9 @@ SKEW_MERGE = True
 (:func:`~slimdata.solver.merge.skew_group_sizes`)."""
 
 MERGE_GATHER = 2.0
-"""Merge members are sized for the simulator's merge buffers (:mod:`slimdata.sim.memory`): the
-group's gathered K/V while the merge forward pack runs and twice that (K/V and their
-gradients) while the merge backward pack runs."""
+"""Merge members are sized for the merge buffers (:meth:`CostModel.gathered_kv_bytes`): one
+layer's gathered K/V of the group while the merge forward pack runs and twice that (K/V and
+their gradients) while the merge backward pack runs."""
 
 IMPROVE_TARGET = 1.004
 """The local search stops once every rank is within this factor of the balanced forward and
@@ -464,7 +464,7 @@ def _phase1(
         cap=layout.token_cap,
     )
     buffers = {
-        r: gather * view.kv_per_token * float(view.doc_len[list(docs)].sum())
+        r: gather * view.gathered_kv_per_token * float(view.doc_len[list(docs)].sum()) / layer_share
         for ranks, docs in merges.groups
         for r in ranks
     }
@@ -556,7 +556,7 @@ def _lockstep(
     dp, cap, mem, pp = layout.dp, layout.token_cap, layout.memory_bytes, layout.pp
     units, member_slices = p1.units, p1.member_slices
     gather = {
-        r: view.kv_per_token * float(view.doc_len[list(docs)].sum())
+        r: view.gathered_kv_per_token * float(view.doc_len[list(docs)].sum()) / share
         for ranks, docs in p1.merges.groups
         for r in ranks
     }
