@@ -91,7 +91,8 @@ __all__ = ["command"]
     show_default=True,
     help="Configuration of every baseline: 'best' (fastest static CP size, hence "
     "micro-batches, and pipeline schedule that fit --memory-gib), 'smallest' (smallest "
-    "static CP that fits, with --schedule) or 'cp=N'. slimpack and dcp always run cp=1.",
+    "static CP that fits, with --schedule) or 'cp=N', for slimpack too (slimpack on static "
+    "CP); dcp always runs cp=1.",
 )
 @click.option(
     "--strategies", default="all", show_default=True, help="Comma list of strategies, or 'all'."

@@ -10,7 +10,8 @@ Fairness (design §7):
   size (CP ranks taken out of DP, re-planned for ``dp / cp`` DP groups), hence micro-batches
   per pipeline, and the pipeline schedule, within the memory cap (``Layout.memory_gib``) in
   every step. ``--baseline-config smallest`` gives the smallest CP that fits instead,
-  ``cp=N`` a fixed size. Strategies of :data:`CP_FREE` (``slimpack``: DP-Merge; ``dcp``:
+  ``cp=N`` a fixed size. ``slimpack`` goes through the same search (slimpack on top of static
+  CP: its DP-Merge groups then span CP groups); strategies of :data:`CP_FREE` (``dcp``:
   per-sequence CP) run ``cp = 1`` and place long documents themselves; a simulated peak above
   the cap is reported (``over_memory_steps``, ``!`` in the table);
 - **same work**: every result states the tokens and causal attention pairs its plans compute
@@ -62,8 +63,8 @@ __all__ = [
 ]
 
 REFERENCE = "concat"
-CP_FREE: tuple[str, ...] = ("slimpack", "dcp")
-"""Strategies that place long documents themselves (DP-Merge, per-sequence CP): ``cp = 1``."""
+CP_FREE: tuple[str, ...] = ("dcp",)
+"""Strategies that choose context parallelism per sequence themselves: ``cp = 1``."""
 GIB = float(1 << 30)
 NAN = float("nan")
 
@@ -278,14 +279,14 @@ def _run(
     ev: Evaluator, name: str, choice: BaselineConfig, schedule: str | None = None
 ) -> Run | str:
     """One strategy: CP-free strategies at ``cp = 1`` (over the cap reported, not refused);
-    baselines through the configuration search. ``dcp`` is a baseline: with ``best`` and
-    ``pp > 1`` it runs the faster of 1F1B and interleaved (``slimpack`` keeps ``--schedule``)."""
+    the others through the configuration search. With ``best`` and ``pp > 1`` ``dcp`` runs
+    the faster of 1F1B and interleaved."""
     if schedule is not None and schedule != ev.config.schedule:
         ev = _with_schedule(ev, schedule)
     if name not in CP_FREE:
         return search(ev, name, choice)
     schedules = [ev.config.schedule]
-    if name != "slimpack" and choice.mode == "best" and ev.layout.pp > 1:
+    if choice.mode == "best" and ev.layout.pp > 1:
         schedules = ["1f1b", "interleaved"]
     runs = [_cp_free(ev, name, sch) for sch in schedules]
     ok = [r for r in runs if isinstance(r, Run)]
@@ -396,7 +397,7 @@ def _config_dict(
         "baseline_config": choice.label(),
         "strategies": list(strategies),
         "memory_rule": "every strategy must fit memory_gib in every step; baselines search "
-        "static CP (taken out of DP) and the schedule; slimpack and dcp run cp=1",
+        "static CP (taken out of DP) and the schedule, slimpack included; dcp runs cp=1",
     }
 
 
