@@ -48,12 +48,9 @@ from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
 
 __all__ = ["assign_lpt", "slimpack", "stage_share"]
 
-MAX_LAG = 5
-"""Largest backward lag (in forward packs) a lockstep plan may use."""
-
 MORE_PACKS = (4, 6)
 """With ``pp > 1``, when the best plan of the usual pack counts (1x, 2x, 3x the fewest) has a
-lag below :data:`MAX_LAG` (memory held it down), these multiples are tried too: smaller packs
+lag below its pack count minus one (memory held the warm-up down), these multiples are tried too: smaller packs
 let the first pipeline stage hold more of them in flight."""
 
 SKEW_MERGE = True
@@ -547,48 +544,72 @@ def stage_share(layers: int, pp: int) -> float:
 def _lockstep(
     view: BatchView, p1: _Phase1, layout: Layout, counts: Sequence[int], share: float = 1.0
 ) -> tuple[float, list[RankPacks], int] | None:
-    """Lockstep packs of every rank for the pack count in ``counts`` and the backward lag
-    (0 to ``MAX_LAG``) with the smallest estimated 1F1B step time
-    (:func:`~slimdata.solver.pipeline.pipeline_time`); ``None`` if none fits the caps.
-    Memory is checked per pipeline stage (``share`` of the layers on the first stage, 1F1B's
-    extra packs in flight, merge K/V buffers; :func:`pack_rank_lockstep`).
-    Returns ``(estimate, packs, lag)``; the first candidate wins ties."""
-    dp, cap, mem, pp = layout.dp, layout.token_cap, layout.memory_bytes, layout.pp
-    units, member_slices = p1.units, p1.member_slices
+    """Lockstep packs of every rank for the pack count in ``counts`` and the backward lag with
+    the smallest estimated 1F1B step time (:func:`~slimdata.solver.pipeline.pipeline_time`);
+    ``None`` if none fits the caps. The lag is the pipeline's warm-up, bounded by memory, not
+    by a constant: more forward packs in flight before the first backward shrink the bubble
+    and hold more, so the lags that fit are ``0 .. L`` and ``L`` is found by bisection;
+    every lag the bisection packs is estimated. Memory is checked per pipeline stage
+    (``share`` of the layers on the first stage, 1F1B's extra packs in flight, merge K/V
+    buffers; :func:`pack_rank_lockstep`). Returns ``(estimate, packs, lag)``; the smaller lag
+    wins ties."""
+    best: tuple[float, list[RankPacks], int] | None = None
+    for m in counts:
+        tried: dict[int, tuple[float, list[RankPacks]] | None] = {}
+
+        def fits(lag: int, m: int = m, tried=tried) -> bool:
+            if lag not in tried:
+                tried[lag] = _lockstep_at(view, p1, layout, m, lag, share)
+            return tried[lag] is not None
+
+        lo, hi = 0, m - 1  # invariant: every lag below lo fits, none above hi
+        if not fits(0):
+            continue
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        for lag in sorted(tried):
+            found = tried[lag]
+            if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
+                best = (found[0], found[1], lag)
+    return best
+
+
+def _lockstep_at(
+    view: BatchView, p1: _Phase1, layout: Layout, m: int, lag: int, share: float
+) -> tuple[float, list[RankPacks]] | None:
+    """Every rank's lockstep packs for ``m`` packs and backward ``lag``, with the 1F1B
+    estimate; ``None`` when a rank does not fit."""
     gather = {
         r: view.gathered_kv_per_token * float(view.doc_len[list(docs)].sum()) / share
         for ranks, docs in p1.merges.groups
         for r in ranks
     }
+    packs = []
+    for r in range(layout.dp):
+        p = pack_rank_lockstep(
+            view,
+            p1.units[r],
+            p1.member_slices.get(r, ()),
+            cap=layout.token_cap,
+            mem=layout.memory_bytes,
+            m=m,
+            lag=lag,
+            pp=layout.pp,
+            layer_share=share,
+            merge_kv=gather.get(r, 0.0),
+            kv_per_slice=layout.pp > 1,
+        )
+        if p is None:
+            return None
+        packs.append(p)
     fwd, bwd = view.fwd, view.bwd
-    best: tuple[float, list[RankPacks], int] | None = None
-    for m in counts:
-        for lag in range(min(MAX_LAG + 1, m)):
-            packs = []
-            for r in range(dp):
-                p = pack_rank_lockstep(
-                    view,
-                    units[r],
-                    member_slices.get(r, ()),
-                    cap=cap,
-                    mem=mem,
-                    m=m,
-                    lag=lag,
-                    pp=pp,
-                    layer_share=share,
-                    merge_kv=gather.get(r, 0.0),
-                    kv_per_slice=pp > 1,
-                )
-                if p is None:
-                    break
-                packs.append(p)
-            else:
-                fmax = [max(float(fwd[p.forward[i]].sum()) for p in packs) for i in range(m)]
-                bmax = [max(float(bwd[p.backward[i]].sum()) for p in packs) for i in range(m)]
-                est = pipeline_time(fmax, bmax, interleaved_order(m, m, lag), pp)
-                if best is None or est < best[0] * (1 - 1e-9):
-                    best = (est, packs, lag)
-    return best
+    fmax = [max(float(fwd[p.forward[i]].sum()) for p in packs) for i in range(m)]
+    bmax = [max(float(bwd[p.backward[i]].sum()) for p in packs) for i in range(m)]
+    return pipeline_time(fmax, bmax, interleaved_order(m, m, lag), layout.pp), packs
 
 
 def _solve_lockstep(view: BatchView, layout: Layout, opts: dict, share: float):
@@ -596,7 +617,7 @@ def _solve_lockstep(view: BatchView, layout: Layout, opts: dict, share: float):
 
     Phase 1 sizes merges for a budget of the device cap (in full-model bytes: over the first
     stage's share of the layers) minus the ``pp - 1`` average packs the first stage holds
-    beyond the plan order under 1F1B. With ``pp > 1`` and a best lag below ``MAX_LAG``,
+    beyond the plan order under 1F1B. With ``pp > 1`` and a best lag that memory held below ``m - 1``,
     :data:`MORE_PACKS` multiples of the fewest packs are tried as well. When no candidate fits, more and smaller packs are
     tried, then phase 1 again with twice and four times that reserve (more documents merged,
     smaller merge shares). Returns ``(estimate, packs, lag, phase 1)``.
@@ -619,7 +640,7 @@ def _solve_lockstep(view: BatchView, layout: Layout, opts: dict, share: float):
     counts = _pack_counts(view, layout)
     extra = [k * counts[0] for k in MORE_PACKS] if pp > 1 and layout.microbatches is None else []
     for m in counts + extra:
-        if m in extra and (best is None or best[2] >= MAX_LAG):
+        if m in extra and (best is None or best[2] >= len(best[1][0].forward) - 1):
             break  # more, smaller packs only when memory held the lag down
         p1 = phase1(m, 1.0)
         found = _lockstep(view, p1, layout, [m], share) if p1 is not None else None
