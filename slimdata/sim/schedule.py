@@ -7,10 +7,8 @@ stages; forward and backward packs may differ (asymmetric partitioning). An oper
 
 Schedules form a registry of pure functions ``(rank_order, stage, pp, v) -> ops``:
 
-- ``1f1b``: stage ``s`` runs the rank's own order with every backward pack delayed by
-  ``pp - 1 - s`` forward packs (the warm-up). For symmetric packs and the eager order
-  ``F0 B0 F1 B1 ...`` this is Megatron's 1F1B: stage 0 runs ``F0 .. F(pp-1)`` before ``B0``;
-  the last stage runs the rank order unchanged (with ``pp == 1``: exactly the plan's order).
+- ``1f1b``: :func:`slimdata.plan.pipeline.one_f_one_b` (stage ``s`` runs the rank's order
+  with every backward pack delayed by ``pp - 1 - s`` forward packs; Megatron's 1F1B);
 - ``interleaved``: Megatron's interleaved 1F1B: forward ops in groups of ``pp`` packs, each
   group through the device's ``v`` chunks in turn, backward ops likewise with chunks
   reversed; ``(pp - s - 1) * 2 + (v - 1) * pp`` warm-up forward ops, then one forward and
@@ -21,39 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from slimdata.plan.pipeline import Op, one_f_one_b, ready_index
+
 __all__ = ["SCHEDULES", "Op", "ready_index", "stage_ops"]
-
-Op = tuple[str, int, int]
-"""``(pass, chunk, pack)``: pass ``F`` or ``B``, global model chunk, pack index."""
-
-
-def ready_index(order: Sequence[tuple[str, int]]) -> list[int]:
-    """For every backward pack, the last forward pack that precedes it in ``order``.
-
-    ``ready_index([("F", 0), ("B", 0), ("F", 1), ("B", 1)]) == [0, 1]``.
-    """
-    out: dict[int, int] = {}
-    last = -1
-    for kind, i in order:
-        if kind == "F":
-            last = i
-        else:
-            out[i] = last
-    return [out[j] for j in range(len(out))]
-
-
-def one_f_one_b(order: Sequence[tuple[str, int]], stage: int, pp: int, v: int = 1) -> list[Op]:
-    nf = sum(1 for k, _ in order if k == "F")
-    ready = ready_index(order)
-    shift = pp - 1 - stage
-    after: list[list[int]] = [[] for _ in range(max(nf, 1))]
-    for j, r in enumerate(ready):
-        after[max(min(nf - 1, r + shift), 0) if nf else 0].append(j)
-    ops: list[Op] = [("B", stage, j) for j in after[0]] if nf == 0 else []
-    for i in range(nf):
-        ops.append(("F", stage, i))
-        ops.extend(("B", stage, j) for j in after[i])
-    return ops
 
 
 def _groups(n: int, pp: int) -> list[range]:

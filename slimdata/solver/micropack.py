@@ -306,7 +306,10 @@ def pack_rank_lockstep(
             return
         held_before = held
         j = n_b - base
-        target = float("inf") if final else total_b * (j + 1) / rest
+        # water-filling: the backward work left, spread over the backward packs left (the
+        # global quantile ``total_b * (j + 1) / rest`` while work keeps up; after packs left
+        # empty by a long document's late completion, its backward is spread, not lumped)
+        target = float("inf") if final else cum_b + (total_b - cum_b) / (rest - j)
         pack: list[int] = []
         pack_tok = 0
         while ready:

@@ -5,8 +5,8 @@ Assumptions (deliberately simple; the simulator, :mod:`slimdata.sim`, is the jud
 
 - pack ``i`` takes its slowest rank's time (lockstep: FSDP gathers and pipeline stages
   advance pack by pack), split evenly over ``pp`` stages;
-- 1F1B at pack granularity: stage ``s`` runs the plan ``order`` with every backward delayed by
-  ``pp - 1 - s`` forwards (the last stage runs ``order`` unchanged), forward ``i`` on stage
+- 1F1B at pack granularity, the simulator's stage order
+  (:func:`slimdata.plan.pipeline.one_f_one_b`), forward ``i`` on stage
   ``s`` after forward ``i`` on ``s - 1``, backward ``j`` on ``s`` after backward ``j`` on
   ``s + 1``; no communication time.
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from slimdata.plan.pipeline import one_f_one_b, ready_index
+
 __all__ = ["pipeline_time"]
 
 
@@ -28,26 +30,8 @@ def pipeline_time(
     if pp <= 1:
         return float(sum(fwd) + sum(bwd))
     nf = len(fwd)
-    ready: list[int] = []  # last forward before each backward in ``order``
-    last = -1
-    for kind, i in order:
-        if kind == "F":
-            last = i
-        else:
-            ready.append(last)
-    stages: list[list[tuple[str, int]]] = []
-    for s in range(pp):
-        shift = pp - 1 - s
-        after: list[list[int]] = [[] for _ in range(max(nf, 1))]
-        for j, r in enumerate(ready):
-            after[max(min(nf - 1, r + shift), 0)].append(j)
-        ops: list[tuple[str, int]] = []
-        for i in range(nf):
-            ops.append(("F", i))
-            ops.extend(("B", j) for j in after[i])
-        if nf == 0:
-            ops.extend(("B", j) for j in range(len(ready)))
-        stages.append(ops)
+    ready = ready_index(order)
+    stages = [[(k, i) for k, _c, i in one_f_one_b(order, s, pp)] for s in range(pp)]
     f_end = [[-1.0] * nf for _ in range(pp)]
     b_end = [[-1.0] * len(ready) for _ in range(pp)]
     pos = [0] * pp

@@ -42,10 +42,12 @@ def test_pack_rank_lockstep_lag_feeds_every_backward_pack():
     ucost = unit_cost()
     view = BatchView.build(docs_of([512, 128, 128, 128, 128]), ucost)
     units = [view.slices_of(d) for d in range(5)]
-    # lag 0: nothing is complete after F0, B0 is empty and a later pack doubles
+    # lag 0: nothing is complete after F0, so B0 is empty; the 2048 s of backward left are
+    # spread over the 3 packs left (water-filling, 683 s each at most by half a slice):
+    # 768, 768 and 512 s, not one pack taking the whole document (1024 s)
     p0 = pack_rank_lockstep(view, units, cap=1024, mem=1e30, m=4, lag=0)
     assert p0.forward == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert p0.backward[0] == []
+    assert p0.backward == [[], [3, 2, 1], [0, 4, 5], [6, 7]]
     # lag 1: B0 runs after F1 and takes the document's end; every pack costs the same
     p1 = pack_rank_lockstep(view, units, cap=1024, mem=1e30, m=4, lag=1)
     assert p1.forward == [[0, 1], [2, 3], [4, 5], [6, 7]]

@@ -582,7 +582,9 @@ def _lockstep_at(
     view: BatchView, p1: _Phase1, layout: Layout, m: int, lag: int, share: float
 ) -> tuple[float, list[RankPacks]] | None:
     """Every rank's lockstep packs for ``m`` packs and backward ``lag``, with the 1F1B
-    estimate; ``None`` when a rank does not fit."""
+    estimate: the slowest rank's pipeline (ranks meet at the gradient reduction, as under
+    DDP or ZeRO-1/2; FSDP's per-pack gathers can only add to it); ``None`` when a rank does
+    not fit."""
     gather = {
         r: view.gathered_kv_per_token * float(view.doc_len[list(docs)].sum()) / share
         for ranks, docs in p1.merges.groups
@@ -606,10 +608,17 @@ def _lockstep_at(
         if p is None:
             return None
         packs.append(p)
-    fwd, bwd = view.fwd, view.bwd
-    fmax = [max(float(fwd[p.forward[i]].sum()) for p in packs) for i in range(m)]
-    bmax = [max(float(bwd[p.backward[i]].sum()) for p in packs) for i in range(m)]
-    return pipeline_time(fmax, bmax, interleaved_order(m, m, lag), layout.pp), packs
+    order = interleaved_order(m, m, lag)
+    est = max(
+        pipeline_time(
+            [float(view.fwd[f].sum()) for f in p.forward],
+            [float(view.bwd[b].sum()) for b in p.backward],
+            order,
+            layout.pp,
+        )
+        for p in packs
+    )
+    return est, packs
 
 
 def _solve_lockstep(view: BatchView, layout: Layout, opts: dict, share: float):

@@ -1,0 +1,50 @@
+"""The order a pipeline stage runs a rank's packs in under 1F1B: the one definition the
+solver's estimate (:mod:`slimdata.solver.pipeline`) and the simulator
+(:mod:`slimdata.sim.schedule`) share.
+
+With ``pp`` stages, stage ``s`` runs the rank's own order (``RankStep.order``) with every
+backward pack delayed by ``pp - 1 - s`` forward packs (the warm-up). For symmetric packs and
+the eager order ``F0 B0 F1 B1 ...`` this is Megatron's 1F1B: stage 0 runs ``F0 .. F(pp-1)``
+before ``B0``; the last stage runs the rank order unchanged (with ``pp == 1``: exactly the
+plan's order). An operation is ``(pass, chunk, pack)``; ``chunk`` is the global model chunk
+(device ``chunk % pp`` holds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["Op", "one_f_one_b", "ready_index"]
+
+Op = tuple[str, int, int]
+"""``(pass, chunk, pack)``: pass ``F`` or ``B``, global model chunk, pack index."""
+
+
+def ready_index(order: Sequence[tuple[str, int]]) -> list[int]:
+    """For every backward pack, the last forward pack that precedes it in ``order``.
+
+    ``ready_index([("F", 0), ("B", 0), ("F", 1), ("B", 1)]) == [0, 1]``.
+    """
+    out: dict[int, int] = {}
+    last = -1
+    for kind, i in order:
+        if kind == "F":
+            last = i
+        else:
+            out[i] = last
+    return [out[j] for j in range(len(out))]
+
+
+def one_f_one_b(order: Sequence[tuple[str, int]], stage: int, pp: int, v: int = 1) -> list[Op]:
+    """Operations of ``stage`` (chunk ``stage``) for a rank whose plan order is ``order``."""
+    nf = sum(1 for k, _ in order if k == "F")
+    ready = ready_index(order)
+    shift = pp - 1 - stage
+    after: list[list[int]] = [[] for _ in range(max(nf, 1))]
+    for j, r in enumerate(ready):
+        after[max(min(nf - 1, r + shift), 0) if nf else 0].append(j)
+    ops: list[Op] = [("B", stage, j) for j in after[0]] if nf == 0 else []
+    for i in range(nf):
+        ops.append(("F", stage, i))
+        ops.extend(("B", stage, j) for j in after[i])
+    return ops
