@@ -17,44 +17,68 @@ B0 from stage 1 at 2.0, B1 at 3.5; each op takes half its pack).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
-from slimdata.plan.pipeline import one_f_one_b, ready_index
+import numpy as np
 
-__all__ = ["pipeline_time"]
+from slimdata.plan.pipeline import one_f_one_b
+
+__all__ = ["pipeline_time", "pipeline_times"]
 
 
 def pipeline_time(
     fwd: Sequence[float], bwd: Sequence[float], order: Sequence[tuple[str, int]], pp: int
 ) -> float:
     """Makespan of the packs ``fwd[i]`` / ``bwd[j]`` (full-model seconds) on ``pp`` stages."""
+    return float(pipeline_times(np.asarray(fwd), np.asarray(bwd), order, pp)[0])
+
+
+def pipeline_times(
+    fwd: np.ndarray, bwd: np.ndarray, order: Sequence[tuple[str, int]], pp: int
+) -> np.ndarray:
+    """:func:`pipeline_time` of several ranks with the same ``order`` at once: ``fwd`` and
+    ``bwd`` are ``(packs,)`` or ``(packs, ranks)``; one makespan per rank."""
+    f = np.asarray(fwd, dtype=np.float64).reshape(len(fwd), -1) / max(pp, 1)
+    b = np.asarray(bwd, dtype=np.float64).reshape(len(bwd), -1) / max(pp, 1)
+    ranks = max(f.shape[1], b.shape[1])
     if pp <= 1:
-        return float(sum(fwd) + sum(bwd))
-    nf = len(fwd)
-    ready = ready_index(order)
+        return f.sum(axis=0) + b.sum(axis=0) if len(f) and len(b) else np.zeros(ranks)
+    f_end = np.zeros((pp, len(f), ranks))
+    b_end = np.zeros((pp, len(b), ranks))
+    clock = np.zeros((pp, ranks))
+    for s, kind, i in _op_sequence(tuple(order), pp):
+        if kind == "F":
+            dep = f_end[s - 1, i] if s > 0 else 0.0
+            clock[s] = f_end[s, i] = np.maximum(clock[s], dep) + f[i]
+        else:
+            dep = b_end[s + 1, i] if s < pp - 1 else 0.0
+            clock[s] = b_end[s, i] = np.maximum(clock[s], dep) + b[i]
+    return clock.max(axis=0)
+
+
+@lru_cache(maxsize=256)
+def _op_sequence(order: tuple[tuple[str, int], ...], pp: int) -> tuple[tuple[int, str, int], ...]:
+    """Every stage's 1F1B operations ``(stage, pass, pack)`` in an order that respects the
+    dependencies (forward ``i`` on ``s`` after ``s - 1``, backward ``j`` on ``s`` after
+    ``s + 1``; each stage's own order): the same for every rank with this ``order``."""
     stages = [[(k, i) for k, _c, i in one_f_one_b(order, s, pp)] for s in range(pp)]
-    f_end = [[-1.0] * nf for _ in range(pp)]
-    b_end = [[-1.0] * len(ready) for _ in range(pp)]
+    done = {(s, k): set() for s in range(pp) for k in "FB"}
     pos = [0] * pp
-    clock = [0.0] * pp
+    out: list[tuple[int, str, int]] = []
     remaining = sum(len(o) for o in stages)
     while remaining:
         progressed = False
         for s in range(pp):
             while pos[s] < len(stages[s]):
                 kind, i = stages[s][pos[s]]
-                if kind == "F":
-                    dep = f_end[s - 1][i] if s > 0 else 0.0
-                else:
-                    dep = b_end[s + 1][i] if s < pp - 1 else 0.0
-                if dep < 0:
+                up = s - 1 if kind == "F" else s + 1
+                if 0 <= up < pp and i not in done[(up, kind)]:
                     break
-                start = max(clock[s], dep)
-                end = start + (fwd[i] if kind == "F" else bwd[i]) / pp
-                (f_end if kind == "F" else b_end)[s][i] = end
-                clock[s] = end
+                done[(s, kind)].add(i)
+                out.append((s, kind, i))
                 pos[s] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:  # pragma: no cover - 1F1B orders never deadlock
             raise AssertionError("pipeline order deadlocked")
-    return max(clock)
+    return tuple(out)

@@ -43,7 +43,7 @@ from slimdata.solver.common import BatchView, assemble_plan, interleaved_order
 from slimdata.solver.layout import Layout
 from slimdata.solver.merge import MergePlan, member_peak, member_tokens, plan_merges
 from slimdata.solver.micropack import RankPacks, pack_rank, pack_rank_lockstep
-from slimdata.solver.pipeline import pipeline_time
+from slimdata.solver.pipeline import pipeline_times
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
 
 __all__ = ["assign_lpt", "slimpack", "stage_share"]
@@ -545,7 +545,7 @@ def _lockstep(
     view: BatchView, p1: _Phase1, layout: Layout, counts: Sequence[int], share: float = 1.0
 ) -> tuple[float, list[RankPacks], int] | None:
     """Lockstep packs of every rank for the pack count in ``counts`` and the backward lag with
-    the smallest estimated 1F1B step time (:func:`~slimdata.solver.pipeline.pipeline_time`);
+    the smallest estimated 1F1B step time (:func:`~slimdata.solver.pipeline.pipeline_times`);
     ``None`` if none fits the caps. The lag is the pipeline's warm-up, bounded by memory, not
     by a constant: more forward packs in flight before the first backward shrink the bubble
     and hold more, so the lags that fit are ``0 .. L`` and ``L`` is found by bisection;
@@ -608,16 +608,10 @@ def _lockstep_at(
         if p is None:
             return None
         packs.append(p)
-    order = interleaved_order(m, m, lag)
-    est = max(
-        pipeline_time(
-            [float(view.fwd[f].sum()) for f in p.forward],
-            [float(view.bwd[b].sum()) for b in p.backward],
-            order,
-            layout.pp,
-        )
-        for p in packs
-    )
+    _tok, fwd, bwd, _act, _doc = view.lists
+    f = np.array([[sum(fwd[k] for k in i) for i in p.forward] for p in packs]).T
+    b = np.array([[sum(bwd[k] for k in j) for j in p.backward] for p in packs]).T
+    est = float(pipeline_times(f, b, interleaved_order(m, m, lag), layout.pp).max())
     return est, packs
 
 
