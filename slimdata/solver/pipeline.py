@@ -62,7 +62,7 @@ def _op_sequence(order: tuple[tuple[str, int], ...], pp: int) -> tuple[tuple[int
     dependencies (forward ``i`` on ``s`` after ``s - 1``, backward ``j`` on ``s`` after
     ``s + 1``; each stage's own order): the same for every rank with this ``order``."""
     stages = [[(k, i) for k, _c, i in one_f_one_b(order, s, pp)] for s in range(pp)]
-    done = {(s, k): set() for s in range(pp) for k in "FB"}
+    done: dict[tuple[int, str], set[int]] = {(s, k): set() for s in range(pp) for k in "FB"}
     pos = [0] * pp
     out: list[tuple[int, str, int]] = []
     remaining = sum(len(o) for o in stages)
