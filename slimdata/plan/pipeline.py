@@ -1,6 +1,6 @@
 """The order a pipeline stage runs a rank's packs in under 1F1B: the one definition the
 solver's estimate (:mod:`slimdata.solver.pipeline`) and the simulator
-(:mod:`slimdata.sim.schedule`) share.
+(:mod:`slimdata.sim.schedule`) share, and how the layers split into pipeline chunks.
 
 With ``pp`` stages, stage ``s`` runs the rank's own order (``RankStep.order``) with every
 backward pack delayed by ``pp - 1 - s`` forward packs (the warm-up). For symmetric packs and
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["Op", "one_f_one_b", "ready_index"]
+import numpy as np
+
+__all__ = ["Op", "chunk_fractions", "one_f_one_b", "ready_index"]
 
 Op = tuple[str, int, int]
 """``(pass, chunk, pack)``: pass ``F`` or ``B``, global model chunk, pack index."""
@@ -48,3 +50,17 @@ def one_f_one_b(order: Sequence[tuple[str, int]], stage: int, pp: int, v: int = 
         ops.append(("F", stage, i))
         ops.extend(("B", stage, j) for j in after[i])
     return ops
+
+
+def chunk_fractions(layers: int, chunks: int) -> np.ndarray:
+    """Share of the model in each of ``chunks`` consecutive pipeline chunks.
+
+    Layers are split as evenly as possible, earlier chunks taking the remainder
+    (``chunk_fractions(10, 4) -> [3, 3, 2, 2] / 10``); with fewer layers than chunks (or an
+    unknown layer count) every chunk gets ``1 / chunks``.
+    """
+    if layers < chunks:
+        return np.full(chunks, 1.0 / chunks)
+    k = np.full(chunks, layers // chunks, dtype=np.float64)
+    k[: layers % chunks] += 1
+    return k / layers

@@ -31,6 +31,7 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.plan import StepPlan, check_lockstep, execution
+from slimdata.plan.pipeline import chunk_fractions
 
 __all__ = ["PackTimes", "chunk_fractions", "pack_times"]
 
@@ -179,17 +180,3 @@ def pack_times(
         f_calls=f_calls,
         b_calls=b_calls,
     )
-
-
-def chunk_fractions(layers: int, chunks: int) -> np.ndarray:
-    """Share of the model in each of ``chunks`` consecutive pipeline chunks.
-
-    Layers are split as evenly as possible, earlier chunks taking the remainder
-    (``chunk_fractions(10, 4) -> [3, 3, 2, 2] / 10``); with fewer layers than chunks (or an
-    unknown layer count) every chunk gets ``1 / chunks``.
-    """
-    if layers < chunks:
-        return np.full(chunks, 1.0 / chunks)
-    k = np.full(chunks, layers // chunks, dtype=np.float64)
-    k[: layers % chunks] += 1
-    return k / layers

@@ -160,14 +160,6 @@ def test_pack_rank_lockstep_counts_merge_buffers_on_the_first_stage():
     assert pack_rank_lockstep(view, units, [0, 1], mem=3.5 * GIB, **kw) is None
 
 
-def test_stage_share_matches_the_simulator_split():
-    from slimdata.sim import chunk_fractions
-    from slimdata.solver.strategies.slimpack import stage_share
-
-    for layers, pp in ((32, 4), (10, 4), (3, 4), (80, 3), (7, 1)):
-        assert stage_share(layers, pp) == float(chunk_fractions(layers, pp).max())
-
-
 @pytest.mark.parametrize(
     ("dp", "context", "memory_gib", "long"),
     [(4, 32768, 4.0, [32768, 24000]), (8, 65536, 8.0, [65536, 30000])],

@@ -38,6 +38,7 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
+from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, assemble_plan, interleaved_order
 from slimdata.solver.layout import Layout
@@ -531,14 +532,9 @@ def _pack_counts(view: BatchView, layout: Layout) -> list[int]:
 
 
 def stage_share(layers: int, pp: int) -> float:
-    """Share of the model's layers on the first (largest) of ``pp`` pipeline stages: layers
-    split as evenly as possible, earlier stages taking the remainder (the split of
-    :func:`slimdata.sim.packs.chunk_fractions`); ``1 / pp`` with fewer layers than stages."""
-    if pp <= 1:
-        return 1.0
-    if layers < pp:
-        return 1.0 / pp
-    return math.ceil(layers / pp) / layers
+    """Share of the model's layers on the first (largest) of ``pp`` pipeline stages, by the
+    simulator's split (:func:`slimdata.plan.pipeline.chunk_fractions`)."""
+    return float(chunk_fractions(layers, pp).max())
 
 
 def _lockstep(
