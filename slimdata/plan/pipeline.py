@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["Op", "chunk_fractions", "one_f_one_b", "ready_index"]
+__all__ = ["Op", "chunk_fractions", "interleave", "one_f_one_b", "ready_index"]
 
 Op = tuple[str, int, int]
 """``(pass, chunk, pack)``: pass ``F`` or ``B``, global model chunk, pack index."""
@@ -35,6 +35,26 @@ def ready_index(order: Sequence[tuple[str, int]]) -> list[int]:
         else:
             out[i] = last
     return [out[j] for j in range(len(out))]
+
+
+def interleave(n_fwd: int, ready: Sequence[int]) -> tuple[tuple[str, int], ...]:
+    """A rank's plan order: forward packs in order, backward pack ``j`` (in order) right after
+    forward pack ``ready[j]`` once every earlier backward pack has run, then any backward
+    packs left (the inverse of :func:`ready_index`). Every per-rank order is one of these:
+    eager (``ready`` = the last forward of the pack's documents), lockstep with a lag
+    (``ready[j] = j + lag``), common across ranks (the latest over ranks).
+
+    ``interleave(3, [0, 2, 2]) == F0 B0 F1 F2 B1 B2``.
+    """
+    order: list[tuple[str, int]] = []
+    b = 0
+    for i in range(n_fwd):
+        order.append(("F", i))
+        while b < len(ready) and ready[b] <= i:
+            order.append(("B", b))
+            b += 1
+    order.extend(("B", j) for j in range(b, len(ready)))
+    return tuple(order)
 
 
 def one_f_one_b(order: Sequence[tuple[str, int]], stage: int, pp: int, v: int = 1) -> list[Op]:

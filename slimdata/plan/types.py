@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slimdata.errors import ConfigError, PlanError
+from slimdata.plan.pipeline import interleave
 from slimdata.plan.validate import validate_plan
 from slimdata.slicing import check_length
 
@@ -108,15 +109,7 @@ def eager_order(
         for s in pack.slices:
             last_fwd[s.doc] = i
     ready_after = [max((last_fwd.get(s.doc, -1) for s in p.slices), default=-1) for p in backward]
-    order: list[tuple[str, int]] = []
-    b = 0
-    for i in range(len(forward)):
-        order.append(("F", i))
-        while b < len(backward) and ready_after[b] <= i:
-            order.append(("B", b))
-            b += 1
-    order.extend(("B", j) for j in range(b, len(backward)))
-    return tuple(order)
+    return interleave(len(forward), ready_after)
 
 
 def _is_order_item(o: Any) -> bool:

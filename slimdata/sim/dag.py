@@ -28,6 +28,7 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.plan import StepPlan
+from slimdata.plan.pipeline import interleave
 from slimdata.sim.comm import p2p_time, param_collective_time, spans_nodes
 from slimdata.sim.config import SimConfig
 from slimdata.sim.cp import (
@@ -88,15 +89,7 @@ def common_order(plan: StepPlan) -> tuple[tuple[str, int], ...]:
             ready[j] = max(ready[j], r)
     for j in range(1, nb):
         ready[j] = max(ready[j], ready[j - 1])
-    out: list[tuple[str, int]] = []
-    b = 0
-    for i in range(nf):
-        out.append(("F", i))
-        while b < nb and ready[b] <= i:
-            out.append(("B", b))
-            b += 1
-    out.extend(("B", j) for j in range(b, nb))
-    return tuple(out)
+    return interleave(nf, ready)
 
 
 def _merge_index(plan: StepPlan) -> dict[tuple[int, str], int]:

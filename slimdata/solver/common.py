@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from slimdata.cost import CostModel
+from slimdata.plan.pipeline import interleave
 from slimdata.plan.types import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
 from slimdata.solver.layout import Layout
 
@@ -162,15 +163,7 @@ def interleaved_order(n_fwd: int, n_bwd: int, lag: int = 0) -> tuple[tuple[str, 
     ``interleaved_order(3, 3) == F0 B0 F1 B1 F2 B2``; ``interleaved_order(3, 3, 1) == F0 F1 B0
     F2 B1 B2``.
     """
-    order: list[tuple[str, int]] = []
-    j = 0
-    for i in range(n_fwd):
-        order.append(("F", i))
-        if i >= lag and j < n_bwd:
-            order.append(("B", j))
-            j += 1
-    order.extend(("B", k) for k in range(j, n_bwd))
-    return tuple(order)
+    return interleave(n_fwd, [j + lag for j in range(n_bwd)])
 
 
 def assemble_plan(

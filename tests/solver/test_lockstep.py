@@ -26,6 +26,17 @@ def test_interleaved_order_with_lag():
     assert interleaved_order(2, 2, 5) == (("F", 0), ("F", 1), ("B", 0), ("B", 1))
 
 
+def test_interleave_runs_each_backward_after_its_ready_forward_in_order():
+    from slimdata.plan.pipeline import interleave, ready_index
+
+    order = interleave(3, [0, 2, 2])
+    assert order == (("F", 0), ("B", 0), ("F", 1), ("F", 2), ("B", 1), ("B", 2))
+    assert ready_index(order) == [0, 2, 2]
+    # a backward pack never overtakes an earlier one: B1 waits for B0 (ready after F2)
+    assert interleave(3, [2, 0]) == (("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1))
+    assert interleave(1, [5]) == (("F", 0), ("B", 0))
+
+
 def test_pipeline_time_by_hand():
     # stage 0: F0 [0, .5], F1 [.5, 1]; stage 1: F0 [.5, 1], B0 [1, 2], F1 [2, 2.5], B1 [2.5, 3.5];
     # stage 0: B0 [2, 3], B1 [3.5, 4.5]
