@@ -558,7 +558,9 @@ def _lockstep(
                 tried[lag] = _lockstep_at(view, p1, layout, m, lag, share)
             return tried[lag] is not None
 
-        lo, hi = 0, m - 1  # invariant: every lag below lo fits, none above hi
+        # invariant: every lag below lo fits, none above hi; on one stage a lag only adds
+        # memory (the estimate is the packs' sum), so lag 0 is the only candidate
+        lo, hi = 0, (m - 1 if layout.pp > 1 else 0)
         if not fits(0):
             continue
         while lo < hi:
