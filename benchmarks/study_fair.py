@@ -59,8 +59,8 @@ def distributions(data: Path) -> dict[str, np.ndarray]:
     return {k: v[rng.permutation(len(v))] for k, v in out.items()}
 
 
-def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int) -> dict:
-    """One cell with simulate's defaults; returns the comparison as JSON."""
+def setting(lens: np.ndarray, context: int, dp: int, pp: int, steps: int):
+    """A cell's documents, layout, cost model and global batch, with simulate's defaults."""
     recompute = auto_recompute("auto", context)
     cost = CostModel.analytic("llama-8b", "h100", recompute)  # type: ignore[arg-type]
     memory, how = activation_budget_gib(
@@ -71,10 +71,16 @@ def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int) -> dict:
     layout = Layout(
         dp=dp, pp=pp, context=context, memory_gib=memory, mode="lockstep" if pp > 1 else "free"
     )
+    return documents_from_lengths(lens[:need]), layout, cost, gbt, how
+
+
+def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int) -> dict:
+    """One cell with simulate's defaults; returns the comparison as JSON."""
+    docs, layout, cost, gbt, how = setting(lens, context, dp, pp, steps)
 
     def run(strategies: list[str], baseline_config: str) -> dict:
         return compare_strategies(
-            documents_from_lengths(lens[:need]),
+            docs,
             layout,
             cost,
             strategies=strategies,

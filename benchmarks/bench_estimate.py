@@ -1,0 +1,62 @@
+"""The planner's step-time estimate against the simulator, and slimpack's solve time, on the
+pipeline cells of the fair study (``study_fair.py``'s grid and defaults, ``pp > 1``).
+
+For every cell: the first step's batch (``PlanConfig.batches``, as ``simulate``), solved by
+slimpack at ``cp = 1`` in lockstep mode; ``StepPlan.meta["pipeline_estimate"]`` (the slowest
+rank's 1F1B pipeline, :func:`slimdata.solver.pipeline.pipeline_times`) against
+``simulate_step`` (ZeRO-1, 1F1B), and the solve's wall time.
+
+    .venv/bin/python benchmarks/bench_estimate.py --data ../shared/data/lengths
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from study_fair import CONTEXTS, LAYOUTS, distributions, setting
+
+from slimdata.sim import SimConfig, simulate_step
+from slimdata.solver import PlanConfig, solve
+
+
+def measure(lens: np.ndarray, context: int, dp: int, pp: int) -> tuple[float, float, float, int]:
+    """``(estimate s, simulated s, solve s, micro-batches)`` of the cell's first step."""
+    docs, layout, cost, gbt, _how = setting(lens, context, dp, pp, 1)
+    batch = PlanConfig(layout=layout, global_batch_tokens=gbt).batches(docs)[0]
+    t0 = time.perf_counter()
+    plan = solve(batch, layout, "slimpack", 0, cost)
+    solve_s = time.perf_counter() - t0
+    sim = simulate_step(plan, cost, layout, SimConfig(parallelism="zero1"))
+    return plan.meta["pipeline_estimate"], sim.step_time, solve_s, plan.meta["microbatches"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path, default=Path("../shared/data/lengths"))
+    ap.add_argument("--contexts", default=",".join(CONTEXTS))
+    ap.add_argument("--datasets", default="wikipedia,wlb128k,lognormal")
+    args = ap.parse_args(argv)
+    dists = distributions(args.data)
+    print("| dataset | context | DP x PP | estimate s | simulated s | error | solve s | mb |")
+    print("|---|---|---|---|---|---|---|---|")
+    errors = []
+    for ds in args.datasets.split(","):
+        for ctx in args.contexts.split(","):
+            for dp, pp in (x for x in LAYOUTS if x[1] > 1):
+                est, sim, solve_s, mb = measure(dists[ds], CONTEXTS[ctx], dp, pp)
+                errors.append(abs(est - sim) / sim)
+                print(
+                    f"| {ds} | {ctx} | {dp}x{pp} | {est:.2f} | {sim:.2f} | "
+                    f"{100 * (est - sim) / sim:+.1f}% | {solve_s:.1f} | {mb} |",
+                    flush=True,
+                )
+    print(f"\nmean |error| {100 * np.mean(errors):.2f}%, max {100 * np.max(errors):.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
