@@ -133,7 +133,7 @@ def build_dag(
         cost,
         cp,
         net,
-        recompute_full=cost.label.endswith("/full"),
+        recompute_full=cost.recompute == "full",
         overlap=config.cp_overlap,
     )
     doc_len = np.array([d.length for d in plan.docs], dtype=np.float64)
@@ -200,7 +200,7 @@ def build_dag(
         devs = real([dev(c, r) for r in grp.ranks])
         off = (pt.f_offset if kind == "F" else pt.b_offset)[m] + j
         att = (pt.f_att[off] * f_scale[off]) if kind == "F" else (pt.b_att[off] * b_scale[off])
-        coll = 1 if kind == "F" else (3 if cost.label.endswith("/full") else 2)
+        coll = 1 if kind == "F" else (3 if cost.recompute == "full" else 2)
         nbytes = float(cost.gathered_kv_bytes(tokens))
         t = exchange_exposed(
             net,

@@ -51,6 +51,13 @@ def linear_cost(
     )
 
 
+def kv_cost(recompute: str = "none", params: int = 0) -> CostModel:
+    """4-token doc: F = 2*4 + 0.2*10 = 10 s (8 linear, 2 attention), B = 16 + 4 = 20 s;
+    1 layer, 1 byte of activations and 1 GB of K/V per token."""
+    c = linear_cost(fwd=2.0, bwd=4.0, att_f=0.2, att_b=0.4, params=params)
+    return CostModel(**{**c.to_dict(), "kv_bytes_per_token": 1e9, "recompute": recompute})
+
+
 def whole_doc_plan(per_rank: list[list[list[int]]], mode: str = "free") -> StepPlan:
     """``per_rank[r][i]`` lists document lengths in forward pack ``i`` of rank ``r``; each doc is
     one slice, backward packs mirror the forward packs, eager order."""
