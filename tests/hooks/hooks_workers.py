@@ -349,3 +349,42 @@ def four_rank_suite(rank: int, world: int) -> tuple[list, list]:
     cases = [("solver4_merge", "each"), ("solver4_merge", "last"), ("merge_recompute4", "each")]
     fsdp = fsdp_equivalence(rank, world, cases)
     return plain, fsdp
+
+
+def plan_merge_uneven2():
+    # doc 0 (12 tokens) merged over ranks 0 ([0, 5)) and 1 ([5, 12)): shares 5 and 7
+    lengths = [12, 6]
+    r0 = ([[(0, 0, 5)], [(1, 0, 6)]], [[(1, 0, 6)], [(0, 0, 5)]])
+    r1 = ([[(0, 5, 12)]], [[(0, 5, 12)]])
+    return lengths, make_plan(
+        lengths, [r0, r1], merges=[MergeGroup((0, 1), (0,))], merge_packs={0: (0, 1), 1: (0, 0)}
+    )
+
+
+def merge_collective_bytes(rank: int, world: int) -> list[tuple[str, int]]:
+    """(collective, bytes) of every floating-point collective this rank issues while running
+    :func:`plan_merge_uneven2` (the K/V exchange; token ids are integers)."""
+    import torch.distributed as dist
+
+    seen: list[tuple[str, int]] = []
+    gather, scatter = dist.all_gather, dist.reduce_scatter_tensor
+
+    def all_gather(parts, t, *args, **kwargs):
+        if t.is_floating_point():
+            seen.append(("all_gather", sum(p.numel() * p.element_size() for p in parts)))
+        return gather(parts, t, *args, **kwargs)
+
+    def reduce_scatter_tensor(out, t, *args, **kwargs):
+        if t.is_floating_point():
+            seen.append(("reduce_scatter", t.numel() * t.element_size()))
+        return scatter(out, t, *args, **kwargs)
+
+    dist.all_gather, dist.reduce_scatter_tensor = all_gather, reduce_scatter_tensor
+    try:
+        lengths, plan = plan_merge_uneven2()
+        run_step(
+            TinyLM(seed=0), make_payload(plan, rank, doc_tokens(lengths)), forward=tiny_forward
+        )
+    finally:
+        dist.all_gather, dist.reduce_scatter_tensor = gather, scatter
+    return seen

@@ -42,3 +42,23 @@ def test_merge_four_ranks_and_fsdp():
 def test_failure_on_a_rank_is_reported():
     with pytest.raises(RuntimeError, match=r"rank \d failed(.|\n)*KeyError"):
         run_distributed(W.equivalence, 2, ["no-such-plan"])
+
+
+def test_merge_exchange_bytes_are_the_simulators():
+    # TinyLM: 2 layers, 2 K/V heads of 8, fp32: K+V of one token in one layer = 2*16*4 = 128 B.
+    # Shares of 5 and 7 tokens, padded to 7: every collective moves 2 * 7 * 128 = 1792 bytes,
+    # one all-gather per layer forward, one reduce-scatter per layer backward
+    from slimdata.cost import CostModel, ModelConfig
+    from slimdata.sim.cp import merge_collectives, merge_layer_tokens
+
+    res = run_distributed(W.merge_collective_bytes, 2)
+    want = [("all_gather", 1792)] * 2 + [("reduce_scatter", 1792)] * 2
+    assert res == [want, want]
+    tiny = ModelConfig(
+        name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=64, dtype_bytes=4
+    )
+    cost = CostModel.analytic(tiny, "h100", "none")
+    _lengths, plan = W.plan_merge_uneven2()
+    assert merge_layer_tokens(plan, 0) == 14
+    assert cost.kv_bytes_per_token / cost.layers * merge_layer_tokens(plan, 0) == 1792
+    assert (merge_collectives("F", cost), merge_collectives("B", cost)) == (1, 1)
