@@ -20,15 +20,8 @@ from typing import Any
 import numpy as np
 
 from slimdata.cost import CostModel
-from slimdata.plan.types import (
-    Document,
-    MergeGroup,
-    MicroPack,
-    RankStep,
-    Slice,
-    StepPlan,
-    loss_token_count,
-)
+from slimdata.plan import loss_token_count
+from slimdata.plan.types import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
 from slimdata.solver.layout import Layout
 
 __all__ = [

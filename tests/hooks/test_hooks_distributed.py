@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hooks_workers as W
 import pytest
+import robust_workers as R
 from slimdata.hooks.distributed import run_distributed
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,19 +47,19 @@ def test_failure_on_a_rank_is_reported():
 
 def test_merge_exchange_bytes_are_the_simulators():
     # TinyLM: 2 layers, 2 K/V heads of 8, fp32: K+V of one token in one layer = 2*16*4 = 128 B.
-    # Shares of 5 and 7 tokens, padded to 7: every collective moves 2 * 7 * 128 = 1792 bytes,
-    # one all-gather per layer forward, one reduce-scatter per layer backward
+    # Shares of 14 and 16 tokens, padded to 16: every collective moves 2 * 16 * 128 = 4096
+    # bytes, one all-gather per layer forward, one reduce-scatter per layer backward
     from slimdata.cost import CostModel, ModelConfig
     from slimdata.sim.cp import merge_collectives, merge_layer_tokens
 
-    res = run_distributed(W.merge_collective_bytes, 2)
-    want = [("all_gather", 1792)] * 2 + [("reduce_scatter", 1792)] * 2
+    res = run_distributed(R.merge_collective_bytes, 2)
+    want = [("all_gather", 4096)] * 2 + [("reduce_scatter", 4096)] * 2
     assert res == [want, want]
     tiny = ModelConfig(
         name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=64, dtype_bytes=4
     )
     cost = CostModel.analytic(tiny, "h100", "none")
-    _lengths, plan = W.plan_merge_uneven2()
-    assert merge_layer_tokens(plan, 0) == 14
-    assert cost.kv_bytes_per_token / cost.layers * merge_layer_tokens(plan, 0) == 1792
+    _lengths, plan = R.plan_member_only2()
+    assert merge_layer_tokens(plan, 0) == 32
+    assert cost.kv_bytes_per_token / cost.layers * merge_layer_tokens(plan, 0) == 4096
     assert (merge_collectives("F", cost), merge_collectives("B", cost)) == (1, 1)

@@ -77,11 +77,12 @@ def whole_doc_plan(per_rank: list[list[list[int]]], mode: str = "free") -> StepP
     ).validate()
 
 
-def merge_plan() -> StepPlan:
-    """A 4-token document shared by ranks 0 ([0, 2)) and 1 ([2, 4)) as one merge group."""
-    doc = Document(doc_id=0, length=4)
-    p0 = MicroPack((Slice(0, 0, 2),), merge=0)
-    p1 = MicroPack((Slice(0, 2, 4),), merge=0)
+def merge_plan(length: int = 4, cut: int = 2) -> StepPlan:
+    """A ``length``-token document shared by ranks 0 ([0, cut)) and 1 ([cut, length)) as one
+    merge group (default: 4 tokens, shares of 2)."""
+    doc = Document(doc_id=0, length=length)
+    p0 = MicroPack((Slice(0, 0, cut),), merge=0)
+    p1 = MicroPack((Slice(0, cut, length),), merge=0)
     ranks = (
         RankStep(rank=0, forward=(p0,), backward=(p0,)),
         RankStep(rank=1, forward=(p1,), backward=(p1,)),

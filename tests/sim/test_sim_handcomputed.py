@@ -10,7 +10,7 @@ from sim_helpers import linear_cost, merge_plan, whole_doc_plan
 
 from slimdata.cost import Interconnect
 from slimdata.errors import PlanError
-from slimdata.plan import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
+from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 from slimdata.sim import SimConfig, chunk_fractions, pack_times, simulate_step, stage_ops
 from slimdata.sim.cp import merge_layer_tokens
 from slimdata.solver.layout import Layout
@@ -402,18 +402,7 @@ def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
     # pads every share to 3, so each collective moves 2 * 3 = 6 tokens' K/V: 6 GB per layer
     # (1 layer, 1 GB/token); over 2 ranks at 1 GB/s a ring collective takes 6 * 1/2 = 3 s.
     # F: 1 all-gather, B: 1 reduce-scatter (+ 1 re-gather with recompute=full).
-    doc = Document(doc_id=0, length=5)
-    p0, p1 = MicroPack((Slice(0, 0, 2),), merge=0), MicroPack((Slice(0, 2, 5),), merge=0)
-    plan = StepPlan(
-        step=0,
-        strategy="t",
-        docs=(doc,),
-        ranks=(
-            RankStep(rank=0, forward=(p0,), backward=(p0,)),
-            RankStep(rank=1, forward=(p1,), backward=(p1,)),
-        ),
-        merges=(MergeGroup(ranks=(0, 1), docs=(0,)),),
-    ).validate()
+    plan = merge_plan(length=5, cut=2)
     assert merge_layer_tokens(plan, 0) == 6
     cost = linear_cost()  # F 1 s, B 2 s per token, no attention (nothing hides)
     cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
