@@ -242,10 +242,10 @@ def test_merge_kv_exchange_is_exposed():
     net = Interconnect(intra_node_gbps=1.0, latency_s=0.0)  # 1 GB/s
     cfg = SimConfig(interconnect=net, cp_overlap=0.0)  # nothing hides the exchange
     r = simulate_step(merge_plan(), cost, Layout(dp=2, context=128), cfg)
-    # all-gather of 4 GB over 2 ranks moves half: 2 s in forward; the backward
-    # reduce-scatters the gradients of the gathered K/V: 2 s. F: 2 + 9 = 11, B: 2 + 18 = 20
-    assert r.step_time == pytest.approx(31.0)
-    assert r.comm.tolist() == [[4.0, 4.0]]
+    # all-gather of 4 GB over 2 ranks moves half: 2 s in forward; the backward gathers again
+    # and reduce-scatters the gradients: 4 s. F: 2 + 9 = 11, B: 4 + 18 = 22
+    assert r.step_time == pytest.approx(33.0)
+    assert r.comm.tolist() == [[6.0, 6.0]]
     # the gathered K/V (4 GB) is held during the forward, K/V and grads (8 GB) during the
     # backward, on top of the member's own 2 tokens: 2 bytes of activations, 2 GB of K/V
     assert r.peak_memory.max() == pytest.approx(8e9 + 2e9 + 2)
@@ -257,10 +257,10 @@ def test_merge_kv_exchange_hides_behind_attention():
     net = Interconnect(intra_node_gbps=1.0, latency_s=0.0)
     r = simulate_step(merge_plan(), cost, Layout(dp=2, context=128), SimConfig(interconnect=net))
     # up to (k - 1) / k = 1/2 of a member's attention hides its exchange: rank 0 (attention
-    # 3 s F, 6 s B) exposes 2 - 1.5 = 0.5 s and 2 - 3 < 0: none; rank 1 (7 s, 14 s) none.
-    # F: max(0.5 + 5, 9) = 9, B: max(10, 18) = 18 -> 27, as without any exchange
+    # 3 s F, 6 s B) exposes 2 - 1.5 = 0.5 s and 4 - 3 = 1 s; rank 1 (7 s, 14 s) exposes none.
+    # F: max(0.5 + 5, 9) = 9, B: max(1 + 10, 18) = 18 -> 27, as without any exchange
     assert r.step_time == pytest.approx(27.0)
-    assert r.comm.tolist() == [[0.5, 0.0]]
+    assert r.comm.tolist() == [[1.5, 0.0]]
 
 
 def test_fsdp_lockstep_sums_packwise_maxima():
@@ -401,17 +401,17 @@ def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
     # a 5-token document merged over 2 ranks, shares 2 ([0, 2)) and 3 ([2, 5)); the runtime
     # pads every share to 3, so each collective moves 2 * 3 = 6 tokens' K/V: 6 GB per layer
     # (1 layer, 1 GB/token); over 2 ranks at 1 GB/s a ring collective takes 6 * 1/2 = 3 s.
-    # F: 1 all-gather, B: 1 reduce-scatter (+ 1 re-gather with recompute=full).
+    # F: 1 all-gather; B: 1 re-gather and 1 reduce-scatter (+ 1 gather with recompute=full).
     plan = merge_plan(length=5, cut=2)
     assert merge_layer_tokens(plan, 0) == 6
     cost = linear_cost()  # F 1 s, B 2 s per token, no attention (nothing hides)
     cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
     cfg = SimConfig(interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
     r = simulate_step(plan, cost, Layout(dp=2, context=128), cfg)
-    # F max(2, 3) + 3 = 6, B max(4, 6) + 3 = 9
-    assert r.comm.tolist() == [[6.0, 6.0]]
-    assert r.step_time == pytest.approx(15.0)
-    full = type(cost)(**{**cost.to_dict(), "recompute": "full"})
-    r = simulate_step(plan, full, Layout(dp=2, context=128), cfg)
+    # F max(2, 3) + 3 = 6, B max(4, 6) + 6 = 12
     assert r.comm.tolist() == [[9.0, 9.0]]
     assert r.step_time == pytest.approx(18.0)
+    full = type(cost)(**{**cost.to_dict(), "recompute": "full"})
+    r = simulate_step(plan, full, Layout(dp=2, context=128), cfg)  # B 9 s of exchange
+    assert r.comm.tolist() == [[12.0, 12.0]]
+    assert r.step_time == pytest.approx(21.0)
