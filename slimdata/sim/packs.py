@@ -197,4 +197,3 @@ def padding_call_times(cost: CostModel) -> tuple[float, float]:
     constant apart: the FSDP executor runs the model on one token
     (:func:`slimdata.hooks.fsdp.dummy_loss`), priced as a one-token slice."""
     return float(cost.forward(0, 1)), float(cost.backward(0, 1))
-
