@@ -2,10 +2,11 @@
 
 Each member holds some slices (a share of the queries) of the group's documents in exactly
 one forward and one backward merge pack. Per layer, members all-gather the keys/values of
-their merged slices on the group's process subgroup (forward) and all-reduce the gradient
-of the gathered tensor, keeping their own rows (backward): every member's keys/values then
-carry the gradient from every member's queries. Parameters are untouched; the ordinary DP
-gradient reduction sums the members' partial parameter gradients into the exact gradient.
+their merged slices on the group's process subgroup (forward) and reduce-scatter the
+gradient of the gathered tensor (backward): each member receives the summed gradient of its
+own rows, so its keys/values carry the gradient from every member's queries. Parameters are
+untouched; the ordinary DP gradient reduction sums the members' partial parameter gradients
+into the exact gradient.
 
 Memory is context parallelism's: the gathered keys/values of a layer live while that layer's
 attention runs and are freed after it (the attention over them is checkpointed,
@@ -16,12 +17,14 @@ simulator's rule.
 
 Collective sequence per member and step: ``L`` all-gathers in every forward run of the merge
 pack (its forward, and its recomputed forward when its backward pack recomputes it), then per
-layer, last first, one all-gather and one all-reduce in its backward. Members of a group
-share the merge pack's kept/recomputed status (a merge pack's backward pack holds exactly its
-forward pack's slices, so it is kept outside FSDP; under FSDP the status is plan-global), so
-their sequences match. Subgroups are created once per rank set and cached;
-``new_group`` is collective, so every rank calls :func:`merge_group` for every group of a
-plan in plan order.
+layer, last first, one all-gather and one reduce-scatter in its backward. Each moves the
+keys/values of ``members * largest share`` tokens (every share padded to the largest), the
+size the simulator prices (:func:`slimdata.sim.cp.merge_layer_tokens`,
+:func:`slimdata.sim.cp.merge_collectives`). Members of a group share the merge pack's
+kept/recomputed status (a merge pack's backward pack holds exactly its forward pack's slices,
+so it is kept outside FSDP; under FSDP the status is plan-global), so their sequences match.
+Subgroups are created once per rank set and cached; ``new_group`` is collective, so every
+rank calls :func:`merge_group` for every group of a plan in plan order.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def ensure_groups(plan: StepPlan) -> None:
 
 class _GatherKV(torch.autograd.Function):
     """all-gather of ``own (2, maxlen, H, D)`` -> ``(world, 2, maxlen, H, D)``; backward
-    all-reduces the gradient and returns this member's rows."""
+    reduce-scatters the gradient, returning the sum of this member's rows."""
 
     @staticmethod
     def forward(ctx, own, group, index, world):
@@ -68,9 +71,12 @@ class _GatherKV(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad[ctx.index], None, None, None
+        # member i receives the sum over members of the gradient of its own rows grad[i]
+        # (flat: gloo splits the input along dim 0 into world equal parts)
+        flat = grad.contiguous().view(-1)
+        own = torch.empty(flat.numel() // grad.shape[0], dtype=grad.dtype, device=grad.device)
+        dist.reduce_scatter_tensor(own, flat, group=ctx.group)
+        return own.view(grad.shape[1:]), None, None, None
 
 
 def gather_kv(own: torch.Tensor, group, index: int, world: int) -> torch.Tensor:

@@ -367,6 +367,7 @@ def fit_cost_model(
         fwd_pack_const=fp,
         bwd_pack_const=bp,
         graph_free_scale=graph_free_scale(meas),
+        recompute="none",  # the runtime it timed runs no recompute
         source=f"profile:{dev}",
         label=f"{model_cfg.name}@{dev}/{config.dtype}",
     )

@@ -31,6 +31,7 @@ from typing import Any
 from slimdata.build.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, task_dir
 from slimdata.docsource import MANIFEST_NAME
 from slimdata.errors import ConfigError, OutputExistsError
+from slimdata.plan.types import loss_token_count
 
 __all__ = [
     "PLAN_NAME",
@@ -185,7 +186,6 @@ def _manifest(output: Path, count: int) -> tuple[int, str, int]:
     tokens in global order, independent of how tasks were cut) and the number of documents
     whose id repeats an earlier one (with a warning)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     tables = [pq.read_table(task_dir(output, i) / DOCUMENTS_NAME) for i in range(count)]
@@ -211,7 +211,9 @@ def _manifest(output: Path, count: int) -> tuple[int, str, int]:
                 "doc_id": table.column("doc_id"),
                 "source": table.column("source"),
                 "length": length,
-                "loss_tokens": pc.subtract(length, 1),
+                "loss_tokens": pa.array(
+                    [loss_token_count(n) for n in length.to_pylist()], length.type
+                ),
                 "cuts": table.column("cuts"),
             }
         )

@@ -210,7 +210,7 @@ def command(
     cmp.config.update(
         model=model,
         device=device,
-        recompute=cost.label.rsplit("/", 1)[-1] if cost.label else recompute,
+        recompute=cost.recompute,
         cost_profile=cost_profile,
         optimizer=optimizer,
         memory_budget=memory_how,

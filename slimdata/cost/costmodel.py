@@ -19,14 +19,19 @@ fraction of the layers takes that fraction. Assumptions of :meth:`CostModel.anal
   QK^T); ``recompute="full"`` adds one more forward to every backward;
 - time = FLOPs / (peak * efficiency) from a :class:`DeviceProfile`, plus a fixed per-layer
   launch overhead per slice;
-- activation bytes per token per layer: ``dtype * (8 h + 2 kv_dim + 5 ffn)`` without
-  recompute (inputs of every GEMM, norms, attention output and softmax stats, SwiGLU
-  intermediates), ``dtype * (6 h + 2 kv_dim + 2 ffn)`` with selective recompute (norms and
+- activation bytes per token per layer, keys and values excluded: ``dtype * (8 h + 5 ffn)``
+  without recompute (inputs of every GEMM, norms, queries, attention output and softmax
+  stats, SwiGLU intermediates), ``dtype * (6 h + 2 ffn)`` with selective recompute (norms and
   the SwiGLU activation recomputed; their cost is neglected), ``dtype * h`` with full
-  recompute (the layer input only). Logits are not held: the loss is assumed chunked or
-  fused (logits recomputed per chunk in backward, as in Liger/Megatron fused cross-entropy),
-  so their memory is transient and bounded by one chunk, not by the slice length
-  (:func:`loss_chunk_tokens` sizes that chunk; the runtime computes its loss that way).
+  recompute (the layer input only);
+- keys and values, ``dtype * 2 kv_dim`` per token per layer
+  (:attr:`CostModel.kv_bytes_per_token`), are held under every policy (the per-step K/V store that slice continuation reads, which
+  autograd saves too) and counted once, apart from the activations: the memory of a
+  slice is ``(act_bytes_per_token + kv_bytes_per_token) * tokens`` whatever the policy;
+- logits are not held: the loss is assumed chunked or fused (logits recomputed per chunk in
+  backward, as in Liger/Megatron fused cross-entropy), so their memory is transient and
+  bounded by one chunk, not by the slice length (:func:`loss_chunk_tokens` sizes that
+  chunk; the runtime computes its loss that way).
 
 Its accuracy is measured, not assumed: ``slimdata profile`` fits the six time coefficients
 on the training device and writes a coefficient file that :meth:`CostModel.load` reads.
@@ -38,7 +43,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
@@ -52,6 +57,7 @@ __all__ = [
     "CostModel",
     "SliceCosts",
     "causal_pairs",
+    "legacy_recompute",
     "loss_chunk_tokens",
     "resolve_cost_model",
 ]
@@ -117,9 +123,11 @@ class CostModel:
     bwd_const: float
     """Backward seconds per slice."""
     act_bytes_per_token: float
-    """Activation bytes per token held between forward and backward."""
+    """Activation bytes per token held between forward and backward, keys and values
+    excluded (they are :attr:`kv_bytes_per_token`, counted once under every policy)."""
     kv_bytes_per_token: float
-    """Key+value bytes per token over all layers (retained for slice continuation)."""
+    """Key+value bytes per token over all layers (retained for slice continuation), held on
+    top of the activations under every recompute policy."""
     layers: int = 1
     """Layers the times cover (a pipeline stage of ``k`` layers costs ``k / layers``)."""
     hidden: int = 0
@@ -141,10 +149,15 @@ class CostModel:
     of its slices recompute it (``slimdata.plan.execution``). 1 in the analytic model (kernel
     time is the same); on a CPU, where recording the graph is a visible share, ``slimdata
     profile`` measures it. Use ``pack_forward(..., graph=False)`` to apply it."""
+    recompute: Recompute = "none"
+    """Activation recompute policy the coefficients assume (``none``, ``selective`` or
+    ``full``). The simulator and the solver read it: ``full`` re-runs the forward inside the
+    backward, so a DP-Merge or context-parallel backward gathers keys/values once more.
+    ``slimdata profile`` measures the runtime, which runs no recompute: ``none``."""
     source: str = "analytic"
     """Where the coefficients came from: ``analytic`` or ``profile:<device>``."""
     label: str = ""
-    """Model and device label, e.g. ``llama-8b@h100/selective``."""
+    """Display label, e.g. ``llama-8b@h100/selective``; nothing reads a policy from it."""
 
     def __post_init__(self) -> None:
         for f in (
@@ -158,6 +171,10 @@ class CostModel:
             v = getattr(self, f)
             if not np.isfinite(v) or v < 0:
                 raise ConfigError(f"cost model: {f}={v} must be finite and >= 0")
+        if self.recompute not in RECOMPUTE_POLICIES:
+            raise ConfigError(
+                f"cost model: recompute={self.recompute!r}: use one of {RECOMPUTE_POLICIES}"
+            )
         if not np.isfinite(self.graph_free_scale) or self.graph_free_scale <= 0:
             raise ConfigError(
                 f"cost model: graph_free_scale={self.graph_free_scale} must be finite and > 0"
@@ -249,9 +266,9 @@ class CostModel:
             bwd_lin, bwd_att = bwd_lin + fwd_lin, bwd_att + fwd_att
             per_layer = m.dtype_bytes * h
         elif recompute == "selective":
-            per_layer = m.dtype_bytes * (6 * h + 2 * kv + 2 * f)
+            per_layer = m.dtype_bytes * (6 * h + 2 * f)
         else:
-            per_layer = m.dtype_bytes * (8 * h + 2 * kv + 5 * f)
+            per_layer = m.dtype_bytes * (8 * h + 5 * f)
         act = L * per_layer
         return cls(
             fwd_lin=fwd_lin,
@@ -267,6 +284,7 @@ class CostModel:
             kv_dim=kv,
             dtype_bytes=m.dtype_bytes,
             param_count=m.params,
+            recompute=recompute,
             source="analytic",
             label=f"{m.name}@{d.name}/{recompute}",
         )
@@ -276,10 +294,14 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, data: dict) -> CostModel:
+        """The cost model of :meth:`to_dict`'s output. A dict written before the
+        ``recompute`` field existed gets its policy from :func:`legacy_recompute`."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"cost profile has unknown keys {unknown}")
+        if "recompute" not in data:
+            data = {**data, "recompute": legacy_recompute(data)}
         return cls(**data)
 
     def save(self, path: str | Path) -> None:
@@ -297,6 +319,26 @@ class CostModel:
                 f"{path} is not a slimdata cost profile (missing 'slimdata_cost_profile': 1)"
             )
         return cls.from_dict(data)
+
+
+def legacy_recompute(data: dict) -> Recompute:
+    """The recompute policy of a cost-model dict written without a ``recompute`` key.
+
+    Analytic models were labelled ``<model>@<device>/<policy>``: that suffix is the policy.
+    ``slimdata profile`` wrote ``source="profile:<device>"`` and a dtype suffix
+    (``tiny@cpu/float32``); it times the runtime, which runs no recompute: ``none``. Anything
+    else cannot be decided and raises :class:`ConfigError`.
+    """
+    label, source = str(data.get("label", "")), str(data.get("source", ""))
+    suffix = label.rsplit("/", 1)[-1] if "/" in label else ""
+    if suffix in RECOMPUTE_POLICIES:
+        return cast(Recompute, suffix)
+    if source.startswith("profile:"):
+        return "none"
+    raise ConfigError(
+        f"cost model (label {label!r}, source {source!r}) does not say its recompute policy: "
+        f'add "recompute": one of {list(RECOMPUTE_POLICIES)} to the file'
+    )
 
 
 def resolve_cost_model(

@@ -36,7 +36,7 @@ OPTIMIZER_BYTES: dict[str, float] = {"adam": 12.0, "sgd": 8.0}
 PARALLELISM_STATES: tuple[str, ...] = ("ddp", "zero1", "fsdp")
 FULL_RECOMPUTE_FROM = 32768
 """``--recompute auto`` picks ``full`` from this context length on: a 32K-token row holds
-108 GiB of llama-8b activations under selective recompute, more than any device."""
+108 GiB of llama-8b activations and K/V under selective recompute, more than any device."""
 
 
 def auto_recompute(recompute: str, context: int) -> str:

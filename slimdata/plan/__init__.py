@@ -19,6 +19,7 @@ from slimdata.plan.types import (
     Slice,
     StepPlan,
     eager_order,
+    loss_token_count,
 )
 from slimdata.plan.validate import validate_plan
 
@@ -36,6 +37,7 @@ __all__ = [
     "execution",
     "kept_forward_packs",
     "lockstep_schedule",
+    "loss_token_count",
     "split_calls",
     "validate_plan",
 ]

@@ -183,16 +183,20 @@ def split_calls(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> 
 
 @dataclass(frozen=True)
 class RankExecution:
-    """One rank's packs that do not run the plain way (only packs that hold slices)."""
+    """One rank's packs that do not run the plain way: packs that hold slices and, under
+    lockstep rules, *padding* packs (empty on this rank, not on every rank), which the FSDP
+    executor replays with one-token dummy calls (:func:`slimdata.hooks.fsdp.dummy_loss`) so
+    every rank makes the same model calls."""
 
     graph_free: frozenset[int]
     """Forward packs run without an autograd graph (their backward packs recompute them)."""
     recomputed: frozenset[int]
     """Backward packs that re-run their own forward before their backward."""
     f_calls: tuple[int, ...]
-    """Model calls of each forward pack (0 for an empty pack)."""
+    """Model calls of each forward pack (0 for an empty pack; a padding pack: 1 dummy call)."""
     b_calls: tuple[int, ...]
-    """Backward calls of each backward pack (a recomputed pack: 1, after its 1 forward)."""
+    """Backward calls of each backward pack (a recomputed pack: 1, after its 1 forward; a
+    padding pack: as the pack holding slices elsewhere, with dummy calls)."""
 
 
 def execution(plan: StepPlan, lockstep: bool = False, split: bool = False) -> list[RankExecution]:
@@ -216,20 +220,21 @@ def execution(plan: StepPlan, lockstep: bool = False, split: bool = False) -> li
             continue
         if sched is not None:
             kept, unions = set(sched.kept), {j: list(f) for j, f in sched.unions.items()}
+            # lockstep: a pack runs (with dummy calls where it is padding) unless idle everywhere
+            runs_f = [i not in sched.idle_forward for i in range(len(rs.forward))]
+            runs_b = [j not in sched.idle_backward for j in range(len(rs.backward))]
         else:
             kept, unions = kept_forward_packs(rs.forward, rs.backward)
+            runs_f = [bool(p.slices) for p in rs.forward]
+            runs_b = [bool(p.slices) for p in rs.backward]
         out.append(
             RankExecution(
-                graph_free=frozenset(
-                    i for i, p in enumerate(rs.forward) if p.slices and i not in kept
-                ),
-                recomputed=frozenset(
-                    j for j, p in enumerate(rs.backward) if p.slices and j not in unions
-                ),
-                f_calls=tuple(int(bool(p.slices)) for p in rs.forward),
+                graph_free=frozenset(i for i, run in enumerate(runs_f) if run and i not in kept),
+                recomputed=frozenset(j for j, run in enumerate(runs_b) if run and j not in unions),
+                f_calls=tuple(int(run) for run in runs_f),
                 b_calls=tuple(
-                    (len(unions[j]) if j in unions else 1) if p.slices else 0
-                    for j, p in enumerate(rs.backward)
+                    (len(unions[j]) if j in unions else 1) if run else 0
+                    for j, run in enumerate(runs_b)
                 ),
             )
         )

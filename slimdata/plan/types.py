@@ -27,7 +27,31 @@ from slimdata.plan.pipeline import interleave
 from slimdata.plan.validate import validate_plan
 from slimdata.slicing import check_length
 
-__all__ = ["Document", "MergeGroup", "MicroPack", "RankStep", "Slice", "StepPlan", "eager_order"]
+__all__ = [
+    "Document",
+    "MergeGroup",
+    "MicroPack",
+    "RankStep",
+    "Slice",
+    "StepPlan",
+    "eager_order",
+    "loss_token_count",
+]
+
+
+def loss_token_count(length: int, mask: Sequence[int] | None = None) -> int:
+    """Tokens of one trained sequence (a document, or an independent piece of a cut one) that
+    carry a label: every token but the last, which has no next token in the sequence, less
+    those whose ``mask`` entry is 0. The runtime labels exactly these
+    (:func:`slimdata.hooks.loss.slice_labels`), and :attr:`StepPlan.loss_tokens` sums this
+    count, so the step loss is normalised by the labels it actually sums.
+
+    ``loss_token_count(4) == 3``; ``loss_token_count(1) == 0``; ``loss_token_count(0) == 0``;
+    ``loss_token_count(4, [1, 0, 1, 1]) == 2`` (token 1 is masked, token 3 is the last).
+    """
+    if mask is None:
+        return max(length - 1, 0)
+    return sum(1 for m in list(mask)[: max(length - 1, 0)] if m)
 
 
 def _int(value: Any, what: str) -> int:
@@ -188,7 +212,8 @@ class Document:
     length: int
     """Tokens, EOS included."""
     loss_tokens: int = -1
-    """Tokens that carry a loss (default ``length - 1``: the last token has no next token)."""
+    """Tokens that carry a label (default :func:`loss_token_count` of ``length``: all but the
+    last, which has no next token)."""
     cuts: tuple[int, ...] = ()
     """Build-time cut points ``(0, ..., length)``; a plan may merge consecutive slices."""
     sample: int = -1
@@ -200,7 +225,7 @@ class Document:
 
     def __post_init__(self) -> None:
         if self.loss_tokens < 0:
-            object.__setattr__(self, "loss_tokens", max(self.length - 1, 0))
+            object.__setattr__(self, "loss_tokens", loss_token_count(self.length))
         if not self.cuts:
             object.__setattr__(self, "cuts", (0, self.length))
 

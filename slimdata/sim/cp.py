@@ -3,7 +3,10 @@
 Three mechanisms split a sequence over ``k`` devices: static CP (``SimConfig.cp = k``: every
 pack of a plan solved for ``dp / k`` DP groups runs on a fixed group of ``k`` devices, as
 Megatron's ``--context-parallel-size``), and merge groups of a plan (DP-Merge of
-``slimpack``; the per-sequence CP groups of ``dcp``). All are priced here, alike:
+``slimpack``; the per-sequence CP groups of ``dcp``). All are priced here, alike, except
+where a merge group's exchange follows what the runtime issues (:func:`merge_layer_tokens`,
+:func:`merge_collectives`: members padded to the largest share, not to ``2 k``; one more
+gather when the executor recomputes the merge pack):
 
 - **Padding and chunks.** A sequence of ``s`` tokens under static CP is padded to a multiple
   of ``2 k`` (``s' = ceil(s / 2k) * 2k``, Megatron's THD requirement) and cut into ``2 k``
@@ -58,6 +61,8 @@ __all__ = [
     "cp_peak_memory",
     "exchange_exposed",
     "merge_attention_scale",
+    "merge_collectives",
+    "merge_layer_tokens",
     "padded",
     "real_devices",
 ]
@@ -196,6 +201,40 @@ def merge_attention_scale(
         num = np.bincount(pack, weights=pairs * fac, minlength=n)
         out.append(_ratio(num, np.bincount(pack, weights=pairs, minlength=n)))
     return out[0], out[1]
+
+
+def merge_layer_tokens(plan: StepPlan, group: int) -> int:
+    """Tokens of one layer's gathered K/V of merge group ``group``, as the runtime exchanges
+    them (:mod:`slimdata.hooks.merge`): every member contributes the merged slices of its
+    merge pack padded to the largest member's share, so the gathered tensor (and its
+    gradient) holds ``k * largest share`` tokens. Shares of 2 and 3 tokens: 6 tokens.
+    Bytes per layer: :meth:`CostModel.gathered_kv_bytes` of this."""
+    m = plan.merges[group]
+    docs = set(m.docs)
+    shares = [
+        sum(
+            s.tokens
+            for p in plan.ranks[r].forward
+            if p.merge is not None
+            for s in p.slices
+            if s.doc in docs
+        )
+        for r in m.ranks
+    ]
+    return len(shares) * max(shares, default=0)
+
+
+def merge_collectives(kind: str, cost: CostModel, recomputed: bool = False) -> int:
+    """Ring collectives per layer of a merge pack, each over :func:`merge_layer_tokens`'s
+    keys/values, as the runtime issues them (:mod:`slimdata.hooks.merge`): the forward
+    all-gathers the members' keys/values (1); the backward gathers them again (its attention
+    is checkpointed, so a member holds one layer's gathered K/V at a time) and
+    reduce-scatters their gradient, each member receiving the summed gradient of its own rows
+    (2); a backward that re-runs the forward first gathers once more (3): a merge pack
+    ``recomputed`` by the executor (lockstep FSDP rules), or any with ``recompute="full"``."""
+    if kind == "F":
+        return 1
+    return 3 if recomputed or cost.recompute == "full" else 2
 
 
 def cp_peak_memory(plan: StepPlan, cost: CostModel, cp: int) -> np.ndarray:

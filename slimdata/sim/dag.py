@@ -35,7 +35,8 @@ from slimdata.sim.cp import (
     cp_packs,
     exchange_exposed,
     merge_attention_scale,
-    padded,
+    merge_collectives,
+    merge_layer_tokens,
     real_devices,
 )
 from slimdata.sim.engine import TaskGraph
@@ -126,7 +127,7 @@ def build_dag(
         cost,
         cp,
         net,
-        recompute_full=cost.label.endswith("/full"),
+        recompute_full=cost.recompute == "full",
         overlap=config.cp_overlap,
     )
     doc_len = np.array([d.length for d in plan.docs], dtype=np.float64)
@@ -140,6 +141,7 @@ def build_dag(
         for (c, r, kind, i), sec in durations.items():
             (fwork if kind == "F" else bwork)[c, offs[kind][r] + i] = sec
     merge_at = _merge_index(plan)
+    merge_tokens = [merge_layer_tokens(plan, gi) for gi in range(len(plan.merges))]
     g = TaskGraph(n_devices=dp * pp)
     ftid = np.full((C, len(pt.fwd)), -1, dtype=np.int64)
     btid = np.full((C, len(pt.bwd)), -1, dtype=np.int64)
@@ -177,6 +179,12 @@ def build_dag(
         rs = plan.ranks[r]
         return len(rs.forward) if kind == "F" else len(rs.backward)
 
+    def model_calls(r: int, kind: str, i: int) -> int:
+        if i >= n_packs(r, kind):
+            return 0
+        calls = pt.f_calls if kind == "F" else pt.b_calls
+        return int(calls[(pt.f_offset if kind == "F" else pt.b_offset)[r] + i])
+
     def pack_work(c: int, r: int, kind: str, i: int) -> float:
         if i >= n_packs(r, kind):
             return 0.0
@@ -189,16 +197,15 @@ def build_dag(
         exchange is per layer, as under static CP)."""
         grp = plan.merges[gi]
         k = len(grp.ranks)
-        tokens = float(padded(np.array([plan.docs[d].length for d in grp.docs]), k).sum())
+        tokens = float(merge_tokens[gi])
         devs = real([dev(c, r) for r in grp.ranks])
         off = (pt.f_offset if kind == "F" else pt.b_offset)[m] + j
         att = (pt.f_att[off] * f_scale[off]) if kind == "F" else (pt.b_att[off] * b_scale[off])
-        coll = 1 if kind == "F" else (3 if cost.label.endswith("/full") else 2)
         nbytes = float(cost.gathered_kv_bytes(tokens))
         t = exchange_exposed(
             net,
             np.array([nbytes]),
-            coll,
+            merge_collectives(kind, cost, bool(kind == "B" and pt.b_recomputed[off])),
             np.array([att]),
             k,
             layers,
@@ -255,8 +262,8 @@ def build_dag(
             if j < n_packs(m, kind):
                 (ftid if kind == "F" else btid)[c, off + j] = len(g)
         overlap = 0.0
-        if fsdp and dp * cp > 1:
-            t = param_comm(c, kind)
+        if fsdp and dp * cp > 1 and any(model_calls(m, kind, i) for m in range(dp)):
+            t = param_comm(c, kind)  # a pack empty on every rank makes no call, no collective
             if config.overlap_param_comm:
                 overlap = t
             else:

@@ -4,13 +4,14 @@ Assumptions (model states, i.e. parameters, gradients and optimizer, are exclude
 :attr:`Layout.memory_gib`):
 
 - a slice's activations (``CostModel.act_bytes_per_token`` per token, already shaped by the
-  recompute policy) are allocated when its forward pack starts and freed when its backward
-  pack ends, on the device of every model chunk, scaled by the chunk's share of the layers;
-  a slice whose forward pack runs graph-free (``PackTimes.f_graph_free``: its backward pack
-  recomputes it) holds them only while its forward pack runs and again while its backward
-  pack (recompute plus backward) runs;
-- with ``recompute="full"`` the per-step K/V store keeps the slice's keys and values over the
-  same interval (with ``none``/``selective`` they are part of the activations already);
+  recompute policy, keys and values excluded) are allocated when its forward pack starts and
+  freed when its backward pack ends, on the device of every model chunk, scaled by the
+  chunk's share of the layers; a slice whose forward pack runs graph-free
+  (``PackTimes.f_graph_free``: its backward pack recomputes it) holds them only while its
+  forward pack runs and again while its backward pack (recompute plus backward) runs;
+- under every recompute policy the per-step K/V store keeps the slice's keys and values
+  (``CostModel.kv_bytes_per_token`` per token, counted once: they are not part of the
+  activations) from its forward pack's start to its backward pack's end;
 - a merge pack (DP-Merge, ``dcp``) holds one layer's gathered K/V of its group's documents
   while it runs (twice that in the backward: K/V and their gradients), as static CP does: the
   exchange is per layer and freed after the layer (design §9);
@@ -48,11 +49,10 @@ class MemoryProfile:
         return self.time[m], self.level[m]
 
 
-def memory_profile(dag: StepDag, timing: Timing, *, retain_kv: bool) -> MemoryProfile:
+def memory_profile(dag: StepDag, timing: Timing) -> MemoryProfile:
     pt = dag.pt
     free = pt.f_graph_free[pt.s_fpack]  # slices whose activations are not kept
-    kv = pt.s_kv if retain_kv else 0.0
-    held = (np.where(free, 0.0, pt.s_act) + kv) / dag.cp  # forward start -> backward end
+    held = (np.where(free, 0.0, pt.s_act) + pt.s_kv) / dag.cp  # forward start -> backward end
     passing = np.where(free, pt.s_act, 0.0) / dag.cp  # during each of the two passes only
     devs, times, deltas = [], [], []
     for c in range(dag.chunks):

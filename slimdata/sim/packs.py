@@ -15,7 +15,11 @@ its slices go to and a backward pack one backward call per forward pack it draws
 that is a union of forward packs runs one backward call per forward pack, any other re-runs
 the forward of its own slices first (its time is that forward, with its pack constant, plus
 its backward), and a forward pack whose backward packs recompute it runs without an autograd
-graph (its time times ``CostModel.graph_free_scale``).
+graph (its time times ``CostModel.graph_free_scale``). Under FSDP (lockstep rules) a pack
+that is empty on one rank but not on all is *padding* there: the executor replays it with
+one-token dummy calls (same number of calls, same kept/recomputed status as elsewhere), each
+priced as a one-token slice plus the pack constant (:func:`padding_call_times`); a pack empty
+on every rank makes no call.
 
 Example: a pack holding slices ``[0, 4)`` of doc 0 and ``[0, 3)`` of doc 1 has forward time
 ``cost.forward(0, 4) + cost.forward(0, 3) + cost.fwd_pack_const`` (two per-slice constants,
@@ -33,7 +37,7 @@ from slimdata.errors import PlanError
 from slimdata.plan import StepPlan, check_lockstep, execution
 from slimdata.plan.pipeline import chunk_fractions
 
-__all__ = ["PackTimes", "chunk_fractions", "pack_times"]
+__all__ = ["PackTimes", "chunk_fractions", "pack_times", "padding_call_times"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,8 @@ class PackTimes:
     b_recomputed: np.ndarray
     """Per flat backward pack: re-runs its forward (its time includes that forward)."""
     f_calls: np.ndarray
-    """Per flat forward pack: model calls (0 for an empty pack)."""
+    """Per flat forward pack: model calls (0 for an empty pack; a lockstep padding pack's
+    dummy call counts, see :func:`padding_call_times`)."""
     b_calls: np.ndarray
     """Per flat backward pack: backward calls (a recomputed pack: 1, after 1 forward)."""
 
@@ -142,19 +147,24 @@ def pack_times(
         rec[[bo + j for j in ex.recomputed]] = True
         f_calls[fo : fo + len(ex.f_calls)] = ex.f_calls
         b_calls[bo : bo + len(ex.b_calls)] = ex.b_calls
+    # lockstep padding packs (model calls, no slices) run one-token dummy calls
+    f_dummy, b_dummy = padding_call_times(cost)
+    f_pad = np.where(f_slices == 0, f_calls * f_dummy, 0.0)
+    b_pad = np.where(b_slices == 0, b_calls * b_dummy, 0.0)
     f_pack = cost.fwd_pack_const * f_calls
     b_pack = cost.bwd_pack_const * b_calls
-    fwd = np.bincount(s_fpack, weights=sc.fwd, minlength=n_f) + f_pack
-    bwd = np.bincount(s_bpack, weights=sc.bwd, minlength=n_b) + b_pack
+    fwd = np.bincount(s_fpack, weights=sc.fwd, minlength=n_f) + f_pack + f_pad
+    bwd = np.bincount(s_bpack, weights=sc.bwd, minlength=n_b) + b_pack + b_pad
     f_att = np.bincount(s_fpack, weights=sc.fwd_att, minlength=n_f)
     b_att = np.bincount(s_bpack, weights=sc.bwd_att, minlength=n_b)
-    f_const = cost.fwd_const * f_slices + f_pack
-    b_const = cost.bwd_const * b_slices + b_pack
+    f_const = cost.fwd_const * f_slices + f_pack + f_pad
+    b_const = cost.bwd_const * b_slices + b_pack + b_pad
     if rec.any():  # the forward of the backward pack's own slices, with its pack constant
-        b_fpack = cost.fwd_pack_const * (b_slices > 0)
-        bwd += rec * (np.bincount(s_bpack, weights=sc.fwd, minlength=n_b) + b_fpack)
+        b_fpack = cost.fwd_pack_const * (b_calls > 0)
+        b_fpad = np.where(b_slices == 0, f_dummy, 0.0)
+        bwd += rec * (np.bincount(s_bpack, weights=sc.fwd, minlength=n_b) + b_fpack + b_fpad)
         b_att += rec * np.bincount(s_bpack, weights=sc.fwd_att, minlength=n_b)
-        b_const += rec * (cost.fwd_const * b_slices + b_fpack)
+        b_const += rec * (cost.fwd_const * b_slices + b_fpack + b_fpad)
     scale = np.where(free, cost.graph_free_scale, 1.0)
     return PackTimes(
         f_offset=f_offset,
@@ -180,3 +190,10 @@ def pack_times(
         f_calls=f_calls,
         b_calls=b_calls,
     )
+
+
+def padding_call_times(cost: CostModel) -> tuple[float, float]:
+    """Forward and backward seconds of one dummy call of a lockstep padding pack, its pack
+    constant apart: the FSDP executor runs the model on one token
+    (:func:`slimdata.hooks.fsdp.dummy_loss`), priced as a one-token slice."""
+    return float(cost.forward(0, 1)), float(cost.backward(0, 1))

@@ -72,5 +72,5 @@ def simulate_step(
         durations=durations,
     )
     timing = evaluate(dag.graph)
-    mem = memory_profile(dag, timing, retain_kv=cost.label.endswith("/full"))
+    mem = memory_profile(dag, timing)
     return summarize(dag, timing, mem, layout.memory_bytes)

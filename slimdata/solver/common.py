@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from slimdata.cost import CostModel
+from slimdata.plan import loss_token_count
 from slimdata.plan.pipeline import interleave
 from slimdata.plan.types import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
 from slimdata.solver.layout import Layout
@@ -128,9 +129,7 @@ def split_into_pieces(docs: Sequence[Document], max_tokens: int) -> list[Documen
     Pieces do *not* attend to each other (the behaviour of fixed-length packing, e.g. Megatron
     rows or Best-fit Packing's split of long documents); each piece is its own
     :class:`Document` with ``offset`` = its first token in the source sample and the source's
-    ``sample`` and ``doc_id``. Loss tokens: the source's loss tokens are given to its last piece
-    minus what the earlier pieces carry (every piece but the last has all tokens with a next
-    token), so the global count is unchanged.
+    ``sample`` and ``doc_id``. Loss tokens: see :func:`cut_document`.
     """
     out: list[Document] = []
     for d in docs:
@@ -142,16 +141,26 @@ def split_into_pieces(docs: Sequence[Document], max_tokens: int) -> list[Documen
 
 
 def cut_document(d: Document, bounds: Sequence[int]) -> list[Document]:
-    """Pieces ``[bounds[i], bounds[i+1])`` of ``d`` as independent documents (see above)."""
+    """Pieces ``[bounds[i], bounds[i+1])`` of ``d`` as independent documents (see above).
+
+    Each piece is trained as its own sequence, so its last token has no label: a piece
+    carries :func:`~slimdata.plan.types.loss_token_count` of its length. A 10-token document
+    cut at 4 and 8: pieces of 4, 4 and 2 tokens carry 3 + 3 + 1 = 7 labels, not the 9 of the
+    whole document. A source whose ``loss_tokens`` is below that count of its own length
+    (labels masked out) loses the difference from its pieces in order, as far as each piece
+    has labels: the plan does not know where the masked tokens are.
+    """
     pieces = []
-    remaining_loss = d.loss_tokens
-    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
-        last = i == len(bounds) - 2
-        loss = remaining_loss if last else min(b - a, remaining_loss)
-        remaining_loss -= loss
+    masked = max(loss_token_count(d.length) - d.loss_tokens, 0)
+    for a, b in itertools.pairwise(bounds):
+        own = loss_token_count(b - a)
+        drop = min(own, masked)
+        masked -= drop
         cuts = tuple(c - a for c in d.cuts if a < c < b)
         pieces.append(
-            replace(d, length=b - a, loss_tokens=loss, cuts=(0, *cuts, b - a), offset=d.offset + a)
+            replace(
+                d, length=b - a, loss_tokens=own - drop, cuts=(0, *cuts, b - a), offset=d.offset + a
+            )
         )
     return pieces
 

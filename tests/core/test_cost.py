@@ -50,7 +50,8 @@ def test_analytic_coefficients_by_hand():
     assert cm.bwd_att == pytest.approx(2.5 * 2 * 4 * 8 / 0.5e12)
     assert cm.fwd_const == pytest.approx(2e-6) and cm.bwd_const == pytest.approx(4e-6)
     assert cm.kv_bytes_per_token == 2 * 2 * kv * 2  # layers * (K+V) * kv_dim * bf16
-    assert cm.act_bytes_per_token == 2 * 2 * (8 * 8 + 2 * kv + 5 * 16)  # layers * bf16 * (...)
+    # layers * bf16 * (8 h + 5 ffn): K/V are kv_bytes_per_token, not activations
+    assert cm.act_bytes_per_token == 2 * 2 * (8 * 8 + 5 * 16) == 576
     # slice [4, 6): s=2, pairs=11
     assert cm.forward(4, 6) == pytest.approx(2 * cm.fwd_lin + 11 * cm.fwd_att + cm.fwd_const)
     assert cm.backward(4, 6) == pytest.approx(2 * cm.bwd_lin + 11 * cm.bwd_att + cm.bwd_const)
@@ -144,3 +145,32 @@ def test_interconnect_alpha_beta():
     assert net.all_gather(1e9, 1) == 0.0
     assert net.all_gather(1e9, 4) == pytest.approx(1e-6 + 0.75 * 1e9 / 100e9)
     assert net.all_reduce(1e9, 2, spans_nodes=True) == pytest.approx(1e-6 + 1e9 / 10e9)
+
+
+def test_recompute_is_a_field_saved_and_loaded(tmp_path):
+    for policy in ("none", "selective", "full"):
+        cm = CostModel.analytic("llama-1b", "h100", policy)
+        assert cm.recompute == policy
+        path = tmp_path / f"{policy}.json"
+        cm.save(path)
+        assert json.loads(path.read_text())["recompute"] == policy
+        assert CostModel.load(path).recompute == policy
+    with pytest.raises(ConfigError, match="recompute='partial'"):
+        CostModel(**{**CostModel.analytic("llama-1b").to_dict(), "recompute": "partial"})
+
+
+def test_profile_without_recompute_field_gets_it_from_label_or_source(tmp_path):
+    base = CostModel.analytic("llama-1b", "h100", "full").to_dict()
+    del base["recompute"]
+
+    def load(**over) -> CostModel:
+        path = tmp_path / "old.json"
+        path.write_text(json.dumps({"slimdata_cost_profile": 1, **base, **over}))
+        return CostModel.load(path)
+
+    assert load().recompute == "full"  # label llama-1b@h100/full
+    assert load(label="llama-1b@h100/selective").recompute == "selective"
+    # written by `slimdata profile`, which times the runtime (no recompute)
+    assert load(source="profile:cpu", label="tiny@cpu/float32").recompute == "none"
+    with pytest.raises(ConfigError, match=r"does not say its recompute policy.*\"recompute\""):
+        load(source="analytic", label="my model")

@@ -186,16 +186,19 @@ def lockstep_hand_plan():
 
 
 def reference_grads(model, forward, tokens, plan):
-    """Loss and gradients of the unpacked batch: every document whole, one sequence each."""
+    """Loss and gradients of the unpacked batch: every document (or independent piece of a
+    cut one) whole, one sequence each, its loss summed over the ``len - 1`` next-token labels
+    it has and divided by the number of those labels in the batch (counted here from the
+    sequences, not taken from ``plan.loss_tokens``)."""
     model.zero_grad(set_to_none=True)
+    seqs = [torch.as_tensor(np.asarray(tokens[d], dtype=np.int64)) for d in range(len(plan.docs))]
+    labels = sum(max(len(ids) - 1, 0) for ids in seqs)
     total = 0.0
-    for d in range(len(plan.docs)):
-        ids = torch.as_tensor(np.asarray(tokens[d], dtype=np.int64))
+    for ids in seqs:
+        if len(ids) < 2:
+            continue  # no label
         logits = forward(model, ids, torch.arange(len(ids)))
-        loss = (
-            nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="sum")
-            / plan.loss_tokens
-        )
+        loss = nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="sum") / labels
         loss.backward()
         total += float(loss.detach())
     return total, {n: p.grad.clone() for n, p in model.named_parameters()}

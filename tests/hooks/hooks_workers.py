@@ -132,32 +132,41 @@ def check_torch_threads(rank: int, world: int) -> int:
     return torch.get_num_threads()
 
 
-def merge_exchanges(rank: int, world: int) -> list[tuple[str, int, int, int]]:
-    """Per executed pack of plan ``merge2``: (pass, pack, K/V all-gathers, all-reduces) this
-    rank made while the pack ran (token all-gathers, which are integer, not counted)."""
+def merge_exchanges(rank: int, world: int) -> list[tuple[str, int, int, int, int]]:
+    """Per executed pack of plan ``merge2``: (pass, pack, K/V all-gathers, reduce-scatters,
+    all-reduces) this rank made while the pack ran (token all-gathers, which are integer, not
+    counted)."""
     import torch.distributed as dist
     from slimdata.hooks import Callback
 
-    counts = {"gather": 0, "reduce": 0}
-    real_gather, real_reduce = dist.all_gather, dist.all_reduce
+    counts = {"gather": 0, "scatter": 0, "reduce": 0}
+    real = dist.all_gather, dist.reduce_scatter_tensor, dist.all_reduce
 
     def all_gather(parts, t, *a, **k):
         counts["gather"] += t.is_floating_point()
-        return real_gather(parts, t, *a, **k)
+        return real[0](parts, t, *a, **k)
+
+    def reduce_scatter_tensor(out, t, *a, **k):
+        counts["scatter"] += 1
+        return real[1](out, t, *a, **k)
 
     def all_reduce(t, *a, **k):
         counts["reduce"] += 1
-        return real_reduce(t, *a, **k)
+        return real[2](t, *a, **k)
 
-    events: list[tuple[str, int, int, int]] = []
+    events: list[tuple[str, int, int, int, int]] = []
 
     class Record(Callback):
         def on_pack_end(self, event) -> None:
-            events.append((event.pass_, event.pack, counts["gather"], counts["reduce"]))
-            counts.update(gather=0, reduce=0)
+            events.append((event.pass_, event.pack, *counts.values()))
+            counts.update(gather=0, scatter=0, reduce=0)
 
     lengths, plan = PLANS["merge2"]()
-    dist.all_gather, dist.all_reduce = all_gather, all_reduce
+    dist.all_gather, dist.reduce_scatter_tensor, dist.all_reduce = (
+        all_gather,
+        reduce_scatter_tensor,
+        all_reduce,
+    )
     try:
         run_step(
             TinyLM(seed=1),
@@ -166,7 +175,7 @@ def merge_exchanges(rank: int, world: int) -> list[tuple[str, int, int, int]]:
             callbacks=[Record()],
         )
     finally:
-        dist.all_gather, dist.all_reduce = real_gather, real_reduce
+        dist.all_gather, dist.reduce_scatter_tensor, dist.all_reduce = real
     return events
 
 

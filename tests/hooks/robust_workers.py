@@ -109,3 +109,30 @@ def robust(rank: int, world: int, names: list[str]) -> list[tuple]:
             err = max_rel_err(grads_of(model), ref)
             out.append((summary.loss, ref_loss, err, log.calls))
     return out
+
+
+def merge_collective_bytes(rank: int, world: int) -> list[tuple[str, int]]:
+    """(collective, bytes) of every floating-point collective this rank issues while running
+    :func:`plan_member_only2` (the K/V exchange; token ids are integers)."""
+    seen: list[tuple[str, int]] = []
+    gather, scatter = dist.all_gather, dist.reduce_scatter_tensor
+
+    def all_gather(parts, t, *args, **kwargs):
+        if t.is_floating_point():
+            seen.append(("all_gather", sum(p.numel() * p.element_size() for p in parts)))
+        return gather(parts, t, *args, **kwargs)
+
+    def reduce_scatter_tensor(out, t, *args, **kwargs):
+        if t.is_floating_point():
+            seen.append(("reduce_scatter", t.numel() * t.element_size()))
+        return scatter(out, t, *args, **kwargs)
+
+    dist.all_gather, dist.reduce_scatter_tensor = all_gather, reduce_scatter_tensor
+    try:
+        lengths, plan = plan_member_only2()
+        run_step(
+            TinyLM(seed=0), make_payload(plan, rank, doc_tokens(lengths)), forward=tiny_forward
+        )
+    finally:
+        dist.all_gather, dist.reduce_scatter_tensor = gather, scatter
+    return seen

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hooks_workers as W
 import pytest
+import robust_workers as R
 from slimdata.hooks.distributed import run_distributed
 
 pytestmark = pytest.mark.timeout(300)
@@ -25,11 +26,14 @@ def test_two_ranks_merge_and_ddp():
     assert max(r[1][2] for r in res) <= TOL
     # DP-Merge holds one layer's gathered K/V at a time: TinyLM's 2 layers each gather once in
     # the merge forward pack and once more in its backward (re-gathered, not kept), which also
-    # all-reduces each layer's K/V gradient; no other pack exchanges anything
+    # reduce-scatters each layer's K/V gradient; nothing all-reduces, no other pack exchanges
     rank0, rank1 = (r[2] for r in res)
-    assert rank0 == [("F", 0, 0, 0), ("F", 1, 2, 0), ("B", 0, 2, 2), ("F", 2, 0, 0), ("B", 1, 0, 0)]
+    assert rank0 == [
+        ("F", 0, 0, 0, 0), ("F", 1, 2, 0, 0), ("B", 0, 2, 2, 0), ("F", 2, 0, 0, 0), ("B", 1, 0, 0, 0)
+    ]  # fmt: skip
     assert rank1 == [
-        ("F", 0, 0, 0), ("F", 1, 2, 0), ("F", 2, 0, 0), ("B", 0, 0, 0), ("B", 1, 2, 2), ("B", 2, 0, 0)
+        ("F", 0, 0, 0, 0), ("F", 1, 2, 0, 0), ("F", 2, 0, 0, 0), ("B", 0, 0, 0, 0),
+        ("B", 1, 2, 2, 0), ("B", 2, 0, 0, 0),
     ]  # fmt: skip
 
 
@@ -42,3 +46,24 @@ def test_merge_four_ranks_and_fsdp():
 def test_failure_on_a_rank_is_reported():
     with pytest.raises(RuntimeError, match=r"rank \d failed(.|\n)*KeyError"):
         run_distributed(W.equivalence, 2, ["no-such-plan"])
+
+
+def test_merge_exchange_bytes_are_the_simulators():
+    # TinyLM: 2 layers, 2 K/V heads of 8, fp32: K+V of one token in one layer = 2*16*4 = 128 B.
+    # Shares of 14 and 16 tokens, padded to 16: every collective moves 2 * 16 * 128 = 4096
+    # bytes: one all-gather per layer forward; per layer, last first, one re-gather and one
+    # reduce-scatter backward
+    from slimdata.cost import CostModel, ModelConfig
+    from slimdata.sim.cp import merge_collectives, merge_layer_tokens
+
+    res = run_distributed(R.merge_collective_bytes, 2)
+    want = [("all_gather", 4096)] * 2 + [("all_gather", 4096), ("reduce_scatter", 4096)] * 2
+    assert res == [want, want]
+    tiny = ModelConfig(
+        name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=64, dtype_bytes=4
+    )
+    cost = CostModel.analytic(tiny, "h100", "none")
+    _lengths, plan = R.plan_member_only2()
+    assert merge_layer_tokens(plan, 0) == 32
+    assert cost.kv_bytes_per_token / cost.layers * merge_layer_tokens(plan, 0) == 4096
+    assert (merge_collectives("F", cost), merge_collectives("B", cost)) == (1, 2)

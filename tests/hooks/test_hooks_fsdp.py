@@ -10,7 +10,14 @@ import dataclasses
 
 import hooks_workers as W
 import pytest
-from hooks_helpers import MergeGroup, TinyLM, doc_tokens, lockstep_hand_plan, make_plan
+from hooks_helpers import (
+    MergeGroup,
+    TinyLM,
+    doc_tokens,
+    lockstep_hand_plan,
+    make_plan,
+    tiny_forward,
+)
 from slimdata.hooks import make_payload, run_step
 from slimdata.hooks.distributed import run_distributed
 from slimdata.hooks.fsdp import LockstepSchedule, check_lockstep, is_fsdp, lockstep_schedule
@@ -142,3 +149,26 @@ def test_fsdp_two_ranks_matches_unpacked_reference():
         shares, refs, errs = zip(*per_case, strict=True)
         assert sum(shares) == pytest.approx(refs[0], rel=1e-6)
         assert max(errs) <= TOL, errs
+
+
+def test_executor_calls_under_fsdp_rules_equal_the_simulators(monkeypatch):
+    # the FSDP executor's calls per pack (dummy calls for padding, none for idle packs) are
+    # what the simulator times (slimdata.plan.execution under lockstep rules); run on a plain
+    # module treated as FSDP2, one rank at a time (no collective is issued by the module)
+    import slimdata.hooks.fsdp as fsdp_rt
+
+    from slimdata.plan import execution
+
+    lengths, plan = lockstep_hand_plan()
+    monkeypatch.setattr(fsdp_rt, "fsdp_kind", lambda model: "fsdp2")
+    toks = doc_tokens(lengths, seed=3)
+    expected = execution(plan, lockstep=True)
+    # rank 1: pack 3 is padding (dummy calls), pack 4 is idle on both ranks
+    assert expected[1].f_calls == (1, 1, 1, 1, 0) and expected[1].b_calls == (1, 1, 1, 1, 0)
+    for r in range(plan.dp):
+        events = run_step(TinyLM(), make_payload(plan, r, toks), forward=tiny_forward).events
+        got = {p: [e for e in events if e.pass_ == p] for p in ("F", "B")}
+        assert tuple(e.calls for e in got["F"]) == expected[r].f_calls
+        assert tuple(e.calls for e in got["B"]) == expected[r].b_calls
+        assert {e.pack for e in got["F"] if e.calls and e.recomputed} == expected[r].graph_free
+        assert {e.pack for e in got["B"] if e.calls and e.recomputed} == expected[r].recomputed

@@ -51,6 +51,13 @@ def linear_cost(
     )
 
 
+def kv_cost(recompute: str = "none", params: int = 0) -> CostModel:
+    """4-token doc: F = 2*4 + 0.2*10 = 10 s (8 linear, 2 attention), B = 16 + 4 = 20 s;
+    1 layer, 1 byte of activations and 1 GB of K/V per token."""
+    c = linear_cost(fwd=2.0, bwd=4.0, att_f=0.2, att_b=0.4, params=params)
+    return CostModel(**{**c.to_dict(), "kv_bytes_per_token": 1e9, "recompute": recompute})
+
+
 def whole_doc_plan(per_rank: list[list[list[int]]], mode: str = "free") -> StepPlan:
     """``per_rank[r][i]`` lists document lengths in forward pack ``i`` of rank ``r``; each doc is
     one slice, backward packs mirror the forward packs, eager order."""
@@ -70,11 +77,12 @@ def whole_doc_plan(per_rank: list[list[list[int]]], mode: str = "free") -> StepP
     ).validate()
 
 
-def merge_plan() -> StepPlan:
-    """A 4-token document shared by ranks 0 ([0, 2)) and 1 ([2, 4)) as one merge group."""
-    doc = Document(doc_id=0, length=4)
-    p0 = MicroPack((Slice(0, 0, 2),), merge=0)
-    p1 = MicroPack((Slice(0, 2, 4),), merge=0)
+def merge_plan(length: int = 4, cut: int = 2) -> StepPlan:
+    """A ``length``-token document shared by ranks 0 ([0, cut)) and 1 ([cut, length)) as one
+    merge group (default: 4 tokens, shares of 2)."""
+    doc = Document(doc_id=0, length=length)
+    p0 = MicroPack((Slice(0, 0, cut),), merge=0)
+    p1 = MicroPack((Slice(0, cut, length),), merge=0)
     ranks = (
         RankStep(rank=0, forward=(p0,), backward=(p0,)),
         RankStep(rank=1, forward=(p1,), backward=(p1,)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sim_helpers import linear_cost, whole_doc_plan
+from sim_helpers import kv_cost, linear_cost, whole_doc_plan
 from test_sim_properties import random_plan
 
 from slimdata.cost import CostModel, Interconnect
@@ -15,13 +15,6 @@ from slimdata.sim.cp import cp_peak_memory, real_devices
 from slimdata.solver.layout import Layout
 
 NET = Interconnect(intra_node_gbps=1.0, inter_node_gbps=0.5, latency_s=0.0)  # 1 GB/s, 0.5 GB/s
-
-
-def kv_cost(label: str = "", params: int = 0) -> CostModel:
-    """4-token doc: F = 2*4 + 0.2*10 = 10 s (8 linear, 2 attention), B = 16 + 4 = 20 s;
-    1 layer, 1 byte of activations and 1 GB of K/V per token."""
-    c = linear_cost(fwd=2.0, bwd=4.0, att_f=0.2, att_b=0.4, params=params)
-    return CostModel(**{**c.to_dict(), "kv_bytes_per_token": 1e9, "label": label})
 
 
 def test_one_pack_cp2_known_time():
@@ -36,17 +29,18 @@ def test_one_pack_cp2_known_time():
     assert r.work == 30.0
     assert r.lower_bound == 15.0
     assert r.comm.tolist() == [[4.5, 4.5]]
-    # 4 bytes of activations / 2, plus the gathered layer K/V: 4 GB in F, 8 GB (+ grads) in B
-    assert r.peak_memory.tolist() == [[8e9 + 2, 8e9 + 2]]
+    # 4 bytes of activations and 4 GB of retained K/V, both / 2, plus the gathered layer
+    # K/V: 4 GB in F, 8 GB (+ grads) in B
+    assert r.peak_memory.tolist() == [[2 + 2e9 + 8e9, 2 + 2e9 + 8e9]]
     assert sorted(set(r.timeline["device"].tolist())) == [0, 1]
 
 
 def test_full_recompute_pays_a_third_backward_gather():
-    # label ".../full": B runs 3 collectives, 6 s, 1 s hidden -> 5 s exposed; retained K/V
+    # recompute="full": B runs 3 collectives, 6 s, 1 s hidden -> 5 s exposed; retained K/V
     # (4 GB, halved: 2 GB) is held from F to B on top of the gathered buffers.
     plan = whole_doc_plan([[[4]]])
     r = simulate_step(
-        plan, kv_cost("t/full"), Layout(dp=2, context=128), SimConfig(cp=2, interconnect=NET)
+        plan, kv_cost("full"), Layout(dp=2, context=128), SimConfig(cp=2, interconnect=NET)
     )
     assert r.step_time == pytest.approx(5 + 1.5 + 10 + 5)
     assert r.peak_memory.max() == pytest.approx(2 + 2e9 + 8e9)

@@ -12,6 +12,7 @@ from slimdata.cost import Interconnect
 from slimdata.errors import PlanError
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 from slimdata.sim import SimConfig, chunk_fractions, pack_times, simulate_step, stage_ops
+from slimdata.sim.cp import merge_layer_tokens
 from slimdata.solver.layout import Layout
 
 NO_LATENCY = SimConfig(interconnect=Interconnect(latency_s=0.0))
@@ -143,10 +144,11 @@ def test_lockstep_rules_recompute_on_every_rank():
     assert free.b_recomputed.tolist() == [False, False, True, True]
     assert free.bwd.tolist() == [8.0, 0.0, 3.0 + 6.0, 2.0 + 4.0]
     lock = pack_times(plan, cost, lockstep=True, split=True)  # FSDP never splits
-    assert lock.f_calls.tolist() == [1, 1] and lock.b_calls.tolist() == [1, 0, 1, 1]
+    # rank 0's B1 is padding (rank 1's holds x): a recomputed one-token dummy call, 1 + 2 s
+    assert lock.f_calls.tolist() == [1, 1] and lock.b_calls.tolist() == [1, 1, 1, 1]
     assert lock.f_graph_free.tolist() == [True, True]
-    assert lock.b_recomputed.tolist() == [True, False, True, True]
-    assert lock.bwd.tolist() == [4.0 + 8.0, 0.0, 3.0 + 6.0, 2.0 + 4.0]
+    assert lock.b_recomputed.tolist() == [True, True, True, True]
+    assert lock.bwd.tolist() == [4.0 + 8.0, 1.0 + 2.0, 3.0 + 6.0, 2.0 + 4.0]
 
 
 def test_continuation_pairs_count_the_prefix():
@@ -244,8 +246,9 @@ def test_merge_kv_exchange_is_exposed():
     # and reduce-scatters the gradients: 4 s. F: 2 + 9 = 11, B: 4 + 18 = 22
     assert r.step_time == pytest.approx(33.0)
     assert r.comm.tolist() == [[6.0, 6.0]]
-    # the gathered K/V (4 GB) is held during the forward, K/V and grads (8 GB) during the backward
-    assert r.peak_memory.max() == pytest.approx(8e9 + 2)
+    # the gathered K/V (4 GB) is held during the forward, K/V and grads (8 GB) during the
+    # backward, on top of the member's own 2 tokens: 2 bytes of activations, 2 GB of K/V
+    assert r.peak_memory.max() == pytest.approx(8e9 + 2e9 + 2)
 
 
 def test_merge_kv_exchange_hides_behind_attention():
@@ -392,3 +395,23 @@ def test_lower_bound_ignores_empty_packs():
     r = simulate_step(plan, linear_cost(layers=2), Layout(dp=1, pp=2, context=128), NO_LATENCY)
     assert r.step_time == pytest.approx(6.0)
     assert r.lower_bound == pytest.approx(4.5)
+
+
+def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
+    # a 5-token document merged over 2 ranks, shares 2 ([0, 2)) and 3 ([2, 5)); the runtime
+    # pads every share to 3, so each collective moves 2 * 3 = 6 tokens' K/V: 6 GB per layer
+    # (1 layer, 1 GB/token); over 2 ranks at 1 GB/s a ring collective takes 6 * 1/2 = 3 s.
+    # F: 1 all-gather; B: 1 re-gather and 1 reduce-scatter (+ 1 gather with recompute=full).
+    plan = merge_plan(length=5, cut=2)
+    assert merge_layer_tokens(plan, 0) == 6
+    cost = linear_cost()  # F 1 s, B 2 s per token, no attention (nothing hides)
+    cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
+    cfg = SimConfig(interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
+    r = simulate_step(plan, cost, Layout(dp=2, context=128), cfg)
+    # F max(2, 3) + 3 = 6, B max(4, 6) + 6 = 12
+    assert r.comm.tolist() == [[9.0, 9.0]]
+    assert r.step_time == pytest.approx(18.0)
+    full = type(cost)(**{**cost.to_dict(), "recompute": "full"})
+    r = simulate_step(plan, full, Layout(dp=2, context=128), cfg)  # B 9 s of exchange
+    assert r.comm.tolist() == [[12.0, 12.0]]
+    assert r.step_time == pytest.approx(21.0)

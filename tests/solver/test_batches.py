@@ -36,9 +36,10 @@ def test_oversize_policies():
         (128, 128, (0, 128)),
         (256, 44, (0, 44)),
     ]
-    assert sum(p.loss_tokens for p in split) == d.loss_tokens == 299
+    # every piece is trained alone: its last token has no label (299 labels whole, 297 cut)
+    assert [p.loss_tokens for p in split] == [127, 127, 43]
     (t,) = apply_oversize([d], 128, "truncate")
-    assert (t.offset, t.length) == (0, 128)
+    assert (t.offset, t.length, t.loss_tokens) == (0, 128, 127)
     with pytest.raises(PlanError, match="'x' has 300 tokens"):
         apply_oversize([d], 128, "error")
     with pytest.raises(ConfigError):

@@ -1,0 +1,60 @@
+"""The recompute policy is a field of the cost model, and K/V memory is counted once.
+
+Tiny model for hand-counted bytes: 1 layer, hidden 2, 1 head of 2 (kv_dim 2), ffn 4,
+1 byte per element. Per token: K/V ``2 * kv_dim = 4`` bytes; activations without K/V
+``8 h + 5 ffn = 36`` (none), ``6 h + 2 ffn = 20`` (selective), ``h = 2`` (full).
+"""
+
+from __future__ import annotations
+
+import pytest
+from sim_helpers import kv_cost, whole_doc_plan
+
+from slimdata.cost import CostModel, Interconnect, ModelConfig
+from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
+from slimdata.sim import SimConfig, simulate_step
+from slimdata.solver.layout import Layout
+from slimdata.solver.memory import plan_peak_memory
+
+BYTE = ModelConfig(
+    name="byte", layers=1, hidden=2, heads=1, kv_heads=1, ffn=4, vocab=10, dtype_bytes=1
+)
+NET = Interconnect(intra_node_gbps=1.0, inter_node_gbps=0.5, latency_s=0.0)
+
+
+def sliced_plan() -> StepPlan:
+    """One rank: a 3-token document as forward packs [0, 2), [2, 3) and one backward pack."""
+    doc = Document(doc_id=0, length=3)
+    a, b = Slice(0, 0, 2), Slice(0, 2, 3)
+    rs = RankStep(rank=0, forward=(MicroPack((a,)), MicroPack((b,))), backward=(MicroPack((b, a)),))
+    return StepPlan(step=0, strategy="hand", docs=(doc,), ranks=(rs,)).validate()
+
+
+@pytest.mark.parametrize(
+    ("policy", "act", "peak"),
+    [("none", 36.0, 120.0), ("selective", 20.0, 72.0), ("full", 2.0, 18.0)],
+)
+def test_kv_counted_once_by_solver_and_simulator(policy, act, peak):
+    cost = CostModel.analytic(BYTE, "h100", policy)
+    assert cost.kv_bytes_per_token == 4.0
+    assert cost.act_bytes_per_token == act
+    # 3 tokens held at once: 3 * (act + 4)
+    for plan in (whole_doc_plan([[[3]]]), sliced_plan()):
+        assert plan_peak_memory(plan, cost).tolist() == [peak]
+        r = simulate_step(plan, cost, Layout(dp=1, context=128))
+        assert r.peak_memory.tolist() == [[peak]]
+
+
+def test_profiled_model_is_simulated_with_its_recompute_field():
+    # the CP2 case of test_sim_cp: F 5 + 1.5 s exposed, B 10 s + exchange; full recompute
+    # gathers once more in the backward (3 collectives: 6 s, 1 s hidden -> 5 s, else 3 s).
+    # The label says nothing (a profile's) or the opposite: only the field counts.
+    plan = whole_doc_plan([[[4]]])
+    lay, cfg = Layout(dp=2, context=128), SimConfig(cp=2, interconnect=NET)
+    base = kv_cost().to_dict()
+    full = CostModel(
+        **{**base, "recompute": "full", "source": "profile:cpu", "label": "t@cpu/float32"}
+    )
+    assert simulate_step(plan, full, lay, cfg).step_time == pytest.approx(5 + 1.5 + 10 + 5)
+    none = CostModel(**{**base, "recompute": "none", "label": "t@h100/full"})
+    assert simulate_step(plan, none, lay, cfg).step_time == pytest.approx(5 + 1.5 + 10 + 3)
