@@ -16,7 +16,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["Op", "chunk_fractions", "interleave", "one_f_one_b", "ready_index"]
+__all__ = [
+    "Op",
+    "chunk_fractions",
+    "interleave",
+    "merge_exchange_tokens",
+    "one_f_one_b",
+    "ready_index",
+]
 
 Op = tuple[str, int, int]
 """``(pass, chunk, pack)``: pass ``F`` or ``B``, global model chunk, pack index."""
@@ -84,3 +91,12 @@ def chunk_fractions(layers: int, chunks: int) -> np.ndarray:
     k = np.full(chunks, layers // chunks, dtype=np.float64)
     k[: layers % chunks] += 1
     return k / layers
+
+
+def merge_exchange_tokens(shares: Sequence[int]) -> int:
+    """Tokens of one layer's gathered keys/values of a merge group whose members hold
+    ``shares`` tokens of it: the runtime pads every member's share to the largest
+    (:mod:`slimdata.hooks.merge`), so the gathered tensor, and its gradient, hold
+    ``k * max(shares)`` tokens. ``merge_exchange_tokens([2, 3]) == 6``. Bytes per layer:
+    :meth:`slimdata.cost.CostModel.gathered_kv_bytes` of this."""
+    return len(shares) * max(shares, default=0)

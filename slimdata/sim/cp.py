@@ -53,6 +53,7 @@ import numpy as np
 from slimdata.cost import CostModel, Interconnect, causal_pairs
 from slimdata.cost.attention import attention_curve
 from slimdata.plan import StepPlan
+from slimdata.plan.pipeline import merge_exchange_tokens
 from slimdata.sim.packs import PackTimes
 
 __all__ = [
@@ -205,10 +206,8 @@ def merge_attention_scale(
 
 def merge_layer_tokens(plan: StepPlan, group: int) -> int:
     """Tokens of one layer's gathered K/V of merge group ``group``, as the runtime exchanges
-    them (:mod:`slimdata.hooks.merge`): every member contributes the merged slices of its
-    merge pack padded to the largest member's share, so the gathered tensor (and its
-    gradient) holds ``k * largest share`` tokens. Shares of 2 and 3 tokens: 6 tokens.
-    Bytes per layer: :meth:`CostModel.gathered_kv_bytes` of this."""
+    them (:func:`slimdata.plan.pipeline.merge_exchange_tokens` of the members' shares in
+    their merge packs)."""
     m = plan.merges[group]
     docs = set(m.docs)
     shares = [
@@ -221,7 +220,7 @@ def merge_layer_tokens(plan: StepPlan, group: int) -> int:
         )
         for r in m.ranks
     ]
-    return len(shares) * max(shares, default=0)
+    return merge_exchange_tokens(shares)
 
 
 def merge_collectives(kind: str, cost: CostModel, recomputed: bool = False) -> int:

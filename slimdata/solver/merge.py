@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from slimdata.errors import PlanError
+from slimdata.plan.pipeline import merge_exchange_tokens
 from slimdata.solver.common import BatchView
 
 __all__ = [
     "MergePlan",
+    "group_buffer",
     "member_peak",
     "member_tokens",
     "plan_merges",
@@ -102,6 +104,19 @@ def _within_cap(view: BatchView, members: Sequence[Sequence[int]], cap: float) -
     return all(member_tokens(view, ms) <= cap for ms in members)
 
 
+def group_buffer(view: BatchView, members: Sequence[Sequence[int]], gather: float) -> float:
+    """``gather`` x one layer's gathered K/V of a group whose members hold these merge shares
+    (:func:`slimdata.plan.pipeline.merge_exchange_tokens`: shares padded to the largest)."""
+    tokens = merge_exchange_tokens([member_tokens(view, ms) for ms in members])
+    return gather * view.gathered_kv_per_token * tokens
+
+
+def _fits(view: BatchView, members, peak: float, mem: float, buffer_of, cap: float) -> bool:
+    """Every member's share plus the group's merge buffers within ``mem``, shares within
+    ``cap``."""
+    return peak + buffer_of(members) <= mem and _within_cap(view, members, cap)
+
+
 def _smallest_k(
     view: BatchView,
     slices: Sequence[int],
@@ -112,14 +127,15 @@ def _smallest_k(
     bshare: float,
     fill: float = 0.9,
     cap: float = math.inf,
+    buffer_of=lambda members: 0.0,
 ):
-    """Fewest members whose split fits ``mem`` and the pack token ``cap`` and keeps every
-    member within the balanced forward and backward time (falls back to the fewest that fit
-    memory and the cap)."""
+    """Fewest members whose split fits ``mem`` (with the group's ``buffer_of(members)``
+    bytes) and the pack token ``cap`` and keeps every member within the balanced forward and
+    backward time (falls back to the fewest that fit memory and the cap)."""
     fallback = None
     for k in range(k_min, k_max + 1):
         members, _loads, peak = split_group(view, slices, k)
-        if peak <= mem and _within_cap(view, members, cap):
+        if _fits(view, members, peak, mem, buffer_of, cap):
             if all(
                 view.fwd[ms].sum() <= fill * fshare and view.bwd[ms].sum() <= fill * bshare
                 for ms in members
@@ -130,7 +146,7 @@ def _smallest_k(
     return fallback or (None, None)
 
 
-def _closest_to_one_pack(view, sl, k, members, mem, balanced, packs, cap=math.inf):
+def _closest_to_one_pack(view, sl, k, members, mem, balanced, packs, cap, buffer_of):
     """Between ``k`` members (shares at most one pack) and ``k - 1`` (shares above it), keep
     the split whose largest pack, merge share or ``(balanced - share) / (packs - 1)``, is
     smaller."""
@@ -140,7 +156,7 @@ def _closest_to_one_pack(view, sl, k, members, mem, balanced, packs, cap=math.in
         return max(s, (balanced - s) / (packs - 1))
 
     fewer, _loads, peak = split_group(view, sl, k - 1)
-    if peak <= mem and _within_cap(view, fewer, cap) and worst(fewer) < worst(members):
+    if _fits(view, fewer, peak, mem, buffer_of, cap) and worst(fewer) < worst(members):
         return k - 1, fewer
     return k, members
 
@@ -228,8 +244,11 @@ def plan_merges(
     cand = np.flatnonzero(must_or_long | (k_skew >= 2))
     cand = cand[np.argsort(-time[cand], kind="stable")]
     free = list(range(dp))
+
+    def buffer_of(members) -> float:  # full-model bytes, as ``mem``
+        return group_buffer(view, members, gather) / layer_share
+
     group_slices: list[list[int]] = []
-    group_tokens: list[float] = []
     group_load: list[float] = []
     for d in cand.tolist():
         sl = list(view.slices_of(d))
@@ -240,7 +259,6 @@ def plan_merges(
         )
         k_max = min(len(sl), dp)
         k, members = (None, None)
-        mem_d = mem - gather * view.gathered_kv_per_token * float(view.doc_len[d]) / layer_share
         if k_max >= 2:
             k_cap = math.ceil(float(view.doc_len[d]) / cap) if math.isfinite(cap) else 2
             k, members = _smallest_k(
@@ -248,14 +266,17 @@ def plan_merges(
                 sl,
                 min(max(k_time, k_cap), k_max),
                 k_max,
-                mem_d,
+                mem,
                 float(view.doc_fwd.sum()) / (dp * packs),
                 float(view.doc_bwd.sum()) / (dp * packs),
                 fill=0.9 if packs == 1 else 1.0,
                 cap=cap,
+                buffer_of=buffer_of,
             )
             if k is not None and packs > 1 and k > 2:
-                k, members = _closest_to_one_pack(view, sl, k, members, mem_d, balanced, packs, cap)
+                k, members = _closest_to_one_pack(
+                    view, sl, k, members, mem, balanced, packs, cap, buffer_of
+                )
         if k is None:
             if must:
                 raise PlanError(
@@ -265,7 +286,7 @@ def plan_merges(
                     "hold it"
                     + (
                         f" (each member also holds {gather:g}x one layer's gathered K/V, "
-                        f"{(mem - mem_d) * layer_share / GIB:.1f} GiB)"
+                        f"{gather * view.gathered_kv_per_token * doc.length / GIB:.1f} GiB or more)"
                         if gather > 0
                         else ""
                     )
@@ -277,7 +298,6 @@ def plan_merges(
             ranks = tuple(free[:k])
             del free[:k]
             group_slices.append(sl)
-            group_tokens.append(float(view.doc_len[d]))
             group_load.append(float(time[d]) / k)
             out.groups.append((ranks, (d,)))
             for r, ms in zip(ranks, members, strict=True):
@@ -294,13 +314,10 @@ def plan_merges(
             ranks, gdocs = out.groups[g]
             merged = group_slices[g] + sl
             members, loads, peak = split_group(view, merged, len(ranks) + extra)
-            tokens = group_tokens[g] + float(view.doc_len[d])
-            buffer = gather * view.gathered_kv_per_token * tokens / layer_share
-            if peak + buffer <= mem and _within_cap(view, members, cap):
+            if _fits(view, members, peak, mem, buffer_of, cap):
                 ranks = (*ranks, *free[:extra])
                 del free[:extra]
                 group_slices[g] = merged
-                group_tokens[g] = tokens
                 group_load[g] = float(loads.max())
                 out.groups[g] = (ranks, (*gdocs, d))
                 for r, ms in zip(ranks, members, strict=True):

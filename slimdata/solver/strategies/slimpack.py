@@ -42,7 +42,13 @@ from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, assemble_plan, interleaved_order
 from slimdata.solver.layout import Layout
-from slimdata.solver.merge import MergePlan, member_peak, member_tokens, plan_merges
+from slimdata.solver.merge import (
+    MergePlan,
+    group_buffer,
+    member_peak,
+    member_tokens,
+    plan_merges,
+)
 from slimdata.solver.micropack import RankPacks, pack_rank, pack_rank_lockstep
 from slimdata.solver.pipeline import pipeline_times
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
@@ -461,25 +467,31 @@ def _phase1(
         balance_ratio=skew_merge,
         cap=layout.token_cap,
     )
-    buffers = {
-        r: gather * view.gathered_kv_per_token * float(view.doc_len[list(docs)].sum()) / layer_share
-        for ranks, docs in merges.groups
-        for r in ranks
-    }
+
+    def buffers(shares) -> dict[int, float]:
+        """Each member's merge buffers under ``shares`` (full-model bytes, as ``mem``)."""
+        return {
+            r: group_buffer(view, [shares[m] for m in ranks], gather) / layer_share
+            for ranks, _docs in merges.groups
+            for r in ranks
+        }
+
     rest = np.asarray(sorted(set(range(len(view.docs))) - merges.merged_docs), dtype=np.int64)
     groups = [
         (ranks, sorted(i for r in ranks for i in merges.member_slices[r]))
         for ranks, _d in merges.groups
     ]
     assign, shares = assign_lpt(view, rest, dp, groups)
+    held = buffers(shares)
     if any(
-        member_peak(view, shares[r]) + buffers[r] > mem
+        member_peak(view, shares[r]) + held[r] > mem
         or member_tokens(view, shares[r]) > layout.token_cap
         for r in merges.member_slices
     ):
         # the joint LPT overloaded a member's memory or pack: keep phase 1's safe split
         shares = [merges.member_slices.get(r, []) for r in range(dp)]
         assign, _ = assign_lpt(view, rest, dp, [((r,), shares[r]) for r in merges.member_slices])
+        held = buffers(shares)
     member_slices = {r: shares[r] for r in merges.member_slices}
     group_ranks = [ranks for ranks, _d in merges.groups]
     moves = (
@@ -490,7 +502,7 @@ def _phase1(
             group_ranks,
             mem,
             rounds=improve_rounds,
-            buffers=[buffers[g[0]] for g in group_ranks],
+            buffers=[held[g[0]] for g in group_ranks],
             cap=layout.token_cap,
         )
         if improve_rounds
@@ -584,8 +596,8 @@ def _lockstep_at(
     DDP or ZeRO-1/2; FSDP's per-pack gathers can only add to it); ``None`` when a rank does
     not fit."""
     gather = {
-        r: view.gathered_kv_per_token * float(view.doc_len[list(docs)].sum()) / share
-        for ranks, docs in p1.merges.groups
+        r: group_buffer(view, [p1.member_slices[m] for m in ranks], 1.0) / share
+        for ranks, _docs in p1.merges.groups
         for r in ranks
     }
     packs = []
