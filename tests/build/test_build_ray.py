@@ -174,7 +174,9 @@ def test_killed_driver_then_resume_is_identical(ray_cluster, tmp_path, corpus):
     reference = tmp_path / "reference"
     build(config(corpus), reference)
     out = tmp_path / "out"
-    cmd = cli_build_cmd(corpus, out, "--hashes", "sha1", "--engine", "ray", "--address", ray_cluster)
+    cmd = cli_build_cmd(
+        corpus, out, "--hashes", "sha1", "--engine", "ray", "--address", ray_cluster
+    )
     marker = str(tmp_path)  # tells the stalled worker apart from other processes
     env = {**os.environ, "SLIMDATA_FAULT_STALL": "0:1", "SLIMDATA_FAULT_ONCE": marker + "/stall"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
