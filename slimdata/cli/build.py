@@ -164,8 +164,7 @@ def _pipeline(name: str | None) -> BuildConfig:
     "--engine",
     type=click.Choice(ENGINES),
     default="local",
-    show_default=True,
-    help="Where tasks run: local processes, or Ray Data tasks (needs slimdata[ray]); same output.",
+    help="Where tasks run: local processes (default) or Ray Data tasks (needs slimdata[ray]); same output.",
 )
 @click.option(
     "--address",

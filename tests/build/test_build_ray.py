@@ -16,8 +16,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import build_helpers
 import pytest
-from build_helpers import FIXTURES, cli_build_cmd, make_text_corpus, tiny_config, tree_bytes
+from build_helpers import (
+    FIXTURES,
+    cli_build_args,
+    cli_build_cmd,
+    make_text_corpus,
+    tiny_config,
+    tree_bytes,
+)
 from click.testing import CliRunner
 
 from slimdata.build import build
@@ -27,19 +35,10 @@ from slimdata.errors import ConfigError
 _ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a live process, None when it is gone (zombies count as gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None if fields[0] in ("Z", "X") else (fields[0], int(fields[1]))
-
-
 def _descendants(root: int) -> set[int]:
     parents = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
+        if entry.name.isdigit() and (st := build_helpers.proc_stat(int(entry.name))) is not None:
             parents[int(entry.name)] = st[1]
     found, frontier = set(), {root}
     while frontier:
@@ -58,19 +57,7 @@ def _with_env(name: str, value: str) -> list[int]:
                 found.append(int(entry.name))
         except OSError:
             continue
-    return [pid for pid in found if _stat(pid) is not None]
-
-
-def _wait_for(predicate, limit: float = 60.0) -> bool:
-    """Poll ``predicate`` until true or ``limit`` seconds pass (a bound, not a timing check)."""
-    import time
-
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
+    return [pid for pid in found if build_helpers.proc_stat(pid) is not None]
 
 
 @pytest.fixture(scope="session")
@@ -94,8 +81,10 @@ def ray_cluster():
     finally:
         started = _descendants(os.getpid())
         ray.shutdown()
-        gone = _wait_for(lambda: all(_stat(p) is None for p in started), limit=60)
-        left = [p for p in started if _stat(p) is not None]
+        gone = build_helpers.wait_for(
+            lambda: all(build_helpers.proc_stat(p) is None for p in started), limit=60
+        )
+        left = [p for p in started if build_helpers.proc_stat(p) is not None]
         for pid in left:  # never leave them behind, even when the check fails
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(temp, ignore_errors=True)
@@ -125,29 +114,8 @@ def config(corpus, **changes):
 def test_ray_build_is_byte_identical_to_local(ray_cluster, tmp_path, corpus):
     local = build(config(corpus, workers=2), tmp_path / "local")
     ray_out = tmp_path / "ray"
-    result = CliRunner().invoke(
-        cli,
-        [
-            "build",
-            str(corpus),
-            "-o",
-            str(ray_out),
-            "--tokenizer",
-            str(FIXTURES / "tiny_tokenizer.json"),
-            "--slice-tokens",
-            "128",
-            "--task-bytes",
-            "600",
-            "--compression",
-            "zstd",
-            "--hashes",
-            "sha1",
-            "--engine",
-            "ray",
-            "--address",
-            ray_cluster,
-        ],
-    )
+    args = cli_build_args(corpus, ray_out, "--hashes", "sha1", "--engine", "ray")
+    result = CliRunner().invoke(cli, [*args, "--address", ray_cluster])
     assert result.exit_code == 0, result.output
     counts = local.sidecar["counts"]
     assert counts["tasks"] >= 10 and counts["quarantined"] >= 1  # many tasks; merged quarantine
@@ -182,14 +150,16 @@ def test_killed_driver_then_resume_is_identical(ray_cluster, tmp_path, corpus):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         finished = lambda: len(list(out.glob("task-*[0-9]"))) >= 3  # noqa: E731
-        assert _wait_for(lambda: (out / "task-00000.partial").is_dir() and finished(), 180), (
-            "the Ray build never got going"
-        )
+        assert build_helpers.wait_for(
+            lambda: (out / "task-00000.partial").is_dir() and finished(), 180
+        ), "the Ray build never got going"
         assert _with_env("SLIMDATA_FAULT_ONCE", marker + "/stall"), "no stalled worker found"
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL
         # Ray ends the dead driver's workers (the stalled one included)
-        assert _wait_for(lambda: not _with_env("SLIMDATA_FAULT_ONCE", marker + "/stall"), 60)
+        assert build_helpers.wait_for(
+            lambda: not _with_env("SLIMDATA_FAULT_ONCE", marker + "/stall"), 60
+        )
     finally:
         proc.kill()
         proc.communicate(timeout=60)
