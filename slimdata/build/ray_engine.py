@@ -110,13 +110,25 @@ def run_tasks(jobs: list[TaskJob], *, address: str | None, progress: bool) -> li
     end when cores run out of work; the order changes only the speed.
     """
     order = sorted(jobs, key=lambda j: (-j.task.size, j.index))
-    with ray_session(address):
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = progress
-        if not progress:
-            logging.getLogger("ray.data").setLevel(logging.WARNING)
+    sink = TaskSink()
+    with ray_session(address), _progress(progress):
         items = [{"index": j.index, "job": pickle.dumps(j)} for j in order]
         dataset = ray.data.from_items(items, override_num_blocks=len(items))
-        sink = TaskSink()
         dataset.write_datasink(sink, ray_remote_args=_remote_args())
     return sorted(sink.results, key=lambda r: r.index)
+
+
+@contextlib.contextmanager
+def _progress(show: bool) -> Iterator[None]:
+    """Ray Data's progress bars and status lines on or off for one build (restored after)."""
+    context = ray.data.DataContext.get_current()
+    logger = logging.getLogger("ray.data")
+    saved = context.enable_progress_bars, logger.level
+    context.enable_progress_bars = show
+    if not show:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        context.enable_progress_bars = saved[0]
+        logger.setLevel(saved[1])
