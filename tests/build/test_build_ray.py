@@ -68,6 +68,7 @@ def ray_cluster():
     saved = {name: os.environ.get(name) for name in _ENV}
     os.environ.update(_ENV)
     temp = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths must fit 107 bytes
+    before = _descendants(os.getpid())  # other tests' helpers (e.g. a resource tracker)
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -76,10 +77,11 @@ def ray_cluster():
         _temp_dir=temp,
         log_to_driver=False,
     )
+    cluster = _descendants(os.getpid()) - before  # gcs_server, raylet, agents, workers
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
-        started = _descendants(os.getpid())
+        started = cluster.union(*(_descendants(pid) for pid in cluster))  # + later workers
         ray.shutdown()
         gone = build_helpers.wait_for(
             lambda: all(build_helpers.proc_stat(p) is None for p in started), limit=60
