@@ -15,7 +15,7 @@ setup: $(VENV)/.synced
 	.uv/bin/python -m pip install -q uv
 
 $(VENV)/.synced: pyproject.toml uv.lock setup.py | $(UV)
-	$(UV) sync --frozen --extra dev --compile-bytecode
+	$(UV) sync --frozen --extra dev --extra ray --compile-bytecode
 	@touch $@
 
 demo: setup  ## build shards from the bundled corpus (Python stdlib sources), then summarize them

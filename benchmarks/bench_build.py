@@ -55,6 +55,16 @@ from pathlib import Path
 HERE = str(Path(__file__).resolve().parent)
 
 
+def utf8_text(path: Path) -> bytes | None:
+    """The bytes of ``path`` if it is non-blank UTF-8 text, else None."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return data if data.strip() else None
+
+
 def make_corpus(target: Path, megabytes: int) -> tuple[int, int]:
     roots = [Path(sysconfig.get_paths()["stdlib"]), *map(Path, site.getsitepackages())]
     total = files = 0
@@ -69,12 +79,8 @@ def make_corpus(target: Path, megabytes: int) -> tuple[int, int]:
             seen.add(real)
             if root == roots[0] and "site-packages" in path.relative_to(root).parts:
                 continue
-            data = path.read_bytes()
-            try:
-                data.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            if not data.strip():
+            data = utf8_text(path)
+            if data is None:
                 continue
             dest = target / f"{files:06d}_{path.name}"
             dest.write_bytes(data)

@@ -1,7 +1,7 @@
 """The build configuration: one frozen value that fully determines the shards written.
 
-Everything that changes the output is here (``workers`` is the one exception: it changes
-only speed, never bytes). Recipes in ``pipelines/`` return instances of
+Everything that changes the output is here (``workers``, ``engine`` and ``ray_address`` are
+the exceptions: they change only where and how fast tasks run, never bytes). Recipes in ``pipelines/`` return instances of
 :class:`BuildConfig`; the CLI overrides the fields the user passes explicitly.
 """
 
@@ -17,7 +17,7 @@ from slimdata.readers import FORMATS, ReadOptions
 from slimdata.slicing import DEFAULT_SLICE_TOKENS, check_slice_tokens
 from slimdata.tokenize import DEFAULT_TOKENIZER
 
-__all__ = ["COMPRESSIONS", "DEFAULT_SIZE_LIMIT", "HASHES", "BuildConfig", "parse_size"]
+__all__ = ["COMPRESSIONS", "DEFAULT_SIZE_LIMIT", "ENGINES", "HASHES", "BuildConfig", "parse_size"]
 
 COMPRESSIONS: frozenset[str] = frozenset(
     [
@@ -60,6 +60,10 @@ HASHES: frozenset[str] = frozenset(
     ]
 )
 """Shard hashes ``streaming.MDSWriter`` accepts (its ``get_hashes()``; tested equal)."""
+
+ENGINES: tuple[str, ...] = ("local", "ray")
+"""Where build tasks run: ``local`` (this process and ``workers`` forked processes) or
+``ray`` (Ray Data tasks on a Ray cluster, :mod:`slimdata.build.ray_engine`)."""
 
 DEFAULT_SIZE_LIMIT = 1 << 26
 """Shard size limit in bytes before compression (64 MiB, the MDSWriter default)."""
@@ -129,7 +133,12 @@ class BuildConfig:
     size_limit: int = DEFAULT_SIZE_LIMIT
     """Shard size limit in bytes."""
     workers: int = 1
-    """Worker processes (changes speed only, never the output)."""
+    """Worker processes of the ``local`` engine (changes speed only, never the output)."""
+    engine: str = "local"
+    """Where tasks run (:data:`ENGINES`); changes speed only, never the output."""
+    ray_address: str | None = None
+    """Ray cluster of the ``ray`` engine (``auto``, ``ray://host:10001``, a GCS address);
+    None: ``RAY_ADDRESS`` if set, else a new local cluster with this machine's cores."""
     task_bytes: int | None = None
     """Target input bytes per task (one output sub-directory each); None: automatic, from
     the inputs' total (:func:`slimdata.readers.auto_task_bytes`: 256 KiB to 4 MiB)."""
@@ -152,6 +161,12 @@ class BuildConfig:
         if self.truncate is not None and (not isinstance(self.truncate, int) or self.truncate < 2):
             raise ConfigError(
                 f"truncate={self.truncate!r} must be an int >= 2 (one token plus EOS), or unset to keep every token"
+            )
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine={self.engine!r} is unknown; use one of {', '.join(ENGINES)}")
+        if self.ray_address is not None and self.engine != "ray":
+            raise ConfigError(
+                f"ray_address={self.ray_address!r} needs engine='ray' (--engine ray --address ...)"
             )
         for name in ("workers", "task_bytes", "batch_chars"):
             value = getattr(self, name)
@@ -176,7 +191,9 @@ class BuildConfig:
         return data
 
     def output_dict(self) -> dict[str, Any]:
-        """The fields that determine the output bytes (everything but ``workers``)."""
+        """The fields that determine the output bytes (all but ``workers``, ``engine`` and
+        ``ray_address``: a build started on one engine can be resumed on the other)."""
         data = self.to_dict()
-        del data["workers"]
+        for name in ("workers", "engine", "ray_address"):
+            del data[name]
         return data

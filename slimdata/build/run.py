@@ -1,10 +1,11 @@
-"""`slimdata build` as one library call: plan tasks, run them (in parallel), merge.
+"""`slimdata build` as one library call: plan tasks, run them (in parallel, or on Ray), merge.
 
 Determinism: tasks are planned from the inputs and options alone; each task is processed
 independently into its own sub-directory; the merge concatenates tasks in plan order. So the
-same inputs and options give byte-identical output for any ``workers`` and after any number
-of crash-and-resume cycles (with one exception: streaming's ``gz`` shard compression stamps
-the current time into every shard; use ``zstd`` or ``br`` for reproducible bytes).
+same inputs and options give byte-identical output for any ``workers``, on either engine
+(:mod:`~slimdata.build.ray_engine`) and after any number of crash-and-resume cycles (with one
+exception: streaming's ``gz`` shard compression stamps the current time into every shard;
+use ``zstd`` or ``br`` for reproducible bytes).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from slimdata.errors import ConfigError, InputError, SlimdataError
 from slimdata.readers import ReadTask, plan_inputs
 from slimdata.tokenize import TextTokenizer
 
-__all__ = ["IN_FLIGHT_BYTES", "BuildSummary", "build", "plan_build"]
+__all__ = ["IN_FLIGHT_BYTES", "BuildSummary", "build", "plan_build", "require_ray"]
 
 IN_FLIGHT_BYTES = 512 << 20
 """Cap on the input bytes of the tasks a parallel build has handed to workers but not yet
@@ -73,6 +74,18 @@ def _check_writer_options(config: BuildConfig) -> None:
     bad = sorted(set(config.hashes) - HASHES)
     if bad:
         raise ConfigError(f"hashes {bad} are unknown; use any of {', '.join(sorted(HASHES))}")
+
+
+def require_ray() -> None:
+    """Fail with a clear message (not a traceback) when the ``ray`` extra is missing."""
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"--engine ray needs Ray Data, which is not installed ({exc}); "
+            "install the extra with `pip install 'slimdata[ray]'`, or use --engine local"
+        ) from None
 
 
 def plan_build(
@@ -208,6 +221,8 @@ def build(
     start = time.perf_counter()
     default_corpus = not config.inputs or config.source == DEFAULT_CORPUS_SOURCE
     _check_writer_options(config)
+    if config.engine == "ray":
+        require_ray()
     config, tokenizer, cost_model, tasks, plan = plan_build(config)
     output = Path(output)
     with output_lock(output):
@@ -251,7 +266,8 @@ def _build_locked(
     results = _finished_tasks(output, len(tasks))
     resumed = len(results)
     todo = [i for i in range(len(tasks)) if i not in results]
-    parallel = config.workers > 1 and len(todo) > 1
+    on_ray = config.engine == "ray" and bool(todo)
+    parallel = on_ray or (config.workers > 1 and len(todo) > 1)
     jobs = [
         TaskJob(
             index=i,
@@ -269,7 +285,7 @@ def _build_locked(
         unit="B",
         unit_scale=True,
         desc="build",
-        disable=not progress,
+        disable=not progress or on_ray,  # Ray Data shows its own progress
     )
 
     def on_done(result: TaskResult) -> None:
@@ -281,7 +297,12 @@ def _build_locked(
         )
 
     with bar:
-        if parallel:
+        if on_ray:
+            from slimdata.build.ray_engine import run_tasks
+
+            for result in run_tasks(jobs, address=config.ray_address, progress=progress):
+                on_done(result)
+        elif parallel:
             _run_parallel(jobs, min(config.workers, len(jobs)), on_done)
         else:
             for job in jobs:

@@ -17,6 +17,9 @@ Testing hook: ``SLIMDATA_FAULT_KILL=<task>:<docs>`` makes the process preparing 
 a serial build (the task's ``.partial`` directory then exists, earlier batches written), a
 worker of a parallel one (used by the crash-resume tests). ``SLIMDATA_FAULT_STALL`` (same
 format) makes it wait forever instead (used to kill a build while its workers are busy).
+With ``SLIMDATA_FAULT_ONCE=<path>`` the fault fires only in the first process to reach it
+(it creates ``path``), so a retried task succeeds (used by the Ray retry test). The ray
+engine forwards these variables to its tasks.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from slimdata.tokenize import TextTokenizer, load_tokenizer
 __all__ = [
     "DOCUMENTS_NAME",
     "DONE_NAME",
+    "FAULT_VARIABLES",
     "QUARANTINE_NAME",
     "Chunk",
     "Prepared",
@@ -129,6 +133,10 @@ def _tokenizer(config: BuildConfig, single_thread: bool) -> TextTokenizer:
     return tok
 
 
+FAULT_VARIABLES = ("SLIMDATA_FAULT_KILL", "SLIMDATA_FAULT_STALL", "SLIMDATA_FAULT_ONCE")
+"""The testing hooks' environment variables (see the module docstring)."""
+
+
 def _fault_point() -> tuple[int, int, str] | None:
     for name, action in (("SLIMDATA_FAULT_KILL", "kill"), ("SLIMDATA_FAULT_STALL", "stall")):
         spec = os.environ.get(name)
@@ -139,6 +147,12 @@ def _fault_point() -> tuple[int, int, str] | None:
 
 
 def _fault(action: str) -> None:
+    once = os.environ.get("SLIMDATA_FAULT_ONCE")
+    if once:
+        try:
+            Path(once).touch(exist_ok=False)
+        except FileExistsError:
+            return  # an earlier attempt already failed here: this one goes on
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     while True:  # stall: wait for a signal (the test kills the build around us)

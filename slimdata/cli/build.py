@@ -7,7 +7,7 @@ import json
 import click
 from click.core import ParameterSource
 
-from slimdata.build.config import BuildConfig
+from slimdata.build.config import ENGINES, BuildConfig
 from slimdata.cli.options import (
     MEMORY_BUDGET_OPTIONS,
     PLAN_LAYOUT_OPTIONS,
@@ -54,6 +54,8 @@ _FIELDS = {
     "hashes": "hashes",
     "size_limit": "size_limit",
     "workers": "workers",
+    "engine": "engine",
+    "ray_address": "ray_address",
     "task_bytes": "task_bytes",
 }
 
@@ -159,6 +161,18 @@ def _pipeline(name: str | None) -> BuildConfig:
     help="Worker processes (output is identical for any value).",
 )
 @click.option(
+    "--engine",
+    type=click.Choice(ENGINES),
+    default="local",
+    help="Where tasks run: local processes (default) or Ray Data tasks (needs slimdata[ray]); same output.",
+)
+@click.option(
+    "--address",
+    "ray_address",
+    default=None,
+    help="Ray cluster for --engine ray (auto, ray://host:10001); default: RAY_ADDRESS, else a new local cluster.",
+)
+@click.option(
     "--task-bytes",
     type=POSITIVE_INT,
     default=None,
@@ -202,6 +216,8 @@ def command(
     llama-8b on --device h100 with selective recompute. Example:
 
         slimdata build data/*.jsonl.zst -o out/ --workers 8 --compression zstd
+
+    On a Ray cluster (same output): --engine ray [--address auto].
     """
     from slimdata.build import build
 
@@ -229,7 +245,8 @@ def command(
         c = summary.counts
         click.echo(
             f"wrote {c['documents']:,} documents, {c['tokens']:,} tokens, {c['slices']:,} slices to {output} "
-            f"({summary.tasks_run} tasks run, {summary.tasks_resumed} resumed, {summary.seconds:.1f}s)"
+            f"({summary.tasks_run} tasks run, {summary.tasks_resumed} resumed, {summary.seconds:.1f}s, "
+            f"{c['tokens'] / max(summary.seconds, 1e-9):,.0f} tokens/s)"
         )
         if c["quarantined"]:
             click.echo(

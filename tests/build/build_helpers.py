@@ -68,15 +68,10 @@ def make_text_corpus(root: Path, files: int = 24, seed: int = 0) -> Path:
     return corpus
 
 
-def cli_build_cmd(corpus: Path, out: Path, *extra: str) -> list[str]:
-    """A `slimdata build` command line for a fresh subprocess: tiny tokenizer, 128-token
-    slices, ~600-byte tasks (many tasks from a small corpus), zstd shards, no progress bar."""
-    import sys
-
+def cli_build_args(corpus: Path, out: Path, *extra: str) -> list[str]:
+    """`slimdata build` arguments: tiny tokenizer, 128-token slices, ~600-byte tasks (many
+    tasks from a small corpus), zstd shards."""
     return [
-        sys.executable,
-        "-c",
-        "from slimdata.cli import main; main()",
         "build",
         str(corpus),
         "-o",
@@ -90,5 +85,33 @@ def cli_build_cmd(corpus: Path, out: Path, *extra: str) -> list[str]:
         "--compression",
         "zstd",
         *extra,
-        "--quiet",
     ]
+
+
+def cli_build_cmd(corpus: Path, out: Path, *extra: str) -> list[str]:
+    """:func:`cli_build_args` as a command line for a fresh subprocess, no progress bar."""
+    import sys
+
+    code = "from slimdata.cli import main; main()"
+    return [sys.executable, "-c", code, *cli_build_args(corpus, out, *extra), "--quiet"]
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a live process, None when it is gone (zombies count as gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None if fields[0] in ("Z", "X") else (fields[0], int(fields[1]))
+
+
+def wait_for(predicate, limit: float = 60.0) -> bool:
+    """Poll ``predicate`` until true or ``limit`` seconds pass (a bound, not a timing check)."""
+    import time
+
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()

@@ -7,11 +7,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from build_helpers import cli_build_cmd, make_text_corpus, tiny_config, tree_bytes
+from build_helpers import (
+    cli_build_cmd,
+    make_text_corpus,
+    proc_stat,
+    tiny_config,
+    tree_bytes,
+    wait_for,
+)
 
 from slimdata.build import build
 from slimdata.errors import OutputExistsError
@@ -19,33 +25,14 @@ from slimdata.errors import OutputExistsError
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a live process, None when it is gone (zombies count as gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None if fields[0] in ("Z", "X") else (fields[0], int(fields[1]))
-
-
 def _children(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            st = _stat(int(entry.name))
+            st = proc_stat(int(entry.name))
             if st is not None and st[1] == pid:
                 out.append(int(entry.name))
     return sorted(out)
-
-
-def _wait_for(predicate, limit: float = 60.0) -> bool:
-    """Poll ``predicate`` until true or ``limit`` seconds pass (a bound, not a timing check)."""
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def config(corpus, **changes):
@@ -63,16 +50,16 @@ def test_kill_9_of_main_process_kills_workers_then_resume_is_identical(tmp_path)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     workers: list[int] = []
     try:
-        assert _wait_for(lambda: len(_children(proc.pid)) == 2), "workers never started"
+        assert wait_for(lambda: len(_children(proc.pid)) == 2), "workers never started"
         workers = _children(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL
-        assert _wait_for(lambda: all(_stat(w) is None for w in workers), limit=30)
+        assert wait_for(lambda: all(proc_stat(w) is None for w in workers), limit=30)
         proc.communicate(timeout=30)  # EOF: no worker holds the caller's pipes any more
     finally:
         proc.kill()
         for w in workers:  # a failed run must not leave them behind either
-            if _stat(w) is not None:
+            if proc_stat(w) is not None:
                 os.kill(w, signal.SIGKILL)
     assert "index.json" not in {p.name for p in out.iterdir()}
     build(config(corpus, workers=2), out, resume=True)
@@ -123,7 +110,7 @@ def test_output_is_locked_during_a_build_and_released_when_it_dies(tmp_path):
     env = {**os.environ, "SLIMDATA_FAULT_STALL": "2:1"}  # serial build: the main process waits
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert _wait_for(lambda: (out / "task-00002.partial").exists()), "build never started"
+        assert wait_for(lambda: (out / "task-00002.partial").exists()), "build never started"
         for resume in (True, False):
             with pytest.raises(OutputExistsError) as info:
                 build(config(corpus), out, resume=resume, overwrite=not resume)
