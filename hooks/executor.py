@@ -96,7 +96,7 @@ class _Step:
     ) -> None:
         self.module, self.forward, self.backend, self.device = module, forward, backend, device
         self.chunk: int | None = chunk
-        self.plan, self.rank = payload.plan, payload.rank
+        self.plan, self.rank = payload.view(), payload.rank
         self.rs = self.plan.ranks[self.rank]
         self.norm = self.plan.loss_tokens
         self.store = KVStore()
@@ -273,7 +273,7 @@ def run_step(
     idle_f: frozenset[int] = frozenset()
     idle_b: frozenset[int] = frozenset()
     if fsdp:
-        fsdp_rt.check_lockstep(plan)
+        fsdp_rt.check_lockstep(payload.plan)  # the whole plan, if given, names what differs
         sched = fsdp_rt.lockstep_schedule(plan, keep=kind == "fsdp2")
         kept, unions = set(sched.kept), {j: list(f) for j, f in sched.unions.items()}
         idle_f, idle_b = sched.idle_forward, sched.idle_backward

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from slimdata.plan.rankplan import RankPlan, rank_views
 from slimdata.plan.schedule import (
     LockstepSchedule,
     RankExecution,
@@ -28,6 +29,7 @@ __all__ = [
     "MergeGroup",
     "MicroPack",
     "RankExecution",
+    "RankPlan",
     "RankStep",
     "Slice",
     "StepPlan",
@@ -36,6 +38,7 @@ __all__ = [
     "execution",
     "kept_forward_packs",
     "lockstep_schedule",
+    "rank_views",
     "split_calls",
     "validate_plan",
 ]

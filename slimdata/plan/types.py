@@ -20,11 +20,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan.validate import validate_plan
 from slimdata.slicing import check_length
+
+if TYPE_CHECKING:
+    from slimdata.plan.rankplan import RankPlan
 
 __all__ = ["Document", "MergeGroup", "MicroPack", "RankStep", "Slice", "StepPlan", "eager_order"]
 
@@ -277,6 +280,15 @@ class StepPlan:
         """Check the invariants of design §4; raise :class:`PlanError` naming the slice."""
         validate_plan(self)
         return self
+
+    def rank_view(self, rank: int) -> RankPlan:
+        """What ``rank`` needs of this plan to run it (:class:`~slimdata.plan.rankplan.RankPlan`;
+        all ranks at once: :func:`~slimdata.plan.rankplan.rank_views`)."""
+        from slimdata.plan.rankplan import rank_views
+
+        if not 0 <= rank < self.dp:
+            raise PlanError(f"rank {rank} is not one of the plan's {self.dp} ranks")
+        return rank_views(self)[rank]
 
     def to_dict(self) -> dict[str, Any]:
         return {
