@@ -12,7 +12,9 @@ values by every member's merged slices. So the view holds:
 - ``ranks[m]`` for every other member ``m`` of the rank's merge group: ``m``'s forward and
   backward merge packs only (one each), with ``order`` ``F0 B0``;
 - ``docs``: the documents those slices belong to, keyed by their index in the step's
-  ``docs`` (slices keep their step-wide document index, so members agree on the layout);
+  ``docs`` (slices keep their step-wide document index, so members agree on the layout),
+  serialized as rows ``[index, doc_id, length, loss_tokens, cuts, sample, offset]``
+  (:meth:`Document.to_row`);
 - ``lockstep``: for a lockstep plan (FSDP), the plan-global schedule every rank must follow
   (:func:`~slimdata.plan.schedule.lockstep_schedule`), which no single rank could derive.
 
@@ -90,7 +92,7 @@ class RankPlan:
             "dp": self.dp,
             "rank": self.rank,
             "loss_tokens": self.loss_tokens,
-            "docs": [[i, d.to_dict()] for i, d in sorted(self.docs.items())],
+            "docs": [[i, *d.to_row()] for i, d in sorted(self.docs.items())],
             "ranks": [rs.to_dict() for _r, rs in sorted(self.ranks.items())],
             "merges": [m.to_dict() for m in self.merges],
             "lockstep": None if self.lockstep is None else _schedule_to_dict(self.lockstep),
@@ -103,13 +105,13 @@ class RankPlan:
         if not isinstance(d["strategy"], str) or not isinstance(d.get("meta", {}), dict):
             raise PlanError("plan strategy must be a string and meta an object")
         docs: dict[int, Document] = {}
-        for pair in d["docs"]:
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise PlanError(f"docs must be [index, document] pairs, got {pair!r:.60}")
-            i = _int(pair[0], "document index")
+        for row in d["docs"]:
+            if not isinstance(row, list) or not row:
+                raise PlanError(f"docs must be [index, *document row] lists, got {row!r:.60}")
+            i = _int(row[0], "document index")
             if i in docs:
                 raise PlanError(f"document #{i} is listed twice")
-            docs[i] = Document.from_dict(pair[1])
+            docs[i] = Document.from_row(row[1:])
         ranks: dict[int, RankStep] = {}
         for x in d["ranks"]:
             rs = RankStep.from_dict(x)

@@ -224,6 +224,20 @@ class Document:
             **({"offset": self.offset} if self.offset else {}),
         }
 
+    def to_row(self) -> list[Any]:
+        """Compact JSON form (rank views): ``[doc_id, length, loss_tokens, cuts, sample,
+        offset]``, about half the bytes of :meth:`to_dict` and faster to encode."""
+        return [self.doc_id, self.length, self.loss_tokens, self.cuts, self.sample, self.offset]
+
+    @classmethod
+    def from_row(cls, row: Any) -> Document:
+        """Inverse of :meth:`to_row`, as strict as :meth:`from_dict`."""
+        if not isinstance(row, list) or len(row) != len(_ROW_FIELDS):
+            raise PlanError(
+                f"a document row must be [{', '.join(_ROW_FIELDS)}], got {row!r:.60}"
+            )
+        return cls.from_dict(dict(zip(_ROW_FIELDS, row, strict=True)))
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Document:
         doc_id = d["doc_id"]
@@ -241,6 +255,9 @@ class Document:
             sample=_int(d.get("sample", -1), "document sample"),
             offset=_int(d.get("offset", 0), "document offset"),
         )
+
+
+_ROW_FIELDS = ("doc_id", "length", "loss_tokens", "cuts", "sample", "offset")
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,7 @@ def _mutations():
         (
             "extra document",
             0,
-            lambda d: d["docs"].append([1, DOCS[1].to_dict()]),
+            lambda d: d["docs"].append([1, *DOCS[1].to_row()]),
             "tokens [0, 3) are in no slice",
         ),
         (
@@ -157,6 +157,12 @@ def _mutations():
             2,
             lambda d: d.__setitem__("docs", []),
             "lacks merged documents [2]",
+        ),
+        (
+            "document row cut short",
+            0,
+            lambda d: d["docs"][0].pop(),
+            "a document row must be [doc_id, length, loss_tokens, cuts, sample, offset]",
         ),
         (
             "rank out of range",

@@ -99,7 +99,7 @@ def _mutations():
     """(name, mutate(dict), expected message part): damage to rank 0's view that keeps the
     token count."""
     r0 = lambda d: d["ranks"][0]  # noqa: E731
-    doc0 = lambda d: d["docs"][0][1]  # noqa: E731
+    doc0 = lambda d: d["docs"][0]  # noqa: E731  [index, doc_id, length, loss_tokens, cuts, ...]
     return [
         (
             "slice as text",
@@ -113,12 +113,12 @@ def _mutations():
         ),
         (
             "bool length",
-            lambda d: doc0(d).__setitem__("length", True),
+            lambda d: doc0(d).__setitem__(2, True),
             "document length must be an integer",
         ),
         (
             "huge length",
-            lambda d: doc0(d).__setitem__("length", 10**15),
+            lambda d: doc0(d).__setitem__(2, 10**15),
             "exceeds the maximum of 2147483647 tokens",
         ),
         (
@@ -129,12 +129,12 @@ def _mutations():
         ("missing docs", lambda d: d.pop("docs"), "malformed plan payload: KeyError: 'docs'"),
         (
             "cuts",
-            lambda d: doc0(d).__setitem__("cuts", [0, 5]),
+            lambda d: doc0(d).__setitem__(4, [0, 5]),
             ": cut points must start at 0 and end at",
         ),
         (
             "loss",
-            lambda d: doc0(d).__setitem__("loss_tokens", 10**9),
+            lambda d: doc0(d).__setitem__(3, 10**9),
             "has 1000000000 loss tokens",
         ),
         ("rank swap", lambda d: r0(d).__setitem__("rank", 1), "holds ranks [1]; it needs [0]"),
