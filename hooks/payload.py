@@ -48,7 +48,9 @@ class StepPayload:
         """This rank's view of the plan: what the executor runs from."""
         if isinstance(self.plan, RankPlan):
             if self.plan.rank != self.rank:
-                raise PlanError(f"payload for rank {self.rank} carries the plan of rank {self.plan.rank}")
+                raise PlanError(
+                    f"payload for rank {self.rank} carries the plan of rank {self.plan.rank}"
+                )
             return self.plan
         return self.plan.rank_view(self.rank)
 

@@ -12,6 +12,7 @@ import gzip
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -76,11 +77,8 @@ def load_lengths(path: str | Path) -> np.ndarray:
     if not values:
         raise InputError(f"{path}: no lengths found")
     # all plain ints within bounds: one min and one max; else find and name the first bad one
-    if not (
-        all(type(v) is int for v in values)
-        and 1 <= min(values)  # type: ignore[type-var]
-        and max(values) <= MAX_DOCUMENT_TOKENS  # type: ignore[type-var]
-    ):
+    ints = cast("list[int]", values) if all(type(v) is int for v in values) else None
+    if ints is None or not 1 <= min(ints) <= max(ints) <= MAX_DOCUMENT_TOKENS:
         for i, value in enumerate(values):
             try:
                 if check_length(value, where(i)) == 0:

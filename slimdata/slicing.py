@@ -77,8 +77,10 @@ def cut_points_of(lengths, slice_tokens: int = DEFAULT_SLICE_TOKENS) -> list[tup
     so the error names the bad value)."""
     slice_tokens = check_slice_tokens(slice_tokens)
     arr = lengths if isinstance(lengths, np.ndarray) else None
-    if arr is not None and arr.dtype.kind in "iu" and (
-        arr.size == 0 or (arr.min() >= 0 and arr.max() <= MAX_DOCUMENT_TOKENS)
+    if (
+        arr is not None
+        and arr.dtype.kind in "iu"
+        and (arr.size == 0 or (arr.min() >= 0 and arr.max() <= MAX_DOCUMENT_TOKENS))
     ):
         ns = arr.tolist()
     else:

@@ -21,9 +21,8 @@ with the reason, at a cost bounded by the payload's size, before the runtime see
 from __future__ import annotations
 
 import json
-from typing import Any
-
 from collections.abc import Iterable
+from typing import Any
 
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan.rankplan import RankPlan, check_format

@@ -130,9 +130,11 @@ def lockstep_schedule(plan: StepPlan | RankPlan, keep: bool = True) -> LockstepS
     Assumes :func:`check_lockstep`.
     """
     if not isinstance(plan, StepPlan):
-        s = plan.lockstep
-        assert s is not None, "check_lockstep first"
-        return s if keep else LockstepSchedule(frozenset(), {}, s.idle_forward, s.idle_backward)
+        carried = plan.lockstep
+        assert carried is not None, "check_lockstep first"
+        if keep:
+            return carried
+        return LockstepSchedule(frozenset(), {}, carried.idle_forward, carried.idle_backward)
     nf, nb = len(plan.ranks[0].forward), len(plan.ranks[0].backward)
     per_rank = [_rank_unions(rs.forward, rs.backward) for rs in plan.ranks]
     unions: dict[int, tuple[int, ...]] = {}

@@ -233,9 +233,7 @@ class Document:
     def from_row(cls, row: Any) -> Document:
         """Inverse of :meth:`to_row`, as strict as :meth:`from_dict`."""
         if not isinstance(row, list) or len(row) != len(_ROW_FIELDS):
-            raise PlanError(
-                f"a document row must be [{', '.join(_ROW_FIELDS)}], got {row!r:.60}"
-            )
+            raise PlanError(f"a document row must be [{', '.join(_ROW_FIELDS)}], got {row!r:.60}")
         return cls.from_dict(dict(zip(_ROW_FIELDS, row, strict=True)))
 
     @classmethod

@@ -189,7 +189,9 @@ def validate_plan(plan: StepPlan) -> None:
         _check_lockstep(plan)
 
 
-def _doc_failures(plan: StepPlan | _Scope, t: np.ndarray, merged: np.ndarray) -> list[tuple[int, int, int]]:
+def _doc_failures(
+    plan: StepPlan | _Scope, t: np.ndarray, merged: np.ndarray
+) -> list[tuple[int, int, int]]:
     """``(doc, kind, row)`` of the first failure of each kind (0 tiling, 1 end, 2 owner,
     3 order within the document); ``t`` is sorted by (doc, start)."""
     lengths = np.array([d.length for d in plan.docs], dtype=np.int64)
@@ -324,7 +326,9 @@ def _local(rs: RankStep, local: dict[int, int], rank: int) -> RankStep:
                         f"the plan of rank {rank} has no such document"
                     )
             out.append(
-                MicroPack(tuple(Slice(local[s.doc], s.start, s.end) for s in p.slices), p.cost, p.merge)
+                MicroPack(
+                    tuple(Slice(local[s.doc], s.start, s.end) for s in p.slices), p.cost, p.merge
+                )
             )
         return tuple(out)
 
@@ -398,8 +402,10 @@ def validate_rank_plan(view: RankPlan) -> None:
         nf, nb = len(own.forward), len(own.backward)
         fs = set(s.kept) | set(s.idle_forward) | {i for v in s.unions.values() for i in v}
         bs = set(s.unions) | set(s.idle_backward)
-        if view.mode != "lockstep" or any(not 0 <= i < nf for i in fs) or any(
-            not 0 <= j < nb for j in bs
+        if (
+            view.mode != "lockstep"
+            or any(not 0 <= i < nf for i in fs)
+            or any(not 0 <= j < nb for j in bs)
         ):
             raise PlanError(
                 f"the plan of rank {view.rank} has a lockstep schedule that does not fit its "

@@ -83,7 +83,9 @@ def test_views_round_trip_through_json_and_validate():
 def test_a_view_is_a_fraction_of_the_plan():
     """64 ranks of one document each: every view holds 1 of the 64 documents."""
     docs = tuple(Document(doc_id=i, length=10 + i) for i in range(64))
-    ranks = tuple(RankStep(r, (P(Slice(r, 0, 10 + r)),), (P(Slice(r, 0, 10 + r)),)) for r in range(64))
+    ranks = tuple(
+        RankStep(r, (P(Slice(r, 0, 10 + r)),), (P(Slice(r, 0, 10 + r)),)) for r in range(64)
+    )
     plan = StepPlan(step=0, strategy="hand", docs=docs, ranks=ranks).validate()
     sizes = [len(v.to_json()) for v in rank_views(plan)]
     assert max(sizes) * 20 < len(plan.to_json())
@@ -117,7 +119,9 @@ def _mutations():
         (
             "slice dropped",
             0,
-            lambda d: d["ranks"][0].update(forward=[d["ranks"][0]["forward"][0]], order=["F0", "B0", "B1"]),
+            lambda d: d["ranks"][0].update(
+                forward=[d["ranks"][0]["forward"][0]], order=["F0", "B0", "B1"]
+            ),
             "is not in exactly one forward and one backward pack",
         ),
         (

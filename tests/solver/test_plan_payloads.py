@@ -49,7 +49,9 @@ def test_good_payload_round_trips(view):
 
 
 def test_a_whole_plan_payload_is_an_old_format_error(plan):
-    with pytest.raises(PlanFormatError, match="plan payload of format 1; this slimdata reads format 2"):
+    with pytest.raises(
+        PlanFormatError, match="plan payload of format 1; this slimdata reads format 2"
+    ):
         check_payload(payload(plan.to_json()), 0, 0, dp=2)
 
 

@@ -142,10 +142,10 @@ def test_write_rejects_wrong_rank_count(tmp_path):
 
 
 def test_payloads_hold_one_rank_view_and_old_shards_are_refused(tmp_path):
+    from slimdata.hooks.loader import PlanShardLoader
     from streaming import LocalDataset
 
     from slimdata.errors import PlanFormatError
-    from slimdata.hooks.loader import PlanShardLoader
 
     plans, tokens = _plans()
     out = tmp_path / "p"
@@ -167,5 +167,7 @@ def test_payloads_hold_one_rank_view_and_old_shards_are_refused(tmp_path):
     assert [p.plan for p in loader] == [p.rank_view(2) for p in plans]
     # shards of format 1 (a whole StepPlan per payload) are refused before any payload is read
     (out / "plan.json").write_text(json.dumps({**sidecar, "slimdata_plan_shards": 1}))
-    with pytest.raises(PlanFormatError, match="plan shards of format 1; this slimdata reads format 2"):
+    with pytest.raises(
+        PlanFormatError, match="plan shards of format 1; this slimdata reads format 2"
+    ):
         PlanShardLoader(LocalDataset(local=str(out)), rank=0, nodes=1, ranks_per_node=4)
