@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from slimdata.errors import PlanError, PlanFormatError
 from slimdata.plan.schedule import LockstepSchedule, check_lockstep, lockstep_schedule
-from slimdata.plan.types import Document, MergeGroup, RankStep, _int, _ints
+from slimdata.plan.types import Document, MergeGroup, RankStep, _int, _ints, group_of_rank
 from slimdata.plan.validate import validate_rank_plan
 
 if TYPE_CHECKING:
@@ -72,10 +72,7 @@ class RankPlan:
         return self.ranks[self.rank].tokens
 
     def merge_of_rank(self, rank: int) -> int | None:
-        for g, m in enumerate(self.merges):
-            if rank in m.ranks:
-                return g
-        return None
+        return group_of_rank(self.merges, rank)
 
     def validate(self) -> RankPlan:
         """Check the view at a cost linear in its slices; raise :class:`PlanError` naming the

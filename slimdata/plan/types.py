@@ -29,7 +29,16 @@ from slimdata.slicing import check_length
 if TYPE_CHECKING:
     from slimdata.plan.rankplan import RankPlan
 
-__all__ = ["Document", "MergeGroup", "MicroPack", "RankStep", "Slice", "StepPlan", "eager_order"]
+__all__ = [
+    "Document",
+    "MergeGroup",
+    "MicroPack",
+    "RankStep",
+    "Slice",
+    "StepPlan",
+    "eager_order",
+    "group_of_rank",
+]
 
 
 def _int(value: Any, what: str) -> int:
@@ -189,6 +198,11 @@ class MergeGroup:
         return cls(_ints(d["ranks"], "merge group ranks"), _ints(d["docs"], "merge group docs"))
 
 
+def group_of_rank(merges: Sequence[MergeGroup], rank: int) -> int | None:
+    """Index of the merge group ``rank`` belongs to, or None."""
+    return next((g for g, m in enumerate(merges) if rank in m.ranks), None)
+
+
 @dataclass(frozen=True)
 class Document:
     """A document of the step's global batch."""
@@ -286,10 +300,7 @@ class StepPlan:
         return sum(d.length for d in self.docs)
 
     def merge_of_rank(self, rank: int) -> int | None:
-        for g, m in enumerate(self.merges):
-            if rank in m.ranks:
-                return g
-        return None
+        return group_of_rank(self.merges, rank)
 
     def validate(self) -> StepPlan:
         """Check the invariants of design §4; raise :class:`PlanError` naming the slice."""

@@ -147,24 +147,31 @@ def _check_order(plan: StepPlan | _Scope, rs: RankStep, table: np.ndarray) -> No
         )
 
 
-def _check_merges(plan: StepPlan) -> np.ndarray:
-    """Merge groups have disjoint ranks and documents; returns ``doc -> group`` (-1: none)."""
-    merged = np.full(len(plan.docs), -1, dtype=np.int64)
+def _check_groups(merges: tuple[MergeGroup, ...], dp: int) -> dict[int, int]:
+    """Every merge group has >= 2 distinct ranks in ``[0, dp)``; no rank or document is in
+    two groups. Returns ``document -> group``."""
     merged_doc: dict[int, int] = {}
     seen_ranks: set[int] = set()
-    for g, m in enumerate(plan.merges):
+    for g, m in enumerate(merges):
         if len(m.ranks) < 2 or len(set(m.ranks)) != len(m.ranks):
             raise PlanError(f"merge group {g} needs >= 2 distinct ranks, got {m.ranks}")
         for r in m.ranks:
-            if not 0 <= r < plan.dp or r in seen_ranks:
+            if not 0 <= r < dp or r in seen_ranks:
                 raise PlanError(f"merge group {g}: rank {r} is out of range or in two groups")
             seen_ranks.add(r)
         for d in m.docs:
             if d in merged_doc:
                 raise PlanError(f"document #{d} is in merge groups {merged_doc[d]} and {g}")
             merged_doc[d] = g
-            if 0 <= d < len(merged):
-                merged[d] = g
+    return merged_doc
+
+
+def _check_merges(plan: StepPlan) -> np.ndarray:
+    """Merge groups have disjoint ranks and documents; returns ``doc -> group`` (-1: none)."""
+    merged = np.full(len(plan.docs), -1, dtype=np.int64)
+    for d, g in _check_groups(plan.merges, plan.dp).items():
+        if 0 <= d < len(merged):
+            merged[d] = g
     return merged
 
 
@@ -295,23 +302,6 @@ class _Scope:
         return next((g for g, m in enumerate(self.merges) if rank in m.ranks), None)
 
 
-def _check_view_merges(view: RankPlan) -> None:
-    """Every merge group: >= 2 distinct ranks in ``[0, dp)``; no rank or document in two."""
-    seen_ranks: set[int] = set()
-    seen_docs: dict[int, int] = {}
-    for g, m in enumerate(view.merges):
-        if len(m.ranks) < 2 or len(set(m.ranks)) != len(m.ranks):
-            raise PlanError(f"merge group {g} needs >= 2 distinct ranks, got {m.ranks}")
-        for r in m.ranks:
-            if not 0 <= r < view.dp or r in seen_ranks:
-                raise PlanError(f"merge group {g}: rank {r} is out of range or in two groups")
-            seen_ranks.add(r)
-        for d in m.docs:
-            if d in seen_docs:
-                raise PlanError(f"document #{d} is in merge groups {seen_docs[d]} and {g}")
-            seen_docs[d] = g
-
-
 def _local(rs: RankStep, local: dict[int, int], rank: int) -> RankStep:
     """``rs`` with its slices' documents renumbered by ``local`` (step number -> view number)."""
     from slimdata.plan.types import MicroPack, RankStep, Slice
@@ -351,7 +341,7 @@ def validate_rank_plan(view: RankPlan) -> None:
     for r, rs in view.ranks.items():
         if rs.rank != r:
             raise PlanError(f"the plan of rank {view.rank} files rank {rs.rank} as rank {r}")
-    _check_view_merges(view)
+    _check_groups(view.merges, view.dp)
     g = view.merge_of_rank(view.rank)
     members = sorted(view.merges[g].ranks) if g is not None else [view.rank]
     if sorted(view.ranks) != members:
