@@ -273,8 +273,9 @@ def run_step(
     idle_f: frozenset[int] = frozenset()
     idle_b: frozenset[int] = frozenset()
     if fsdp:
-        fsdp_rt.check_lockstep(payload.plan)  # the whole plan, if given, names what differs
-        sched = fsdp_rt.lockstep_schedule(plan, keep=kind == "fsdp2")
+        # from the whole plan when the payload has it, else the schedule the rank's view carries
+        fsdp_rt.check_lockstep(payload.plan)
+        sched = fsdp_rt.lockstep_schedule(payload.plan, keep=kind == "fsdp2")
         kept, unions = set(sched.kept), {j: list(f) for j, f in sched.unions.items()}
         idle_f, idle_b = sched.idle_forward, sched.idle_backward
         fsdp_rt.prepare(model)

@@ -32,6 +32,10 @@ class StepPayload:
     """Optional 0/1 per token, same alignment as ``tokens``."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.plan, RankPlan) and self.plan.rank != self.rank:
+            raise PlanError(
+                f"payload for rank {self.rank} carries the plan of rank {self.plan.rank}"
+            )
         if not 0 <= self.rank < self.plan.dp:
             raise PlanError(f"payload for rank {self.rank} but the plan has {self.plan.dp} ranks")
         want = self.plan.ranks[self.rank].tokens
@@ -47,11 +51,7 @@ class StepPayload:
     def view(self) -> RankPlan:
         """This rank's view of the plan: what the executor runs from."""
         if isinstance(self.plan, RankPlan):
-            if self.plan.rank != self.rank:
-                raise PlanError(
-                    f"payload for rank {self.rank} carries the plan of rank {self.plan.rank}"
-                )
-            return self.plan
+            return self.plan  # its rank checked on construction
         return self.plan.rank_view(self.rank)
 
     def slice_tokens(self) -> dict[Slice, np.ndarray]:
