@@ -4,9 +4,9 @@ num_canonical_nodes=nodes)`` hands rank ``r`` exactly its payloads in step order
 
 Columns: ``step`` (int), ``rank`` (int), ``plan`` (str: the JSON of this rank's view of the
 step's plan, :class:`~slimdata.plan.rankplan.RankPlan`: its own packs, the members' merge
-packs of its merge group, the documents of those slices and the step-wide fields) and ``tokens`` (``ndarray:uint32``: this rank's tokens,
-concatenated in the order of its forward packs' slices; empty when planned from lengths) and
-``ntokens`` (int: the length of ``tokens``; MDS cannot encode an empty array, so an empty
+packs of its merge group, the documents of those slices and the step-wide fields),
+``tokens`` (``ndarray:uint32``: this rank's tokens, concatenated in the order of its forward
+packs' slices; empty when planned from lengths) and ``ntokens`` (int: the length of ``tokens``; MDS cannot encode an empty array, so an empty
 payload is stored as one zero token with ``ntokens = 0``; :func:`read_plan_payload` undoes it).
 
 Ordering: :func:`payload_positions` asks mosaicml-streaming's own partitioner
@@ -207,9 +207,11 @@ def check_plan_sidecar(directory: str | Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
+        if path.stat().st_size > 1 << 20:  # a summary of a few hundred bytes
+            raise ValueError("over 1 MiB")
         summary = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"{path}: unreadable plan sidecar ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise PlanError(f"{path}: unreadable plan sidecar ({str(exc)[:100]})") from None
     fmt = summary.get("slimdata_plan_shards") if isinstance(summary, dict) else None
     if fmt != PLAN_SHARDS_FORMAT:
         raise PlanFormatError(
