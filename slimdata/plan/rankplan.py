@@ -170,9 +170,10 @@ def _schedule_from_dict(d: Any) -> LockstepSchedule:
     )
 
 
-def rank_views(plan: StepPlan) -> list[RankPlan]:
+def rank_views(plan: StepPlan, only: int | None = None) -> list[RankPlan]:
     """``[plan.rank_view(r) for r in range(plan.dp)]`` in time linear in the plan (the
-    step-wide parts, such as the lockstep schedule, are computed once)."""
+    step-wide parts, such as the lockstep schedule, are computed once); with ``only``, the
+    list of that rank's view alone."""
     sched = None
     if plan.mode == "lockstep":
         try:
@@ -191,7 +192,7 @@ def rank_views(plan: StepPlan) -> list[RankPlan]:
     }
     loss_tokens = plan.loss_tokens
     views = []
-    for rs in plan.ranks:
+    for rs in plan.ranks if only is None else (plan.ranks[only],):
         ranks = {rs.rank: rs}
         used = {s.doc for s in rs.slices()}
         g = group_of.get(rs.rank)

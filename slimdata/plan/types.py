@@ -314,7 +314,7 @@ class StepPlan:
 
         if not 0 <= rank < self.dp:
             raise PlanError(f"rank {rank} is not one of the plan's {self.dp} ranks")
-        return rank_views(self)[rank]
+        return rank_views(self, only=rank)[0]
 
     def to_dict(self) -> dict[str, Any]:
         return {
