@@ -7,14 +7,18 @@ Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_validate.py [--docs 20000]
    (lognormal, median 300 tokens) over 64 ranks at 32K context.
 2. ``slimdata plan --lengths`` on ``--plan-docs`` instruction-data lengths (lognormal,
    median 300, clipped to 32K; DP 64 = 8 nodes x 8 ranks, 32K context, ~3.3M tokens per
-   step: about 150 steps of ~6,700 documents), wall time of the whole command (skip with
-   ``--plan-docs 0``). The plan shards are written to a temporary directory and deleted.
+   step: about 150 steps of ~6,700 documents): wall time and CPU time (user + system) of
+   the whole command, and the size of the plan shards it wrote (one rank's view of its step
+   per payload: ``slimdata.plan.RankPlan``). Skip with ``--plan-docs 0``. The plan shards
+   are written to a temporary directory and deleted. On a shared machine the wall time
+   includes waiting for the core; the CPU time is what the command itself costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -44,7 +48,7 @@ def best_validate(lengths, layout: Layout) -> tuple[float, int]:
     return best, sum(1 for r in plan.ranks for _ in r.slices())
 
 
-def end_to_end(n: int) -> float:
+def end_to_end(n: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         lengths = Path(tmp) / "lengths.txt"
         np.savetxt(lengths, instruction_lengths(n), fmt="%d")
@@ -52,12 +56,15 @@ def end_to_end(n: int) -> float:
         cmd += ["--lengths", str(lengths), "--nodes", "8", "--ranks-per-node", "8"]
         cmd += ["--global-batch-tokens", "3300000", "--memory-gib", "60", "--context", "32768"]
         cmd += ["-o", str(Path(tmp) / "plan")]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         seconds = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         size = sum(p.stat().st_size for p in (Path(tmp) / "plan").iterdir())
-        print(f"  {out.strip()}\n  plan shards: {size / 2**30:.2f} GiB")
-        return seconds
+        print(f"  {out.strip()}\n  plan shards: {size / 2**20:.1f} MiB")
+        return seconds, cpu
 
 
 def main() -> None:
@@ -71,8 +78,11 @@ def main() -> None:
     s, n = best_validate(lengths, Layout(dp=64, memory_gib=60, context=32768))
     print(f"validate: {args.docs} instruction documents, dp 64, {n} slices: {s * 1e3:.1f} ms")
     if args.plan_docs:
-        s = end_to_end(args.plan_docs)
-        print(f"slimdata plan --lengths ({args.plan_docs} documents), end to end: {s:.1f} s")
+        s, cpu = end_to_end(args.plan_docs)
+        print(
+            f"slimdata plan --lengths ({args.plan_docs} documents), end to end: "
+            f"{s:.1f} s wall, {cpu:.1f} s CPU"
+        )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import IO
 
 import torch.distributed as dist
 
-from slimdata.plan import StepPlan
+from slimdata.plan import RankPlan
 
 __all__ = ["BalanceMeter", "Callback", "PackEvent", "PackTimeRecorder", "StepSummary"]
 
@@ -70,8 +70,9 @@ class StepSummary:
 class Callback:
     """Base: every method is a no-op."""
 
-    def on_step_start(self, plan: StepPlan, rank: int) -> None:
-        """Fires in ``run_step`` before the first pack, after tokens and merge groups are ready."""
+    def on_step_start(self, plan: RankPlan, rank: int) -> None:
+        """Fires in ``run_step`` before the first pack, after tokens and merge groups are ready;
+        ``plan`` is this rank's view of the step's plan (:meth:`StepPlan.rank_view`)."""
 
     def on_pack_end(self, event: PackEvent) -> None:
         """Fires after each forward pack and each backward pack (recomputation included)."""

@@ -96,7 +96,7 @@ class _Step:
     ) -> None:
         self.module, self.forward, self.backend, self.device = module, forward, backend, device
         self.chunk: int | None = chunk
-        self.plan, self.rank = payload.plan, payload.rank
+        self.plan, self.rank = payload.view(), payload.rank
         self.rs = self.plan.ranks[self.rank]
         self.norm = self.plan.loss_tokens
         self.store = KVStore()
@@ -273,8 +273,9 @@ def run_step(
     idle_f: frozenset[int] = frozenset()
     idle_b: frozenset[int] = frozenset()
     if fsdp:
-        fsdp_rt.check_lockstep(plan)
-        sched = fsdp_rt.lockstep_schedule(plan, keep=kind == "fsdp2")
+        # from the whole plan when the payload has it, else the schedule the rank's view carries
+        fsdp_rt.check_lockstep(payload.plan)
+        sched = fsdp_rt.lockstep_schedule(payload.plan, keep=kind == "fsdp2")
         kept, unions = set(sched.kept), {j: list(f) for j, f in sched.unions.items()}
         idle_f, idle_b = sched.idle_forward, sched.idle_backward
         fsdp_rt.prepare(model)

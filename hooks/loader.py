@@ -31,11 +31,11 @@ from slimdata.hooks.payload import StepPayload
 
 from slimdata.cost import CostModel, ModelConfig
 from slimdata.errors import ConfigError, PlanError, SlimdataError
-from slimdata.mdsindex import check_dataset
+from slimdata.mdsindex import check_dataset, local_dirs
 from slimdata.plan import Document
 from slimdata.planning import SIDECAR_NAME, build_cost_model
 from slimdata.solver import PlanConfig, solve
-from slimdata.solver.planshards import check_payload, payload_positions
+from slimdata.solver.planshards import check_payload, check_plan_sidecar, payload_positions
 
 __all__ = ["DocumentLoader", "LoaderConfig", "PlanShardLoader", "documents_of"]
 
@@ -209,6 +209,8 @@ class PlanShardLoader:
     layout defines (``nodes``/``ranks_per_node`` from ``plan.json``); ``mode="iterate"`` walks
     a stock ``StreamingDataset(shuffle=False, batch_size=1, num_canonical_nodes=nodes)`` as
     streaming partitions it for this rank. Both check every payload's (step, rank) stamp.
+    Each payload carries this rank's view of its step's plan (:class:`RankPlan`); plan shards
+    of an older format raise :class:`~slimdata.errors.PlanFormatError` here, before any read.
     """
 
     def __init__(
@@ -223,6 +225,8 @@ class PlanShardLoader:
         if mode not in ("index", "iterate"):
             raise ConfigError(f"mode={mode!r}: use 'index' or 'iterate'")
         check_dataset(dataset)
+        for directory in local_dirs(dataset):
+            check_plan_sidecar(directory)
         self.dataset, self.rank, self.mode = dataset, rank, mode
         self.nodes, self.ranks_per_node = nodes, ranks_per_node
         self.dp = nodes * ranks_per_node

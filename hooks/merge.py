@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from slimdata.errors import PlanError
-from slimdata.plan import Slice, StepPlan
+from slimdata.plan import RankPlan, Slice, StepPlan
 
 __all__ = ["MergeRuntime", "gather_kv", "merge_group"]
 
@@ -52,7 +52,7 @@ def merge_group(ranks: tuple[int, ...]):
     return _GROUPS[key]
 
 
-def ensure_groups(plan: StepPlan) -> None:
+def ensure_groups(plan: StepPlan | RankPlan) -> None:
     """Create (or look up) the subgroup of every merge group, on every rank, in plan order."""
     for m in plan.merges:
         merge_group(m.ranks)
@@ -85,9 +85,10 @@ def gather_kv(own: torch.Tensor, group, index: int, world: int) -> torch.Tensor:
 
 @dataclass
 class MergeRuntime:
-    """This rank's view of its merge group for one step."""
+    """This rank's view of its merge group for one step (``plan.ranks`` holds every member's
+    merge packs: a :class:`RankPlan` has exactly those)."""
 
-    plan: StepPlan
+    plan: StepPlan | RankPlan
     rank: int
     group_index: int
     members: tuple[int, ...] = ()

@@ -1,4 +1,5 @@
-"""What one rank needs for one step: the plan and the tokens of its slices.
+"""What one rank needs for one step: the plan (the whole :class:`StepPlan` or the rank's view
+of it, :class:`RankPlan`, as plan shards store it) and the tokens of its slices.
 
 ``tokens`` holds this rank's tokens in forward-pack slice order (the plan-shard layout):
 for ``forward = [[(0,0,4)], [(0,4,6), (1,0,3)]]`` it is ``doc0[0:4] + doc0[4:6] + doc1[0:3]``.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slimdata.errors import PlanError
-from slimdata.plan import Slice, StepPlan
+from slimdata.plan import RankPlan, Slice, StepPlan
 
 __all__ = ["StepPayload", "make_payload"]
 
@@ -23,7 +24,7 @@ __all__ = ["StepPayload", "make_payload"]
 class StepPayload:
     """One rank's share of one step."""
 
-    plan: StepPlan
+    plan: StepPlan | RankPlan
     rank: int
     tokens: np.ndarray
     """uint32/int64 token ids of this rank's slices, in forward-pack slice order."""
@@ -31,6 +32,10 @@ class StepPayload:
     """Optional 0/1 per token, same alignment as ``tokens``."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.plan, RankPlan) and self.plan.rank != self.rank:
+            raise PlanError(
+                f"payload for rank {self.rank} carries the plan of rank {self.plan.rank}"
+            )
         if not 0 <= self.rank < self.plan.dp:
             raise PlanError(f"payload for rank {self.rank} but the plan has {self.plan.dp} ranks")
         want = self.plan.ranks[self.rank].tokens
@@ -42,6 +47,12 @@ class StepPayload:
             raise PlanError(
                 f"step {self.plan.step} rank {self.rank}: loss_mask has {len(self.loss_mask)} entries, plan needs {want}"
             )
+
+    def view(self) -> RankPlan:
+        """This rank's view of the plan: what the executor runs from."""
+        if isinstance(self.plan, RankPlan):
+            return self.plan  # its rank checked on construction
+        return self.plan.rank_view(self.rank)
 
     def slice_tokens(self) -> dict[Slice, np.ndarray]:
         """Slice -> its token ids (views into ``tokens``)."""

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from slimdata.hooks.callbacks import Callback, StepSummary
 
-from slimdata.plan import StepPlan
+from slimdata.plan import RankPlan
 
 __all__ = ["StepTelemetry"]
 
@@ -51,7 +51,7 @@ class StepTelemetry(Callback):
     history: list[dict] = field(default_factory=list)
     _predicted: float = 0.0
 
-    def on_step_start(self, plan: StepPlan, rank: int) -> None:
+    def on_step_start(self, plan: RankPlan, rank: int) -> None:
         rs = plan.ranks[rank]
         self._predicted = sum(p.cost for p in (*rs.forward, *rs.backward))
         if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -10,43 +10,52 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
 from slimdata.errors import ConfigError, InputError
 from slimdata.mdsindex import check_index
 from slimdata.plan.types import Document
-from slimdata.slicing import DEFAULT_SLICE_TOKENS, check_length, cut_points
+from slimdata.slicing import (
+    DEFAULT_SLICE_TOKENS,
+    MAX_DOCUMENT_TOKENS,
+    check_length,
+    cut_points_of,
+)
 
 __all__ = ["MANIFEST_NAME", "documents_from_lengths", "load_lengths", "load_shard_documents"]
 
 MANIFEST_NAME = "manifest.parquet"
 
 
-def _parse_lengths(path: Path, text: str) -> list[tuple[str, object]]:
-    """``(where, value)`` of every entry: ``"line 3"`` of a text file, ``"entry 3"`` of a list."""
+def _parse_lengths(path: Path, text: str) -> tuple[list[object], Callable[[int], str]]:
+    """Every entry's value, and ``where(i)`` naming entry ``i``: ``"line 3"`` of a text file,
+    ``"entry 3"`` of a JSON list (built only for an error)."""
     stripped = text.lstrip()
     if not stripped.startswith("["):
-        out: list[tuple[str, object]] = []
+        values: list[object] = []
+        linenos: list[int] = []
         for lineno, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
-            if not line:
-                continue
             try:
-                out.append((f"{path}:{lineno}: length", int(line)))
+                values.append(int(line))  # int() ignores surrounding whitespace
             except ValueError:
+                if not line.strip():
+                    continue
                 raise InputError(
-                    f"{path}:{lineno}: {line[:40]!r} is not an integer length"
+                    f"{path}:{lineno}: {line.strip()[:40]!r} is not an integer length"
                 ) from None
-        return out
+            linenos.append(lineno)
+        return values, lambda i: f"{path}:{linenos[i]}: length"
     try:
-        values = json.loads(stripped)
+        parsed = json.loads(stripped)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise InputError(f"{path}: invalid JSON list: {exc}") from exc
-    if not isinstance(values, list):
+    if not isinstance(parsed, list):
         raise InputError(f"{path}: expected a JSON list of integers")
-    return [(f"{path}: entry {i}: length", v) for i, v in enumerate(values, 1)]
+    return parsed, lambda i: f"{path}: entry {i + 1}: length"
 
 
 def load_lengths(path: str | Path) -> np.ndarray:
@@ -64,16 +73,19 @@ def load_lengths(path: str | Path) -> np.ndarray:
             text = fh.read()
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise InputError(f"cannot read lengths file {path}: {exc}") from exc
-    entries = _parse_lengths(path, text)
-    if not entries:
+    values, where = _parse_lengths(path, text)
+    if not values:
         raise InputError(f"{path}: no lengths found")
-    for where, value in entries:
-        try:
-            if check_length(value, where) == 0:
-                raise InputError(f"{where} is 0; lengths must be positive")
-        except ConfigError as exc:
-            raise InputError(str(exc)) from None
-    return np.asarray([v for _, v in entries], dtype=np.int64)
+    # all plain ints within bounds: one min and one max; else find and name the first bad one
+    ints = cast("list[int]", values) if all(type(v) is int for v in values) else None
+    if ints is None or not 1 <= min(ints) <= max(ints) <= MAX_DOCUMENT_TOKENS:
+        for i, value in enumerate(values):
+            try:
+                if check_length(value, where(i)) == 0:
+                    raise InputError(f"{where(i)} is 0; lengths must be positive")
+            except ConfigError as exc:
+                raise InputError(str(exc)) from None
+    return np.asarray(values, dtype=np.int64)
 
 
 def documents_from_lengths(
@@ -81,12 +93,8 @@ def documents_from_lengths(
 ) -> list[Document]:
     """Documents with ids ``first_id, first_id + 1, ...`` cut at ``slice_tokens``."""
     return [
-        Document(
-            doc_id=first_id + i,
-            length=int(n),
-            cuts=cut_points(int(n), slice_tokens),
-        )
-        for i, n in enumerate(lengths)
+        Document(doc_id=first_id + i, length=cuts[-1], loss_tokens=max(cuts[-1] - 1, 0), cuts=cuts)
+        for i, cuts in enumerate(cut_points_of(lengths, slice_tokens))
     ]
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "InputError",
     "OutputExistsError",
     "PlanError",
+    "PlanFormatError",
     "SlimdataError",
     "TokenizerError",
 ]
@@ -39,3 +40,7 @@ class OutputExistsError(SlimdataError):
 
 class PlanError(SlimdataError):
     """A packing plan is invalid or cannot be made for the given layout."""
+
+
+class PlanFormatError(PlanError):
+    """Plan shards were written in a format this version does not read (rewrite them)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from slimdata.errors import InputError
 
-__all__ = ["MAX_INDEX_BYTES", "check_dataset", "check_index", "check_inside"]
+__all__ = ["MAX_INDEX_BYTES", "check_dataset", "check_index", "check_inside", "local_dirs"]
 
 MAX_INDEX_BYTES = 256 << 20
 """Largest ``index.json`` read (256 MiB: about 500,000 shard entries of ~500 bytes)."""
@@ -88,13 +88,19 @@ def check_index(directory: str | Path) -> int:
     return len(shards)
 
 
-def check_dataset(dataset: Any) -> int:
-    """:func:`check_index` for every local directory of a streaming dataset object
-    (``StreamingDataset.streams[i].local`` or ``LocalDataset.local``); returns how many
-    directories were checked (0 for in-memory stand-ins, which have none)."""
+def local_dirs(dataset: Any) -> list[Path]:
+    """The local directories of a streaming dataset object
+    (``StreamingDataset.streams[i].local`` or ``LocalDataset.local``; none for in-memory
+    stand-ins)."""
     streams = getattr(dataset, "streams", None) or [dataset]
     found = [getattr(s, "local", None) for s in streams]
-    dirs: list[str | Path] = [Path(d) for d in found if isinstance(d, str | os.PathLike)]
+    return [Path(d) for d in found if isinstance(d, str | os.PathLike)]
+
+
+def check_dataset(dataset: Any) -> int:
+    """:func:`check_index` for every local directory of a streaming dataset object
+    (:func:`local_dirs`); returns how many directories were checked."""
+    dirs = local_dirs(dataset)
     for d in dirs:
         check_index(d)
     return len(dirs)

@@ -20,6 +20,7 @@ __all__ = [
     "check_length",
     "check_slice_tokens",
     "cut_points",
+    "cut_points_of",
     "slice_cuts",
 ]
 
@@ -67,11 +68,24 @@ def cut_points(length: int, slice_tokens: int = DEFAULT_SLICE_TOKENS) -> tuple[i
     ``cut_points(0, 128) == (0,)`` (an empty document has no slice). Pure Python: a plan of
     a million short documents builds its cut points without a numpy call per document.
     """
+    return cut_points_of([length], slice_tokens)[0]
+
+
+def cut_points_of(lengths, slice_tokens: int = DEFAULT_SLICE_TOKENS) -> list[tuple[int, ...]]:
+    """:func:`cut_points` of every length, checked once for the whole sequence (an integer
+    array within bounds takes one ``min``/``max``; anything else is checked entry by entry,
+    so the error names the bad value)."""
     slice_tokens = check_slice_tokens(slice_tokens)
-    length = check_length(length)
-    if length == 0:
-        return (0,)
-    return (*range(0, length, slice_tokens), length)
+    arr = lengths if isinstance(lengths, np.ndarray) else None
+    if (
+        arr is not None
+        and arr.dtype.kind in "iu"
+        and (arr.size == 0 or (arr.min() >= 0 and arr.max() <= MAX_DOCUMENT_TOKENS))
+    ):
+        ns = arr.tolist()
+    else:
+        ns = [check_length(n) for n in lengths]
+    return [(*range(0, n, slice_tokens), n) if n else (0,) for n in ns]
 
 
 def slice_cuts(length: int, slice_tokens: int = DEFAULT_SLICE_TOKENS) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from slimdata.plan.rankplan import RankPlan, rank_views
 from slimdata.plan.schedule import (
     LockstepSchedule,
     RankExecution,
@@ -29,6 +30,7 @@ __all__ = [
     "MergeGroup",
     "MicroPack",
     "RankExecution",
+    "RankPlan",
     "RankStep",
     "Slice",
     "StepPlan",
@@ -38,6 +40,7 @@ __all__ = [
     "kept_forward_packs",
     "lockstep_schedule",
     "loss_token_count",
+    "rank_views",
     "split_calls",
     "validate_plan",
 ]

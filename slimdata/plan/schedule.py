@@ -23,9 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from slimdata.errors import PlanError
 from slimdata.plan.types import MicroPack, Slice, StepPlan
+
+if TYPE_CHECKING:
+    from slimdata.plan.rankplan import RankPlan
 
 __all__ = [
     "LockstepSchedule",
@@ -51,8 +55,17 @@ def kept_forward_packs(
     return {i for fs in unions.values() for i in fs}, unions
 
 
-def check_lockstep(plan: StepPlan) -> None:
-    """Raise :class:`PlanError` unless every rank makes the same sequence of pack calls."""
+def check_lockstep(plan: StepPlan | RankPlan) -> None:
+    """Raise :class:`PlanError` unless every rank makes the same sequence of pack calls (a
+    rank's view: unless it carries the lockstep schedule its whole plan passed this check for)."""
+    if not isinstance(plan, StepPlan):
+        if plan.lockstep is None:
+            raise PlanError(
+                f"step {plan.step}: FSDP needs a lockstep plan (same pack counts and F/B order on "
+                "every rank, merge packs at the same indices on every member); this rank's plan "
+                'carries no lockstep schedule -- solve with Layout(mode="lockstep")'
+            )
+        return
     shapes = {(len(rs.forward), len(rs.backward), rs.order) for rs in plan.ranks}
     if len(shapes) != 1:
         raise PlanError(
@@ -106,8 +119,8 @@ def _rank_unions(
     return out
 
 
-def lockstep_schedule(plan: StepPlan, keep: bool = True) -> LockstepSchedule:
-    """Kept/union decisions from the whole plan.
+def lockstep_schedule(plan: StepPlan | RankPlan, keep: bool = True) -> LockstepSchedule:
+    """Kept/union decisions from the whole plan (a rank's view carries them).
 
     Backward pack ``j`` runs as a union of forward packs ``S`` when every rank on which ``j`` is
     non-empty has ``j`` as exactly the union of its forward packs ``S``, every rank on which ``j``
@@ -116,6 +129,12 @@ def lockstep_schedule(plan: StepPlan, keep: bool = True) -> LockstepSchedule:
     every backward pack (FSDP1, which supports one backward right after its forward only).
     Assumes :func:`check_lockstep`.
     """
+    if not isinstance(plan, StepPlan):
+        carried = plan.lockstep
+        assert carried is not None, "check_lockstep first"
+        if keep:
+            return carried
+        return LockstepSchedule(frozenset(), {}, carried.idle_forward, carried.idle_backward)
     nf, nb = len(plan.ranks[0].forward), len(plan.ranks[0].backward)
     per_rank = [_rank_unions(rs.forward, rs.backward) for rs in plan.ranks]
     unions: dict[int, tuple[int, ...]] = {}

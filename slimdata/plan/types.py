@@ -20,12 +20,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan.pipeline import interleave
 from slimdata.plan.validate import validate_plan
 from slimdata.slicing import check_length
+
+if TYPE_CHECKING:
+    from slimdata.plan.rankplan import RankPlan
 
 __all__ = [
     "Document",
@@ -35,6 +38,7 @@ __all__ = [
     "Slice",
     "StepPlan",
     "eager_order",
+    "group_of_rank",
     "loss_token_count",
 ]
 
@@ -203,6 +207,11 @@ class MergeGroup:
         return cls(_ints(d["ranks"], "merge group ranks"), _ints(d["docs"], "merge group docs"))
 
 
+def group_of_rank(merges: Sequence[MergeGroup], rank: int) -> int | None:
+    """Index of the merge group ``rank`` belongs to, or None."""
+    return next((g for g, m in enumerate(merges) if rank in m.ranks), None)
+
+
 @dataclass(frozen=True)
 class Document:
     """A document of the step's global batch."""
@@ -239,6 +248,18 @@ class Document:
             **({"offset": self.offset} if self.offset else {}),
         }
 
+    def to_row(self) -> list[Any]:
+        """Compact JSON form (rank views): ``[doc_id, length, loss_tokens, cuts, sample,
+        offset]``, about half the bytes of :meth:`to_dict` and faster to encode."""
+        return [self.doc_id, self.length, self.loss_tokens, self.cuts, self.sample, self.offset]
+
+    @classmethod
+    def from_row(cls, row: Any) -> Document:
+        """Inverse of :meth:`to_row`, as strict as :meth:`from_dict`."""
+        if not isinstance(row, list) or len(row) != len(_ROW_FIELDS):
+            raise PlanError(f"a document row must be [{', '.join(_ROW_FIELDS)}], got {row!r:.60}")
+        return cls.from_dict(dict(zip(_ROW_FIELDS, row, strict=True)))
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Document:
         doc_id = d["doc_id"]
@@ -256,6 +277,9 @@ class Document:
             sample=_int(d.get("sample", -1), "document sample"),
             offset=_int(d.get("offset", 0), "document offset"),
         )
+
+
+_ROW_FIELDS = ("doc_id", "length", "loss_tokens", "cuts", "sample", "offset")
 
 
 @dataclass(frozen=True)
@@ -286,15 +310,21 @@ class StepPlan:
         return sum(d.length for d in self.docs)
 
     def merge_of_rank(self, rank: int) -> int | None:
-        for g, m in enumerate(self.merges):
-            if rank in m.ranks:
-                return g
-        return None
+        return group_of_rank(self.merges, rank)
 
     def validate(self) -> StepPlan:
         """Check the invariants of design §4; raise :class:`PlanError` naming the slice."""
         validate_plan(self)
         return self
+
+    def rank_view(self, rank: int) -> RankPlan:
+        """What ``rank`` needs of this plan to run it (:class:`~slimdata.plan.rankplan.RankPlan`;
+        all ranks at once: :func:`~slimdata.plan.rankplan.rank_views`)."""
+        from slimdata.plan.rankplan import rank_views
+
+        if not 0 <= rank < self.dp:
+            raise PlanError(f"rank {rank} is not one of the plan's {self.dp} ranks")
+        return rank_views(self, only=rank)[0]
 
     def to_dict(self) -> dict[str, Any]:
         return {

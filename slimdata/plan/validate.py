@@ -11,26 +11,38 @@ Errors name the slice, its document id and the rank.
 Cost: linear in the plan's slices plus a sort, done with numpy on one ``(n, 6)`` integer
 table per plan (document, start, end, forward pack, backward pack, rank), so steps of tens
 of thousands of short documents validate in milliseconds (``benchmarks/bench_validate.py``).
+
+:func:`validate_rank_plan` applies the same rules to one rank's view of a plan
+(:class:`~slimdata.plan.rankplan.RankPlan`): the rank's own slices, and every member's
+merge packs inside its merge group, at a cost linear in the view.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from slimdata.errors import PlanError
 
 if TYPE_CHECKING:
-    from slimdata.plan.types import MicroPack, RankStep, Slice, StepPlan
+    from slimdata.plan.rankplan import RankPlan
+    from slimdata.plan.types import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
 
-__all__ = ["validate_plan"]
+__all__ = ["validate_plan", "validate_rank_plan"]
 
 
-def _name(plan: StepPlan, s: Slice, rank: int | None = None) -> str:
+def _no(plan: Any, d: int) -> int:
+    """The step-wide number of document ``d`` (a :class:`_Scope` numbers its own)."""
+    index = getattr(plan, "doc_index", None)
+    return index[d] if index is not None and 0 <= d < len(index) else d
+
+
+def _name(plan: Any, s: Slice, rank: int | None = None) -> str:
     doc_id = plan.docs[s.doc].doc_id if 0 <= s.doc < len(plan.docs) else "?"
     where = f" on rank {rank}" if rank is not None else ""
-    return f"slice [{s.start}, {s.end}) of document #{s.doc} (doc_id {doc_id!r}){where}"
+    return f"slice [{s.start}, {s.end}) of document #{_no(plan, s.doc)} (doc_id {doc_id!r}){where}"
 
 
 DOC, START, END, FPACK, BPACK, RANK = range(6)
@@ -65,7 +77,7 @@ def _first(mask: np.ndarray) -> int | None:
     return int(np.argmax(mask)) if mask.any() else None
 
 
-def _check_passes(plan: StepPlan, rs: RankStep, merged: np.ndarray) -> np.ndarray:
+def _check_passes(plan: StepPlan | _Scope, rs: RankStep, merged: np.ndarray) -> np.ndarray:
     """Per-rank rules: each slice in exactly one forward and one backward pack, merge tags,
     known documents. Returns the rank's table sorted by slice: doc, start, end, forward pack,
     backward pack, rank."""
@@ -105,7 +117,7 @@ def _check_passes(plan: StepPlan, rs: RankStep, merged: np.ndarray) -> np.ndarra
     return np.hstack((fwd, bwd[:, 3:4], rank))
 
 
-def _check_order(plan: StepPlan, rs: RankStep, table: np.ndarray) -> None:
+def _check_order(plan: StepPlan | _Scope, rs: RankStep, table: np.ndarray) -> None:
     """The order lists every pack once, and rule 3: each backward pack runs after the last
     forward pack of every document it holds (``table``: the rank's rows, sorted by doc)."""
     nf, nb = len(rs.forward), len(rs.backward)
@@ -135,24 +147,31 @@ def _check_order(plan: StepPlan, rs: RankStep, table: np.ndarray) -> None:
         )
 
 
-def _check_merges(plan: StepPlan) -> np.ndarray:
-    """Merge groups have disjoint ranks and documents; returns ``doc -> group`` (-1: none)."""
-    merged = np.full(len(plan.docs), -1, dtype=np.int64)
+def _check_groups(merges: tuple[MergeGroup, ...], dp: int) -> dict[int, int]:
+    """Every merge group has >= 2 distinct ranks in ``[0, dp)``; no rank or document is in
+    two groups. Returns ``document -> group``."""
     merged_doc: dict[int, int] = {}
     seen_ranks: set[int] = set()
-    for g, m in enumerate(plan.merges):
+    for g, m in enumerate(merges):
         if len(m.ranks) < 2 or len(set(m.ranks)) != len(m.ranks):
             raise PlanError(f"merge group {g} needs >= 2 distinct ranks, got {m.ranks}")
         for r in m.ranks:
-            if not 0 <= r < plan.dp or r in seen_ranks:
+            if not 0 <= r < dp or r in seen_ranks:
                 raise PlanError(f"merge group {g}: rank {r} is out of range or in two groups")
             seen_ranks.add(r)
         for d in m.docs:
             if d in merged_doc:
                 raise PlanError(f"document #{d} is in merge groups {merged_doc[d]} and {g}")
             merged_doc[d] = g
-            if 0 <= d < len(merged):
-                merged[d] = g
+    return merged_doc
+
+
+def _check_merges(plan: StepPlan) -> np.ndarray:
+    """Merge groups have disjoint ranks and documents; returns ``doc -> group`` (-1: none)."""
+    merged = np.full(len(plan.docs), -1, dtype=np.int64)
+    for d, g in _check_groups(plan.merges, plan.dp).items():
+        if 0 <= d < len(merged):
+            merged[d] = g
     return merged
 
 
@@ -177,7 +196,9 @@ def validate_plan(plan: StepPlan) -> None:
         _check_lockstep(plan)
 
 
-def _doc_failures(plan: StepPlan, t: np.ndarray, merged: np.ndarray) -> list[tuple[int, int, int]]:
+def _doc_failures(
+    plan: StepPlan | _Scope, t: np.ndarray, merged: np.ndarray
+) -> list[tuple[int, int, int]]:
     """``(doc, kind, row)`` of the first failure of each kind (0 tiling, 1 end, 2 owner,
     3 order within the document); ``t`` is sorted by (doc, start)."""
     lengths = np.array([d.length for d in plan.docs], dtype=np.int64)
@@ -206,7 +227,7 @@ def _doc_failures(plan: StepPlan, t: np.ndarray, merged: np.ndarray) -> list[tup
     return out
 
 
-def _check_documents(plan: StepPlan, t: np.ndarray, merged: np.ndarray) -> None:
+def _check_documents(plan: StepPlan | _Scope, t: np.ndarray, merged: np.ndarray) -> None:
     """Rule 4 (each document tiled exactly once, on one rank or inside its merge group) and
     rules 1-2 (slice order across packs) for every document, first failing document first."""
     failures = _doc_failures(plan, t, merged)
@@ -233,17 +254,17 @@ def _check_documents(plan: StepPlan, t: np.ndarray, merged: np.ndarray) -> None:
         rows = t[t[:, DOC] == d]
         pos = int(rows[-1, END]) if len(rows) else 0
         raise PlanError(
-            f"document #{d} (doc_id {doc.doc_id!r}, {doc.length} tokens): tokens [{pos}, {doc.length}) are in no slice (rule 4)"
+            f"document #{_no(plan, d)} (doc_id {doc.doc_id!r}, {doc.length} tokens): tokens [{pos}, {doc.length}) are in no slice (rule 4)"
         )
     ranks = sorted(set(t[t[:, DOC] == d, RANK].tolist()))
     if kind == 2 and row < -1:
         g = -row - 2
         raise PlanError(
-            f"document #{d} of merge group {g} has slices on non-member ranks {sorted(set(ranks) - set(plan.merges[g].ranks))}"
+            f"document #{_no(plan, d)} of merge group {g} has slices on non-member ranks {sorted(set(ranks) - set(plan.merges[g].ranks))}"
         )
     if kind == 2:
         raise PlanError(
-            f"document #{d} (doc_id {doc.doc_id!r}) is split over ranks {ranks} without a merge group"
+            f"document #{_no(plan, d)} (doc_id {doc.doc_id!r}) is split over ranks {ranks} without a merge group"
         )
     a, b = t[row - 1], t[row]
     rank = int(b[RANK])
@@ -265,3 +286,118 @@ def _check_lockstep(plan: StepPlan) -> None:
                 f"rank {rs.rank}: {len(rs.forward)}F/{len(rs.backward)}B" for rs in plan.ranks
             )
         )
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """The documents and merge groups of a :class:`RankPlan`, numbered ``0..k-1`` for the slice
+    table (``doc_index[k]``: the step-wide number, used in messages)."""
+
+    docs: tuple[Document, ...]
+    doc_index: tuple[int, ...]
+    merges: tuple[MergeGroup, ...]
+    dp: int
+
+    def merge_of_rank(self, rank: int) -> int | None:
+        return next((g for g, m in enumerate(self.merges) if rank in m.ranks), None)
+
+
+def _local(rs: RankStep, local: dict[int, int], rank: int) -> RankStep:
+    """``rs`` with its slices' documents renumbered by ``local`` (step number -> view number)."""
+    from slimdata.plan.types import MicroPack, RankStep, Slice
+
+    def packs(ps: tuple[MicroPack, ...]) -> tuple[MicroPack, ...]:
+        out = []
+        for p in ps:
+            for s in p.slices:
+                if s.doc not in local:
+                    raise PlanError(
+                        f"slice [{s.start}, {s.end}) of document #{s.doc} on rank {rs.rank}: "
+                        f"the plan of rank {rank} has no such document"
+                    )
+            out.append(
+                MicroPack(
+                    tuple(Slice(local[s.doc], s.start, s.end) for s in p.slices), p.cost, p.merge
+                )
+            )
+        return tuple(out)
+
+    return RankStep(rs.rank, packs(rs.forward), packs(rs.backward), rs.order)
+
+
+def validate_rank_plan(view: RankPlan) -> None:
+    """Check one rank's view of a plan: its own slices follow rules 1-3 and tile each of its
+    unmerged documents whole (rule 4: a document outside a merge group lives on one rank);
+    inside its merge group, every member's merge packs (one forward, one backward, tagged
+    with the group) together tile each of the group's documents; the merge groups are
+    well-formed, the documents' loss tokens fit the step's, a lockstep schedule names packs
+    the rank has. Raises :class:`PlanError` naming the slice. What needs other ranks' packs
+    (rule 4 across ranks, equal pack counts of a lockstep plan) is checked when the whole
+    plan is validated, before its views are written."""
+    if view.mode not in ("free", "lockstep"):
+        raise PlanError(f"mode={view.mode!r} must be 'free' or 'lockstep'")
+    if not 0 <= view.rank < view.dp:
+        raise PlanError(f"plan of rank {view.rank} for a step of {view.dp} ranks")
+    for r, rs in view.ranks.items():
+        if rs.rank != r:
+            raise PlanError(f"the plan of rank {view.rank} files rank {rs.rank} as rank {r}")
+    _check_groups(view.merges, view.dp)
+    g = view.merge_of_rank(view.rank)
+    members = sorted(view.merges[g].ranks) if g is not None else [view.rank]
+    if sorted(view.ranks) != members:
+        raise PlanError(
+            f"the plan of rank {view.rank} holds ranks {sorted(view.ranks)}; it needs {members} "
+            "(the rank and the other members of its merge group)"
+        )
+    index = tuple(sorted(view.docs))
+    local = {d: k for k, d in enumerate(index)}
+    if g is not None:
+        missing = sorted(set(view.merges[g].docs) - set(local))
+        if missing:
+            raise PlanError(f"the plan of rank {view.rank} lacks merged documents {missing}")
+    for r in members:
+        rs = view.ranks[r]
+        if r != view.rank and (len(rs.forward), len(rs.backward)) != (1, 1):
+            raise PlanError(
+                f"the plan of rank {view.rank} must hold exactly the merge packs of member {r}, "
+                f"got {len(rs.forward)} forward and {len(rs.backward)} backward packs"
+            )
+    scope = _Scope(
+        docs=tuple(view.docs[d] for d in index),
+        doc_index=index,
+        merges=tuple(
+            type(m)(m.ranks, tuple(local[d] for d in m.docs if d in local)) for m in view.merges
+        ),
+        dp=view.dp,
+    )
+    merged = np.full(len(index), -1, dtype=np.int64)
+    for k, m in enumerate(scope.merges):
+        merged[list(m.docs)] = k
+    tables = []
+    for r in members:
+        rs = _local(view.ranks[r], local, view.rank)
+        table = _check_passes(scope, rs, merged)
+        _check_order(scope, rs, table)
+        tables.append(table)
+    table = np.concatenate(tables)
+    _check_documents(scope, table[np.lexsort((table[:, START], table[:, DOC]))], merged)
+    if sum(d.loss_tokens for d in scope.docs) > view.loss_tokens:
+        raise PlanError(
+            f"the plan of rank {view.rank} has more loss tokens in its documents than the step's "
+            f"{view.loss_tokens}"
+        )
+    if view.lockstep is not None:
+        own = view.ranks[view.rank]
+        s = view.lockstep
+        nf, nb = len(own.forward), len(own.backward)
+        fs = set(s.kept) | set(s.idle_forward) | {i for v in s.unions.values() for i in v}
+        bs = set(s.unions) | set(s.idle_backward)
+        if (
+            view.mode != "lockstep"
+            or any(not 0 <= i < nf for i in fs)
+            or any(not 0 <= j < nb for j in bs)
+        ):
+            raise PlanError(
+                f"the plan of rank {view.rank} has a lockstep schedule that does not fit its "
+                f"{nf} forward and {nb} backward packs (mode {view.mode!r})"
+            )

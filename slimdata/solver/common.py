@@ -232,10 +232,8 @@ def assemble_plan(
     r_end = view.end[last]
     r_fwd = cost.forward(r_start, r_end) if n else np.zeros(0)
     r_bwd = cost.backward(r_start, r_end) if n else np.zeros(0)
-    slices = [
-        Slice(int(d), int(a), int(b))
-        for d, a, b in zip(r_doc.tolist(), r_start.tolist(), r_end.tolist(), strict=True)
-    ]
+    # tolist() gives Python ints already
+    slices = list(map(Slice, r_doc.tolist(), r_start.tolist(), r_end.tolist()))
 
     def packs(
         lists: list[list[int]], price: np.ndarray, merge_at: int, g: int | None

@@ -2,10 +2,11 @@
 (step, rank) payload, ordered so that a stock ``StreamingDataset(shuffle=False, batch_size=1,
 num_canonical_nodes=nodes)`` hands rank ``r`` exactly its payloads in step order.
 
-Columns: ``step`` (int), ``rank`` (int), ``plan`` (str: the full :class:`StepPlan` JSON,
-identical for every rank of a step) and ``tokens`` (``ndarray:uint32``: this rank's tokens,
-concatenated in the order of its forward packs' slices; empty when planned from lengths) and
-``ntokens`` (int: the length of ``tokens``; MDS cannot encode an empty array, so an empty
+Columns: ``step`` (int), ``rank`` (int), ``plan`` (str: the JSON of this rank's view of the
+step's plan, :class:`~slimdata.plan.rankplan.RankPlan`: its own packs, the members' merge
+packs of its merge group, the documents of those slices and the step-wide fields),
+``tokens`` (``ndarray:uint32``: this rank's tokens, concatenated in the order of its forward
+packs' slices; empty when planned from lengths) and ``ntokens`` (int: the length of ``tokens``; MDS cannot encode an empty array, so an empty
 payload is stored as one zero token with ``ntokens = 0``; :func:`read_plan_payload` undoes it).
 
 Ordering: :func:`payload_positions` asks mosaicml-streaming's own partitioner
@@ -15,6 +16,11 @@ sample index each (node, rank, worker) reads at each position, and places payloa
 count) and ``workers_per_rank`` DataLoader workers (1 = iterating the dataset directly); the
 sidecar ``plan.json`` records them and the runtime checks every payload's stamp with
 :func:`check_payload`.
+
+Format: ``plan.json`` has ``"slimdata_plan_shards": 2`` (:data:`PLAN_SHARDS_FORMAT`), the
+payloads ``"format": 2``. Format 1 stored the whole step plan in every payload (64 copies of
+it per step at DP 64); reading it raises :class:`~slimdata.errors.PlanFormatError`
+(:func:`check_plan_sidecar`, :func:`read_plan_payload`).
 """
 
 from __future__ import annotations
@@ -27,15 +33,18 @@ from typing import Any
 
 import numpy as np
 
-from slimdata.errors import ConfigError, PlanError
-from slimdata.plan.load import parse_plan
+from slimdata.errors import ConfigError, PlanError, PlanFormatError
+from slimdata.plan.load import parse_rank_plan
+from slimdata.plan.rankplan import RankPlan, rank_views
 from slimdata.plan.types import StepPlan
 
 __all__ = [
     "PLAN_COLUMNS",
+    "PLAN_SHARDS_FORMAT",
     "PLAN_SIDECAR",
     "TIMING_KEYS",
     "check_payload",
+    "check_plan_sidecar",
     "payload_positions",
     "rank_tokens",
     "read_plan_payload",
@@ -51,6 +60,8 @@ PLAN_COLUMNS = {
     "ntokens": "int",
 }
 PLAN_SIDECAR = "plan.json"
+PLAN_SHARDS_FORMAT = 2
+"""``slimdata_plan_shards`` in ``plan.json``: 2 = one rank's view per payload."""
 
 TIMING_KEYS = frozenset({"solve_ms", "milp_ms", "solve_ms_total"})
 """Wall-clock measurements in plan metadata: kept in memory and in the returned summary (the
@@ -153,7 +164,10 @@ def write_plan_shards(
     by_pos = np.empty(pos.size, dtype=np.int64)
     by_pos[pos.reshape(-1)] = np.arange(pos.size)
     out = Path(out)
-    jsons = [dataclasses.replace(p, meta=without_timings(p.meta)).to_json() for p in plans]
+    jsons = [
+        [v.to_json() for v in rank_views(dataclasses.replace(p, meta=without_timings(p.meta)))]
+        for p in plans
+    ]
     with MDSWriter(
         out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
     ) as w:
@@ -165,13 +179,13 @@ def write_plan_shards(
                 {
                     "step": step,
                     "rank": rank,
-                    "plan": jsons[step],
+                    "plan": jsons[step][rank],
                     "tokens": stored,
                     "ntokens": len(toks),
                 }
             )
     summary = {
-        "slimdata_plan_shards": 1,
+        "slimdata_plan_shards": PLAN_SHARDS_FORMAT,
         "steps": len(plans),
         "nodes": nodes,
         "ranks_per_node": ranks_per_node,
@@ -186,16 +200,39 @@ def write_plan_shards(
     return summary
 
 
+def check_plan_sidecar(directory: str | Path) -> dict[str, Any] | None:
+    """The ``plan.json`` of plan shards in ``directory`` (None if it has none); raises
+    :class:`PlanFormatError` if they were written in another format."""
+    path = Path(directory) / PLAN_SIDECAR
+    if not path.is_file():
+        return None
+    try:
+        if path.stat().st_size > 1 << 20:  # a summary of a few hundred bytes
+            raise ValueError("over 1 MiB")
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise PlanError(f"{path}: unreadable plan sidecar ({str(exc)[:100]})") from None
+    fmt = summary.get("slimdata_plan_shards") if isinstance(summary, dict) else None
+    if fmt != PLAN_SHARDS_FORMAT:
+        raise PlanFormatError(
+            f"{path}: plan shards of format {fmt!r:.20}; this slimdata reads format "
+            f"{PLAN_SHARDS_FORMAT} (one rank's view per payload): re-run `slimdata plan` (or "
+            "`slimdata build --plan`) to rewrite them"
+        )
+    return summary
+
+
 def read_plan_payload(
     sample: dict[str, Any], dp: int | None = None
-) -> tuple[int, int, StepPlan, np.ndarray]:
+) -> tuple[int, int, RankPlan, np.ndarray]:
     """``(step, rank, plan, tokens)`` of one plan-shard sample (the padding token of an empty
-    payload removed: ``tokens`` has ``ntokens`` entries).
+    payload removed: ``tokens`` has ``ntokens`` entries); ``plan`` is the rank's view.
 
-    The plan is parsed defensively and validated (:func:`slimdata.plan.load.parse_plan`,
-    ``dp`` the expected rank count); any defect is a :class:`PlanError`.
+    The view is parsed defensively and validated (:func:`slimdata.plan.load.parse_rank_plan`,
+    ``dp`` the expected rank count); any defect is a :class:`PlanError`, a payload of an older
+    format a :class:`PlanFormatError`.
     """
-    plan = parse_plan(sample["plan"], dp=dp)
+    plan = parse_rank_plan(sample["plan"], dp=dp)
     tokens = np.asarray(sample["tokens"], dtype=np.uint32)
     if "ntokens" in sample:
         tokens = tokens[: int(sample["ntokens"])]
@@ -204,7 +241,7 @@ def read_plan_payload(
 
 def check_payload(
     sample: dict[str, Any], step: int, rank: int, dp: int | None = None
-) -> tuple[StepPlan, np.ndarray]:
+) -> tuple[RankPlan, np.ndarray]:
     """Return ``(plan, tokens)`` if ``sample`` is the valid payload of (step, rank), else
     raise :class:`PlanError` (misaligned loader: wrong num_canonical_nodes, shuffle, or
     workers; or a damaged plan: see :func:`read_plan_payload`)."""
@@ -217,9 +254,9 @@ def check_payload(
         )
     if plan.step != step:
         raise PlanError(f"plan payload stamped step {step} carries the plan of step {plan.step}")
-    if not 0 <= rank < plan.dp:
-        raise PlanError(f"plan payload of rank {rank} carries a plan of only {plan.dp} ranks")
-    expected = sum(s.tokens for p in plan.ranks[rank].forward for s in p.slices)
+    if plan.rank != rank:
+        raise PlanError(f"plan payload stamped rank {rank} carries the plan of rank {plan.rank}")
+    expected = plan.tokens
     if len(tokens) not in (0, expected):
         raise PlanError(
             f"payload (step {step}, rank {rank}) has {len(tokens)} tokens; its plan needs {expected}"

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slimdata.errors import PlanError
+from slimdata.errors import PlanError, PlanFormatError
 from slimdata.plan import load
-from slimdata.plan.load import MAX_PLAN_BYTES, parse_plan
+from slimdata.plan.load import MAX_PLAN_BYTES, parse_plan, parse_rank_plan
 from slimdata.solver import Layout, solve
 from slimdata.solver.planshards import check_payload
 
@@ -24,6 +24,12 @@ from .conftest import docs_of, unit_cost
 def plan():
     docs = docs_of([300, 40, 520, 128, 77, 900, 12, 256], 128)
     return solve(docs, Layout(dp=2, memory_gib=10), "slimpack", 0, unit_cost())
+
+
+@pytest.fixture(scope="module")
+def view(plan):
+    """Rank 0's view of ``plan``: what its payload carries."""
+    return plan.rank_view(0)
 
 
 def payload(data, rank=0, step=0):
@@ -37,9 +43,16 @@ def payload(data, rank=0, step=0):
     }
 
 
-def test_good_payload_round_trips(plan):
-    got, tokens = check_payload(payload(plan.to_json()), 0, 0, dp=2)
-    assert got == plan and len(tokens) == 0
+def test_good_payload_round_trips(view):
+    got, tokens = check_payload(payload(view.to_json()), 0, 0, dp=2)
+    assert got == view and len(tokens) == 0
+
+
+def test_a_whole_plan_payload_is_an_old_format_error(plan):
+    with pytest.raises(
+        PlanFormatError, match="plan payload of format 1; this slimdata reads format 2"
+    ):
+        check_payload(payload(plan.to_json()), 0, 0, dp=2)
 
 
 @pytest.mark.parametrize(
@@ -52,7 +65,7 @@ def test_good_payload_round_trips(plan):
         ("[" * 100_000 + "]" * 100_000, "plan payload is nested too deeply to be a plan"),
         (b"\xff\xfe{}", "plan payload is not UTF-8 text (byte 0)"),
         ("[1, 2]", "plan payload is a JSON list, not an object"),
-        ('{"step": 0}', "plan payload has no 'ranks' list"),
+        ('{"format": 2, "step": 0}', "plan payload has no 'ranks' list"),
     ],
 )
 def test_unparsable_payloads_are_plan_errors(text, message):
@@ -61,13 +74,18 @@ def test_unparsable_payloads_are_plan_errors(text, message):
     assert str(info.value) == message
 
 
-def test_repeated_ranks_list_is_refused_before_any_plan_object_is_built(plan, monkeypatch):
+def test_repeated_ranks_list_is_refused_before_any_plan_object_is_built(plan, view, monkeypatch):
     data = plan.to_dict()
     data["ranks"] = data["ranks"] * 50_000
     built = []
     monkeypatch.setattr(load.StepPlan, "from_dict", lambda d: built.append(d))
     with pytest.raises(PlanError, match="plan payload has 100000 ranks; the layout has 2"):
         parse_plan(json.dumps(data), dp=2)
+    data = view.to_dict()
+    data["ranks"] = data["ranks"] * 50_000
+    monkeypatch.setattr(load.RankPlan, "from_dict", lambda d: built.append(d))
+    with pytest.raises(PlanError, match="plan payload has 50000 listed ranks; the layout has 2"):
+        parse_rank_plan(json.dumps(data), dp=2)
     assert built == []
 
 
@@ -79,9 +97,11 @@ def test_oversized_payload_is_refused_before_parsing(monkeypatch):
     assert MAX_PLAN_BYTES == 64 << 20  # the documented limit
 
 
-def _mutations(plan):
-    """(name, mutate(dict), expected message part): damage that keeps the token count."""
+def _mutations():
+    """(name, mutate(dict), expected message part): damage to rank 0's view that keeps the
+    token count."""
     r0 = lambda d: d["ranks"][0]  # noqa: E731
+    doc0 = lambda d: d["docs"][0]  # noqa: E731  [index, doc_id, length, loss_tokens, cuts, ...]
     return [
         (
             "slice as text",
@@ -95,12 +115,12 @@ def _mutations(plan):
         ),
         (
             "bool length",
-            lambda d: d["docs"][0].__setitem__("length", True),
+            lambda d: doc0(d).__setitem__(2, True),
             "document length must be an integer",
         ),
         (
             "huge length",
-            lambda d: d["docs"][0].__setitem__("length", 10**15),
+            lambda d: doc0(d).__setitem__(2, 10**15),
             "exceeds the maximum of 2147483647 tokens",
         ),
         (
@@ -111,15 +131,15 @@ def _mutations(plan):
         ("missing docs", lambda d: d.pop("docs"), "malformed plan payload: KeyError: 'docs'"),
         (
             "cuts",
-            lambda d: d["docs"][0].__setitem__("cuts", [0, 5]),
-            "document #0: cut points must start at 0 and end at",
+            lambda d: doc0(d).__setitem__(4, [0, 5]),
+            ": cut points must start at 0 and end at",
         ),
         (
             "loss",
-            lambda d: d["docs"][0].__setitem__("loss_tokens", 10**9),
-            "document #0 has 1000000000 loss tokens",
+            lambda d: doc0(d).__setitem__(3, 10**9),
+            "has 1000000000 loss tokens",
         ),
-        ("rank swap", lambda d: r0(d).__setitem__("rank", 1), "ranks must be listed in order"),
+        ("rank swap", lambda d: r0(d).__setitem__("rank", 1), "holds ranks [1]; it needs [0]"),
         (
             "backward twice",
             lambda d: r0(d)["backward"].append(r0(d)["backward"][0]),
@@ -139,10 +159,10 @@ def _mutations(plan):
     ]
 
 
-def test_each_structural_mutation_is_a_named_plan_error(plan):
-    assert len(plan.ranks[0].forward) >= 2  # the order mutations bite
-    for name, mutate, message in _mutations(plan):
-        data = json.loads(plan.to_json())
+def test_each_structural_mutation_is_a_named_plan_error(view):
+    assert len(view.ranks[0].forward) >= 2  # the order mutations bite
+    for name, mutate, message in _mutations():
+        data = json.loads(view.to_json())
         mutate(data)
         with pytest.raises(PlanError) as info:
             check_payload(payload(data), 0, 0, dp=2)
@@ -153,8 +173,8 @@ def test_each_structural_mutation_is_a_named_plan_error(plan):
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data())
-def test_random_damage_is_a_plan_error_or_a_valid_plan(plan, data):
-    text = bytearray(plan.to_json().encode())
+def test_random_damage_is_a_plan_error_or_a_valid_plan(view, data):
+    text = bytearray(view.to_json().encode())
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, len(text) - 1))
         text[i] = data.draw(st.sampled_from(b'0123456789[]{},:"-eE.tfnxFB '))
@@ -162,8 +182,8 @@ def test_random_damage_is_a_plan_error_or_a_valid_plan(plan, data):
         got, _ = check_payload(payload(bytes(text)), 0, 0, dp=2)
     except PlanError:
         return
-    got.validate()  # whatever got through is a valid plan of 2 ranks
-    assert got.dp == 2
+    got.validate()  # whatever got through is a valid view of rank 0 of 2 ranks
+    assert got.dp == 2 and got.rank == 0
 
 
 def test_plan_shard_loader_refuses_a_damaged_shard(plan, tmp_path):
@@ -173,11 +193,11 @@ def test_plan_shard_loader_refuses_a_damaged_shard(plan, tmp_path):
     from slimdata.solver.planshards import PLAN_COLUMNS, payload_positions
 
     pos = payload_positions(1, 1, 2)
-    damaged = json.loads(plan.to_json())
-    damaged["ranks"][1]["backward"] = damaged["ranks"][1]["backward"][:1]  # slices lost
+    damaged = plan.rank_view(1).to_dict()
+    damaged["ranks"][0]["backward"] = damaged["ranks"][0]["backward"][:1]  # slices lost
     with MDSWriter(out=str(tmp_path / "plan"), columns=PLAN_COLUMNS) as w:
         for flat in np.argsort(pos.reshape(-1)).tolist():
-            w.write(payload(damaged if flat == 1 else plan.to_dict(), rank=flat))
+            w.write(payload(damaged if flat == 1 else plan.rank_view(flat).to_dict(), rank=flat))
     loader = PlanShardLoader(LocalDataset(local=str(tmp_path / "plan")), rank=1, ranks_per_node=2)
     with pytest.raises(PlanError, match="is not in exactly one forward and one backward pack"):
         next(iter(loader))

@@ -122,7 +122,7 @@ def test_payload_tokens_and_stamp_check(tmp_path):
         for rank in range(4):
             sample = ds[int(pos[step, rank])]
             plan, toks = check_payload(sample, step, rank)
-            assert plan == plans[step]
+            assert plan == plans[step].rank_view(rank)
             want = [
                 tokens[plan.docs[s.doc].sample][s.start : s.end]
                 for p in plan.ranks[rank].forward
@@ -139,3 +139,35 @@ def test_write_rejects_wrong_rank_count(tmp_path):
     plans, _ = _plans()
     with pytest.raises(PlanError, match="expected step 0 and 8 ranks"):
         write_plan_shards(plans, tmp_path / "x", nodes=2, ranks_per_node=4)
+
+
+def test_payloads_hold_one_rank_view_and_old_shards_are_refused(tmp_path):
+    from slimdata.hooks.loader import PlanShardLoader
+    from streaming import LocalDataset
+
+    from slimdata.errors import PlanFormatError
+
+    plans, tokens = _plans()
+    out = tmp_path / "p"
+    write_plan_shards(plans, out, nodes=1, ranks_per_node=4, tokens_of=tokens.__getitem__)
+    sidecar = json.loads((out / "plan.json").read_text())
+    assert sidecar["slimdata_plan_shards"] == 2
+    ds = LocalDataset(local=str(out))
+    views = [read_plan_payload(ds[i])[2] for i in range(ds.num_samples)]
+    # every payload is one rank's view: its own slices, the documents of its slices and of
+    # its merge group, and the other members of its group (their merge packs), nothing more
+    for v in views:
+        g = v.merge_of_rank(v.rank)
+        group = v.merges[g] if g is not None else None
+        own = {s.doc for s in v.ranks[v.rank].slices()}
+        assert set(v.docs) == own | set(group.docs if group else ())
+        assert set(v.ranks) == set(group.ranks if group else (v.rank,))
+    assert any(v.merges for v in views)  # the merge-group case is exercised
+    loader = PlanShardLoader(ds, rank=2, nodes=1, ranks_per_node=4)
+    assert [p.plan for p in loader] == [p.rank_view(2) for p in plans]
+    # shards of format 1 (a whole StepPlan per payload) are refused before any payload is read
+    (out / "plan.json").write_text(json.dumps({**sidecar, "slimdata_plan_shards": 1}))
+    with pytest.raises(
+        PlanFormatError, match="plan shards of format 1; this slimdata reads format 2"
+    ):
+        PlanShardLoader(LocalDataset(local=str(out)), rank=0, nodes=1, ranks_per_node=4)
