@@ -80,6 +80,7 @@ _LOOP_ARGS = (
     ("raise pack_tokens", "raise Layout(pack_tokens=...)"),
     ("the DP size", "Layout(dp=...)"),
     ("cut finer slices", "rebuild the shards with a smaller --slice-tokens"),
+    ("--recompute full", "LoaderConfig(recompute='full')"),
 )
 
 

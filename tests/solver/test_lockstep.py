@@ -242,3 +242,14 @@ def test_pack_rank_lockstep_can_free_kv_per_slice_like_the_simulator():
     assert per_slice.forward == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert per_slice.backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
     assert abs(per_slice.peak - 10.24 * GIB) < 1e3
+
+
+def test_memory_refusal_names_full_recompute_when_the_model_keeps_more():
+    from slimdata.errors import PlanError
+
+    layout = Layout(dp=2, context=65536, memory_gib=4.0)
+    for policy, advised in (("selective", True), ("full", False)):
+        cost = CostModel.analytic("llama-8b", "h100", policy)
+        with pytest.raises(PlanError, match="--memory-gib") as info:
+            solve(docs_of([60000, 500], 2048), layout, "slimpack", 0, cost)
+        assert ("--recompute full" in str(info.value)) is advised

@@ -30,7 +30,8 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -372,7 +373,8 @@ def slimpack(
         if finer is not None:
             view = BatchView.build(finer, cost)
     cap, mem = layout.token_cap, layout.memory_bytes
-    _check_slices(view, cap, mem)
+    with _recompute_advice(cost):
+        _check_slices(view, cap, mem)
     meta: dict = {"seed": seed, "merge_share": merge_share, "layout": _layout_meta(layout)}
     opts: dict[str, Any] = {
         "merge_share": merge_share,
@@ -383,13 +385,15 @@ def slimpack(
     if refine_share != REFINE_SHARE:
         meta["refine_share"] = refine_share
     if layout.mode == "free":
-        p1 = _phase1(view, layout, packs=1, mem=mem, gather=MERGE_GATHER, **opts)
+        with _recompute_advice(cost):
+            p1 = _phase1(view, layout, packs=1, mem=mem, gather=MERGE_GATHER, **opts)
         packs, lag = _free(view, p1.units, p1.member_slices, layout), 0
     else:
         share = stage_share(cost.layers, layout.pp)
         # per pipeline stage, in full-model bytes; merge members hold the simulator's buffers
         opts.update(gather=MERGE_GATHER, layer_share=share)
-        best = _solve_lockstep(view, layout, opts, share)
+        with _recompute_advice(cost):
+            best = _solve_lockstep(view, layout, opts, share)
         _est, packs, lag, p1 = best
         meta["pipeline_estimate"] = round(_est, 6)
     meta.update(improve_moves=p1.moves, lag=lag, microbatches=len(packs[0].forward) if packs else 0)
@@ -413,6 +417,20 @@ def slimpack(
     )
     _check_pack_cap(plan, cap)
     return plan
+
+
+@contextmanager
+def _recompute_advice(cost: CostModel) -> Iterator[None]:
+    """A memory refusal also names the recompute policy when the cost model keeps more than
+    full recompute does (at long context, activations dominate what a rank must hold)."""
+    try:
+        yield
+    except PlanError as exc:
+        if cost.recompute == "full" or "--memory-gib" not in str(exc):
+            raise
+        raise PlanError(
+            f"{exc}; or use --recompute full (this cost model assumes {cost.recompute} recompute)"
+        ) from None
 
 
 def _check_pack_cap(plan: StepPlan, cap: int) -> None:
