@@ -137,10 +137,13 @@ class Evaluator:
     def plan(self, name: str, k: int, step: int) -> tuple[StepPlan, float]:
         key = (name, k, step)
         if key not in self._plans:
+            # a DP group of k devices holds a pack split k ways: k devices' memory (the
+            # simulator then checks every device's peak, gathered K/V included)
             lay = dataclasses.replace(
                 self.layout,
                 dp=self.layout.dp // k,
                 ranks_per_node=max(1, self.layout.ranks_per_node // k),
+                memory_gib=self.layout.memory_gib * k,
             )
             t0 = time.perf_counter()
             plan = self._solve(
