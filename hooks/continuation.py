@@ -21,6 +21,8 @@ a deterministic forward (dropout 0), since backward packs may recompute a forwar
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +58,7 @@ class PackContext:
     live: dict[tuple[int, Slice], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """(layer, slice) -> in-graph keys/values this pack produced (for the backward)."""
     _batch: VarlenBatch | None = None
+    _replay: bool = False
 
     def __enter__(self) -> PackContext:
         self._token = _ACTIVE.set(self)
@@ -63,6 +66,19 @@ class PackContext:
 
     def __exit__(self, *exc) -> None:
         _ACTIVE.reset(self._token)
+
+    @contextmanager
+    def replaying(self) -> Iterator[PackContext]:
+        """Active again for a checkpointed layer's recomputation in the backward
+        (:mod:`slimdata.hooks.recompute`): attention reads the same keys/values as the
+        forward did and neither stores nor records any."""
+        token, was = _ACTIVE.set(self), self._replay
+        self._replay = True
+        try:
+            yield self
+        finally:
+            self._replay = was
+            _ACTIVE.reset(token)
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float
@@ -81,9 +97,12 @@ class PackContext:
         ks, vs, k_lens = [], [], []
         prefixes = False  # does any slice read keys before its own?
         for s in self.slices:
-            self.live[(layer, s)] = own[s]
-            if self.doc_slices[s.doc][-1] != s:  # a later slice of the doc reads it
-                self.store.put(layer, s, *own[s])
+            # a recomputation (replay) leaves the forward's live tensors and leaves in place:
+            # the backward runs through the forward's graph, to which they belong
+            if not self._replay:
+                self.live[(layer, s)] = own[s]
+                if self.doc_slices[s.doc][-1] != s:  # a later slice of the doc reads it
+                    self.store.put(layer, s, *own[s])
             for p in self.doc_slices[s.doc]:
                 if p.start >= s.start:
                     break
