@@ -34,11 +34,27 @@ from torch.utils.checkpoint import checkpoint
 
 from slimdata.plan import Slice
 
-__all__ = ["PackContext", "active_context", "slice_attention"]
+__all__ = ["PackContext", "active_context", "checkpointed_layer", "slice_attention"]
 
 _ACTIVE: contextvars.ContextVar[PackContext | None] = contextvars.ContextVar(
     "slimdata_pack", default=None
 )
+
+
+_IN_LAYER_CHECKPOINT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "slimdata_in_layer_checkpoint", default=False
+)
+
+
+@contextmanager
+def checkpointed_layer() -> Iterator[None]:
+    """Marks a checkpointed layer's forward (and its recomputation) while it runs: attention
+    inside it needs no checkpoint of its own (:mod:`slimdata.hooks.recompute`)."""
+    token = _IN_LAYER_CHECKPOINT.set(True)
+    try:
+        yield
+    finally:
+        _IN_LAYER_CHECKPOINT.reset(token)
 
 
 @dataclass
@@ -88,7 +104,9 @@ class PackContext:
                 f"attention got {q.shape[0]} tokens, the pack has {sum(s.tokens for s in self.slices)}"
             )
         if self.merge is not None:  # a merge pack holds merged slices only (plan rule)
-            if not torch.is_grad_enabled():
+            if not torch.is_grad_enabled() or _IN_LAYER_CHECKPOINT.get():
+                # inside a checkpointed layer the gathered keys/values are not saved either:
+                # the layer's recomputation gathers them again, once
                 return self._merged_attention(q, k, v, scale)
             # the group's keys/values are gathered for this layer and freed after it; the
             # backward gathers them again (context parallelism's memory, design §9)

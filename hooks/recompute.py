@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from slimdata.hooks.continuation import active_context
+from slimdata.hooks.continuation import active_context, checkpointed_layer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -129,7 +129,12 @@ def pack_checkpoint(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if state is not None:
         state.calls += 1
     args, kwargs = _hold(args, kwargs)
-    return checkpoint(fn, *args, use_reentrant=False, context_fn=_pack_contexts, **kwargs)
+    return checkpoint(_marked, fn, *args, use_reentrant=False, context_fn=_pack_contexts, **kwargs)
+
+
+def _marked(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    with checkpointed_layer():
+        return fn(*args, **kwargs)
 
 
 def recompute_layer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
