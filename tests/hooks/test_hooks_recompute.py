@@ -108,7 +108,7 @@ def test_without_reentering_the_pack_the_gradients_are_wrong(monkeypatch):
     monkeypatch.setattr(rc_mod, "_pack_contexts", lambda: (nullcontext(), nullcontext()))
     try:
         err = check(ASYM, TinyLM(seed=1))
-    except Exception:  # torch's recomputation check may notice the different graph
+    except torch.utils.checkpoint.CheckpointError:  # torch noticed the different graph
         return
     assert err > 1e-3
 
@@ -182,7 +182,7 @@ def test_hf_llama_full_recompute(replays):
     assert check(ASYM, model, forward=hf_forward, ref_model=ref_model) <= TOL
     assert replays[0] == 5 * 2
     assert all(layer._gradient_checkpointing_func is hf_func for layer in layers)
-    with pytest.raises(ConfigError, match="gradient checkpointing on.*'none'"):
+    with pytest.raises(ConfigError, match=r"gradient checkpointing on.*'none'"):
         check(LONG, model, recompute="none", forward=hf_forward, ref_model=ref_model)
 
 
