@@ -14,6 +14,9 @@ then calls the varlen backend (bottom-right causal per slice). Outside a pack (n
 :func:`slice_attention` is plain causal attention over one sequence, so the same model runs
 unpacked references and inference unchanged.
 
+A checkpointed layer (``recompute="full"``) recomputes its attention in the backward inside
+the same pack, re-entered with :meth:`PackContext.replaying` (:mod:`slimdata.hooks.recompute`).
+
 Assumes attention is the only place tokens interact (true for decoder-only transformers) and
 a deterministic forward (dropout 0), since backward packs may recompute a forward.
 """
