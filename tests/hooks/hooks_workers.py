@@ -195,13 +195,14 @@ def two_rank_suite(rank: int, world: int) -> tuple[list, tuple, list]:
     )
 
 
-def recompute_suite(rank: int, world: int) -> tuple[list, list]:
-    """2-rank bodies with ``recompute="full"``: DP-Merge plans (bare and DDP) and the merge
-    exchanges."""
+def recompute_suite(rank: int, world: int) -> tuple[list, list, list]:
+    """2-rank bodies with ``recompute="full"``: DP-Merge plans (bare and DDP), and the merge
+    exchanges with ``full`` and with ``none``."""
     return (
         equivalence(rank, world, ["merge2", "solver2"], False, "full")
         + equivalence(rank, world, ["merge2"], True, "full"),
         merge_exchanges(rank, world, "full"),
+        merge_exchanges(rank, world, "none"),
     )
 
 
