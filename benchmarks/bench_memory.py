@@ -5,7 +5,8 @@ one-rank ``slimpack`` plan (several packs, sliced documents), ``run_step`` runs 
 ``torch.autograd.graph.saved_tensors_hooks`` that track the distinct storages autograd holds
 for backward, parameters excluded (model states are outside the budget). After every forward
 pack the live bytes are compared with ``slimdata.solver.rank_memory_trace`` of the cost model
-derived from the same model (``LoaderConfig(model=...)``'s rule: analytic, ``recompute="none"``):
+derived from the same model (``LoaderConfig(model=...)``'s rule: analytic, with ``--recompute``,
+default ``none``; the plan carries the policy and ``run_step`` runs it):
 activations held from forward to backward plus retained keys/values. Printed: per shape, the
 mean absolute percentage error of the per-plan peak, and of every forward-pack point.
 
@@ -13,7 +14,7 @@ Each shape is predicted twice: with the analytic activation bytes per token, and
 bytes ``slimdata profile`` measures (:func:`~slimdata.hooks.profile.measure_activation_bytes`
 on a few packs of whole documents, not the plans' packs).
 
-    python benchmarks/bench_memory.py [--plans 8] [--seed 0]
+    python benchmarks/bench_memory.py [--plans 8] [--seed 0] [--recompute none|full]
 """
 
 from __future__ import annotations
@@ -92,12 +93,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--recompute", choices=["none", "full"], default="none")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name, shape in SHAPES.items():
         model = model_of(shape)
-        cost = CostModel.analytic(ModelConfig.from_hf(model), "h100", "none")
-        act = measure_activation_bytes(model, cost, PROFILE_SIZES)
+        cost = CostModel.analytic(ModelConfig.from_hf(model), "h100", args.recompute)
+        act = measure_activation_bytes(model, cost, PROFILE_SIZES, recompute=args.recompute)
         models = {"analytic": cost, "profiled": dataclasses.replace(cost, act_bytes_per_token=act)}
         rng = np.random.default_rng(args.seed)
         peaks: dict[str, list[float]] = {k: [] for k in models}

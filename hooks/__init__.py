@@ -32,6 +32,7 @@ from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.payload import StepPayload, make_payload
+from slimdata.hooks.recompute import checkpoint_layers, pack_checkpoint, recompute_layer
 from slimdata.hooks.telemetry import StepTelemetry
 
 __all__ = [
@@ -50,11 +51,14 @@ __all__ = [
     "StepSummary",
     "StepTelemetry",
     "active_context",
+    "checkpoint_layers",
     "hf_forward",
     "hf_hidden_forward",
     "kept_forward_packs",
     "make_payload",
+    "pack_checkpoint",
     "packed_loss",
+    "recompute_layer",
     "reduce_gradients",
     "run_step",
     "slice_attention",

@@ -14,6 +14,9 @@ then calls the varlen backend (bottom-right causal per slice). Outside a pack (n
 :func:`slice_attention` is plain causal attention over one sequence, so the same model runs
 unpacked references and inference unchanged.
 
+A checkpointed layer (``recompute="full"``) recomputes its attention in the backward inside
+the same pack, re-entered with :meth:`PackContext.replaying` (:mod:`slimdata.hooks.recompute`).
+
 Assumes attention is the only place tokens interact (true for decoder-only transformers) and
 a deterministic forward (dropout 0), since backward packs may recompute a forward.
 """
@@ -21,6 +24,8 @@ a deterministic forward (dropout 0), since backward packs may recompute a forwar
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -32,11 +37,27 @@ from torch.utils.checkpoint import checkpoint
 
 from slimdata.plan import Slice
 
-__all__ = ["PackContext", "active_context", "slice_attention"]
+__all__ = ["PackContext", "active_context", "checkpointed_layer", "slice_attention"]
 
 _ACTIVE: contextvars.ContextVar[PackContext | None] = contextvars.ContextVar(
     "slimdata_pack", default=None
 )
+
+
+_IN_LAYER_CHECKPOINT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "slimdata_in_layer_checkpoint", default=False
+)
+
+
+@contextmanager
+def checkpointed_layer() -> Iterator[None]:
+    """Marks a checkpointed layer's forward (and its recomputation) while it runs: attention
+    inside it needs no checkpoint of its own (:mod:`slimdata.hooks.recompute`)."""
+    token = _IN_LAYER_CHECKPOINT.set(True)
+    try:
+        yield
+    finally:
+        _IN_LAYER_CHECKPOINT.reset(token)
 
 
 @dataclass
@@ -56,6 +77,7 @@ class PackContext:
     live: dict[tuple[int, Slice], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """(layer, slice) -> in-graph keys/values this pack produced (for the backward)."""
     _batch: VarlenBatch | None = None
+    _replay: bool = False
 
     def __enter__(self) -> PackContext:
         self._token = _ACTIVE.set(self)
@@ -63,6 +85,19 @@ class PackContext:
 
     def __exit__(self, *exc) -> None:
         _ACTIVE.reset(self._token)
+
+    @contextmanager
+    def replaying(self) -> Iterator[PackContext]:
+        """Active again for a checkpointed layer's recomputation in the backward
+        (:mod:`slimdata.hooks.recompute`): attention reads the same keys/values as the
+        forward did and neither stores nor records any."""
+        token, was = _ACTIVE.set(self), self._replay
+        self._replay = True
+        try:
+            yield self
+        finally:
+            self._replay = was
+            _ACTIVE.reset(token)
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float
@@ -72,7 +107,9 @@ class PackContext:
                 f"attention got {q.shape[0]} tokens, the pack has {sum(s.tokens for s in self.slices)}"
             )
         if self.merge is not None:  # a merge pack holds merged slices only (plan rule)
-            if not torch.is_grad_enabled():
+            if not torch.is_grad_enabled() or _IN_LAYER_CHECKPOINT.get():
+                # inside a checkpointed layer the gathered keys/values are not saved either:
+                # the layer's recomputation gathers them again, once
                 return self._merged_attention(q, k, v, scale)
             # the group's keys/values are gathered for this layer and freed after it; the
             # backward gathers them again (context parallelism's memory, design §9)
@@ -81,9 +118,12 @@ class PackContext:
         ks, vs, k_lens = [], [], []
         prefixes = False  # does any slice read keys before its own?
         for s in self.slices:
-            self.live[(layer, s)] = own[s]
-            if self.doc_slices[s.doc][-1] != s:  # a later slice of the doc reads it
-                self.store.put(layer, s, *own[s])
+            # a recomputation (replay) leaves the forward's live tensors and leaves in place:
+            # the backward runs through the forward's graph, to which they belong
+            if not self._replay:
+                self.live[(layer, s)] = own[s]
+                if self.doc_slices[s.doc][-1] != s:  # a later slice of the doc reads it
+                    self.store.put(layer, s, *own[s])
             for p in self.doc_slices[s.doc]:
                 if p.start >= s.start:
                     break

@@ -44,6 +44,7 @@ from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.merge import MergeRuntime, ensure_groups
 from slimdata.hooks.payload import StepPayload
+from slimdata.hooks.recompute import StepRecompute, resolve_policy, step_recompute
 from torch import nn
 
 from slimdata.errors import ConfigError
@@ -92,10 +93,18 @@ class _Step:
     """State of one run_step call."""
 
     def __init__(
-        self, module, payload: StepPayload, forward: ForwardFn, backend: str, device, chunk=None
+        self,
+        module,
+        payload: StepPayload,
+        forward: ForwardFn,
+        backend: str,
+        device,
+        chunk=None,
+        recompute: StepRecompute | None = None,
     ) -> None:
         self.module, self.forward, self.backend, self.device = module, forward, backend, device
         self.chunk: int | None = chunk
+        self.recompute = recompute
         self.plan, self.rank = payload.view(), payload.rank
         self.rs = self.plan.ranks[self.rank]
         self.norm = self.plan.loss_tokens
@@ -175,6 +184,13 @@ class _Step:
         with ctx, torch.set_grad_enabled(mode != "nograd"):
             logits = self.forward(self.module, ids, pos)
             loss = packed_loss(logits, labels, self.norm, self.chunk)
+        rc = self.recompute
+        if rc is not None and rc.policy == "full" and mode != "nograd" and not rc.calls:
+            raise ConfigError(
+                "recompute='full' but the pack's forward checkpointed no decoder layer: name the "
+                "model's layers with slimdata.hooks.checkpoint_layers(model, layers), or run each "
+                "layer body through slimdata.hooks.recompute_layer (see docs/hooks.md)"
+            )
         return loss, ctx
 
     def dummy(self, grad: bool) -> tuple[torch.Tensor, None]:
@@ -212,6 +228,7 @@ def run_step(
     fsdp_grad_sync: str = "each",
     asymmetric: str = "split",
     loss_chunk_tokens: int | None = None,
+    recompute: str | None = None,
 ) -> StepSummary:
     """Run ``payload.rank``'s forward and backward packs of ``payload.plan``; accumulate grads.
 
@@ -239,6 +256,12 @@ def run_step(
     wrappers own the LM head's parameters) runs the model on one pack; the loss is computed in
     chunks of ``loss_chunk_tokens`` tokens (default: :func:`slimdata.cost.loss_chunk_tokens`
     for the model's vocabulary), so no pack holds all its logits (:mod:`slimdata.hooks.loss`).
+
+    ``recompute``: the activation recompute policy, ``"none"`` or ``"full"`` (every decoder
+    layer checkpointed, recomputed inside its pack in the backward:
+    :mod:`slimdata.hooks.recompute`); default: the policy of the cost model the plan was solved
+    with (``plan.meta["recompute"]``), else ``"none"``. ``"selective"`` is refused
+    (:class:`~slimdata.errors.ConfigError`), and so is ``"full"`` under FSDP.
     """
     t_step = time.perf_counter()
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -251,12 +274,6 @@ def run_step(
         raise ValueError("fsdp_grad_sync='last' needs FSDP2 (fully_shard); FSDP1 supports 'each'")
     if asymmetric not in ("split", "recompute"):
         raise ValueError(f"asymmetric={asymmetric!r}: use 'split' or 'recompute'")
-    if getattr(module, "is_gradient_checkpointing", False):
-        raise ConfigError(
-            "the model has gradient checkpointing enabled, which run_step does not support yet "
-            "(its recomputed attention would run outside the pack): call "
-            "model.gradient_checkpointing_disable() and plan with recompute='none'"
-        )
     if fsdp and reduce_grads:
         raise ValueError("reduce_grads=True with an FSDP model: FSDP reduces the gradients itself")
     if reduce_grads is None:
@@ -266,127 +283,138 @@ def run_step(
     device = next(module.parameters()).device
     if forward is None:
         forward = hf_forward if fsdp else hf_hidden_forward
-    st = _Step(module, payload, forward, backend, device, loss_chunk_tokens)
-    plan, rs = st.plan, st.rs
-    for cb in callbacks:
-        cb.on_step_start(plan, st.rank)
-    idle_f: frozenset[int] = frozenset()
-    idle_b: frozenset[int] = frozenset()
-    if fsdp:
-        # from the whole plan when the payload has it, else the schedule the rank's view carries
-        fsdp_rt.check_lockstep(payload.plan)
-        sched = fsdp_rt.lockstep_schedule(payload.plan, keep=kind == "fsdp2")
-        kept, unions = set(sched.kept), {j: list(f) for j, f in sched.unions.items()}
-        idle_f, idle_b = sched.idle_forward, sched.idle_backward
-        fsdp_rt.prepare(model)
-    else:
-        kept, unions = kept_forward_packs(rs.forward, rs.backward)
-    # the calls of every pack: forward pack i -> (graph key, slices, keep graph?); backward
-    # pack j -> graph keys to run backward through, or None: recompute pack j
-    # (graph keys: (forward pack, backward pack), or (forward pack, -1) for a whole pack)
-    fcalls: list[list[tuple[tuple[int, int], MicroPack, bool]]] = [
-        [((i, -1), p, i in kept)] for i, p in enumerate(rs.forward)
-    ]
-    bcalls: list[list[tuple[int, int]] | None] = [
-        [(f, -1) for f in reversed(unions[j])] if j in unions else None
-        for j in range(len(rs.backward))
-    ]
-    sc = split_calls(rs.forward, rs.backward) if not fsdp and asymmetric == "split" else None
-    if sc is not None:
-        fcalls = [
-            [((i, j), MicroPack(sl, merge=rs.forward[i].merge), True) for j, sl in calls]
-            for i, calls in enumerate(sc.forward)
-        ]
-        bcalls = [[(i, j) for i in fs] for j, fs in enumerate(sc.backward)]
-        kept = set(range(len(rs.forward)))
-    calls = [
-        1 if (keys := bcalls[j]) is None else len(keys)
-        for j in range(len(rs.backward))
-        if j not in idle_b
-    ]
-    n_calls, done_calls = sum(calls), 0
-    graphs: dict[tuple[int, int], tuple[torch.Tensor, PackContext | None]] = {}
-    events: list[PackEvent] = []
-    loss_total = 0.0
-
-    def emit(pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool, calls: int) -> None:
-        _sync(device)
-        ev = PackEvent(
-            plan.step,
-            st.rank,
-            pass_,
-            i,
-            time.perf_counter() - t0,
-            pack.tokens,
-            pack.cost,
-            recomputed,
-            calls,
+    policy = resolve_policy(recompute, payload.plan)
+    if fsdp and (policy == "full" or getattr(module, "is_gradient_checkpointing", False)):
+        raise ConfigError(
+            "recompute='full' (gradient checkpointing) under FSDP is not supported by run_step: "
+            "use recompute='none' with FSDP, or DDP / a bare module with recompute='full'"
         )
-        events.append(ev)
+    with step_recompute(module, policy) as rc:
+        st = _Step(module, payload, forward, backend, device, loss_chunk_tokens, rc)
+        plan, rs = st.plan, st.rs
         for cb in callbacks:
-            cb.on_pack_end(ev)
+            cb.on_step_start(plan, st.rank)
+        idle_f: frozenset[int] = frozenset()
+        idle_b: frozenset[int] = frozenset()
+        if fsdp:
+            # from the whole plan when the payload has it, else the schedule the view carries
+            fsdp_rt.check_lockstep(payload.plan)
+            sched = fsdp_rt.lockstep_schedule(payload.plan, keep=kind == "fsdp2")
+            kept, unions = set(sched.kept), {j: list(f) for j, f in sched.unions.items()}
+            idle_f, idle_b = sched.idle_forward, sched.idle_backward
+            fsdp_rt.prepare(model)
+        else:
+            kept, unions = kept_forward_packs(rs.forward, rs.backward)
+        # the calls of every pack: forward pack i -> (graph key, slices, keep graph?); backward
+        # pack j -> graph keys to run backward through, or None: recompute pack j
+        # (graph keys: (forward pack, backward pack), or (forward pack, -1) for a whole pack)
+        fcalls: list[list[tuple[tuple[int, int], MicroPack, bool]]] = [
+            [((i, -1), p, i in kept)] for i, p in enumerate(rs.forward)
+        ]
+        bcalls: list[list[tuple[int, int]] | None] = [
+            [(f, -1) for f in reversed(unions[j])] if j in unions else None
+            for j in range(len(rs.backward))
+        ]
+        sc = split_calls(rs.forward, rs.backward) if not fsdp and asymmetric == "split" else None
+        if sc is not None:
+            fcalls = [
+                [((i, j), MicroPack(sl, merge=rs.forward[i].merge), True) for j, sl in calls]
+                for i, calls in enumerate(sc.forward)
+            ]
+            bcalls = [[(i, j) for i in fs] for j, fs in enumerate(sc.backward)]
+            kept = set(range(len(rs.forward)))
+        calls = [
+            1 if (keys := bcalls[j]) is None else len(keys)
+            for j in range(len(rs.backward))
+            if j not in idle_b
+        ]
+        n_calls, done_calls = sum(calls), 0
+        graphs: dict[tuple[int, int], tuple[torch.Tensor, PackContext | None]] = {}
+        events: list[PackEvent] = []
+        loss_total = 0.0
 
-    def backward(loss: torch.Tensor, ctx: PackContext | None) -> None:
-        nonlocal done_calls
-        if fsdp and fsdp_grad_sync == "last":
-            fsdp_rt.set_gradient_sync(model, done_calls == n_calls - 1)
-        st.backward(loss, ctx)
-        done_calls += 1
-
-    with model.no_sync() if ddp else _null():  # type: ignore[operator]
-        for kind, i in rs.order:
-            t0 = time.perf_counter()
-            if kind == "F":
-                pack = rs.forward[i]
-                n = 0
-                if pack.slices:
-                    for key, sub, keep in fcalls[i]:
-                        loss, ctx = st.run_pack(sub, "keep" if keep else "nograd")
-                        loss_total += float(loss.detach())
-                        if keep:
-                            graphs[key] = (loss, ctx)
-                    n = len(fcalls[i])
-                elif fsdp and i not in idle_f:  # a padding pack: match the other ranks' call
-                    loss, ctx = st.dummy(grad=i in kept)
-                    loss_total += float(loss.detach())
-                    if i in kept:
-                        graphs[(i, -1)] = (loss, ctx)
-                    n = 1
-                emit("F", i, pack, t0, i not in kept, n)
-            else:
-                pack = rs.backward[i]
-                keys = bcalls[i]
-                n = 0
-                if i in idle_b or (not pack.slices and not fsdp):
-                    pass  # no work, nothing to match
-                elif keys is not None:
-                    for key in keys:
-                        backward(*graphs.pop(key))
-                    n = len(keys)
-                else:
-                    backward(*(st.run_pack(pack, "recompute") if pack.slices else st.dummy(True)))
-                    n = 1
-                for s in pack.slices:
-                    st.store.drop(s)
-                emit("B", i, pack, t0, keys is None, n)
-        if graphs or len(st.store):
-            raise RuntimeError(
-                f"step {plan.step} rank {st.rank}: packs {sorted(graphs)} never ran backward"
+        def emit(
+            pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool, calls: int
+        ) -> None:
+            _sync(device)
+            ev = PackEvent(
+                plan.step,
+                st.rank,
+                pass_,
+                i,
+                time.perf_counter() - t0,
+                pack.tokens,
+                pack.cost,
+                recomputed,
+                calls,
             )
-    if reduce_grads and dist.is_initialized() and dist.get_world_size(group) > 1:
-        reduce_gradients([p for p in module.parameters() if p.requires_grad], group)
-    summary = StepSummary(
-        step=plan.step,
-        rank=st.rank,
-        loss=loss_total,
-        tokens=rs.tokens,
-        seconds=time.perf_counter() - t_step,
-        busy_seconds=sum(e.seconds for e in events),
-        events=tuple(events),
-    )
-    for cb in callbacks:
-        cb.on_step_end(summary)
-    return summary
+            events.append(ev)
+            for cb in callbacks:
+                cb.on_pack_end(ev)
+
+        def backward(loss: torch.Tensor, ctx: PackContext | None) -> None:
+            nonlocal done_calls
+            if fsdp and fsdp_grad_sync == "last":
+                fsdp_rt.set_gradient_sync(model, done_calls == n_calls - 1)
+            st.backward(loss, ctx)
+            done_calls += 1
+
+        with model.no_sync() if ddp else _null():  # type: ignore[operator]
+            for kind, i in rs.order:
+                t0 = time.perf_counter()
+                if kind == "F":
+                    pack = rs.forward[i]
+                    n = 0
+                    if pack.slices:
+                        for key, sub, keep in fcalls[i]:
+                            loss, ctx = st.run_pack(sub, "keep" if keep else "nograd")
+                            loss_total += float(loss.detach())
+                            if keep:
+                                graphs[key] = (loss, ctx)
+                        n = len(fcalls[i])
+                    elif fsdp and i not in idle_f:  # a padding pack: match the other ranks' call
+                        loss, ctx = st.dummy(grad=i in kept)
+                        loss_total += float(loss.detach())
+                        if i in kept:
+                            graphs[(i, -1)] = (loss, ctx)
+                        n = 1
+                    emit("F", i, pack, t0, i not in kept, n)
+                else:
+                    pack = rs.backward[i]
+                    keys = bcalls[i]
+                    n = 0
+                    if i in idle_b or (not pack.slices and not fsdp):
+                        pass  # no work, nothing to match
+                    elif keys is not None:
+                        for key in keys:
+                            backward(*graphs.pop(key))
+                        n = len(keys)
+                    else:
+                        backward(
+                            *(st.run_pack(pack, "recompute") if pack.slices else st.dummy(True))
+                        )
+                        n = 1
+                    for s in pack.slices:
+                        st.store.drop(s)
+                    emit("B", i, pack, t0, keys is None, n)
+            if graphs or len(st.store):
+                raise RuntimeError(
+                    f"step {plan.step} rank {st.rank}: packs {sorted(graphs)} never ran backward"
+                )
+        if reduce_grads and dist.is_initialized() and dist.get_world_size(group) > 1:
+            reduce_gradients([p for p in module.parameters() if p.requires_grad], group)
+        summary = StepSummary(
+            step=plan.step,
+            rank=st.rank,
+            loss=loss_total,
+            tokens=rs.tokens,
+            seconds=time.perf_counter() - t_step,
+            busy_seconds=sum(e.seconds for e in events),
+            events=tuple(events),
+        )
+        for cb in callbacks:
+            cb.on_step_end(summary)
+        return summary
 
 
 class _null:

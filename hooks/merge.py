@@ -10,7 +10,8 @@ into the exact gradient.
 
 Memory is context parallelism's: the gathered keys/values of a layer live while that layer's
 attention runs and are freed after it (the attention over them is checkpointed,
-:mod:`slimdata.hooks.continuation`); the backward gathers them again, layer by layer, so a
+:mod:`slimdata.hooks.continuation`; under ``recompute="full"`` the layer's checkpoint does it,
+:mod:`slimdata.hooks.recompute`, with the same collectives); the backward gathers them again, layer by layer, so a
 member holds one layer's gathered keys/values at a time (twice that in the backward, with
 their gradient) -- :meth:`slimdata.cost.CostModel.gathered_kv_bytes`, the planner's and the
 simulator's rule.

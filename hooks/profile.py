@@ -455,14 +455,19 @@ def calibrate(
 
 
 def measure_activation_bytes(
-    model, cost: CostModel, sizes: Sequence[tuple[int, int]], backend: str = "auto"
+    model,
+    cost: CostModel,
+    sizes: Sequence[tuple[int, int]],
+    backend: str = "auto",
+    recompute: str = "none",
 ) -> float:
     """Activation bytes per token the memory model should use for ``model``: the bytes
     autograd holds after a forward pack of ``k`` whole documents of ``s`` tokens, for every
     ``(s, k)`` of ``sizes``, fitted as ``slope * tokens`` (least squares through 0, the memory
     model's form), minus ``cost.kv_bytes_per_token``, which the memory trace adds for the
     same tokens (:func:`slimdata.solver.memory.rank_memory_trace`). Counted by
-    :class:`~slimdata.hooks.memory.SavedTensorMeter` (parameters excluded), on any device."""
+    :class:`~slimdata.hooks.memory.SavedTensorMeter` (parameters excluded), on any device,
+    with the packs run under ``recompute`` (:func:`~slimdata.hooks.run_step`)."""
     from slimdata.hooks import Callback, run_step
     from slimdata.hooks.memory import SavedTensorMeter
 
@@ -479,7 +484,9 @@ def measure_activation_bytes(
         meter = SavedTensorMeter(model.parameters())
         model.zero_grad(set_to_none=True)
         with meter.watch():
-            run_step(model, payload, backend=backend, callbacks=[AfterForward()])
+            run_step(
+                model, payload, backend=backend, callbacks=[AfterForward()], recompute=recompute
+            )
         tokens.append(float(s * k))
     t, b = np.array(tokens), np.array(held)
     slope = float(t @ b / (t @ t))

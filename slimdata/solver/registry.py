@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from slimdata.cost import CostModel
 from slimdata.errors import ConfigError
 from slimdata.plan.types import Document, StepPlan
+from slimdata.solver.common import default_cost
 from slimdata.solver.layout import Layout
 from slimdata.solver.strategies.bfd import bfd
 from slimdata.solver.strategies.concat import concat
@@ -52,9 +53,13 @@ def solve(
     trust the solver (the simulator, benchmarks); the test suite validates every strategy's
     plans and :func:`~slimdata.solver.planshards.write_plan_shards` validates every plan it
     writes. Raises :class:`ConfigError` for an unknown strategy and
-    :class:`~slimdata.errors.PlanError` for an impossible layout.
+    :class:`~slimdata.errors.PlanError` for an impossible layout. ``plan.meta["recompute"]``
+    is the cost model's recompute policy, the one the runtime runs.
     """
     fn = STRATEGIES.get(strategy)
     if fn is None:
         raise ConfigError(f"strategy={strategy!r}: use one of {', '.join(STRATEGIES)}")
-    return fn(batch, layout, seed, cost, step=step, validate=validate, **options)
+    plan = fn(batch, layout, seed, cost, step=step, validate=validate, **options)
+    # the recompute policy the plan's memory assumes: the runtime runs it (design §9)
+    plan.meta["recompute"] = (cost if cost is not None else default_cost()).recompute
+    return plan

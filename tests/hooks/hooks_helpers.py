@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import torch
-from slimdata.hooks import slice_attention
+from slimdata.hooks import recompute_layer, slice_attention
 from torch import nn
 
 from slimdata.plan import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
@@ -53,17 +53,21 @@ class TinyLM(nn.Module):
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
+    def block(self, i, x, pos):
+        """Decoder layer ``i``: ``x (T, hidden)`` -> ``(T, hidden)``."""
+        b, T = self.blocks[i], x.shape[0]
+        h = b["n1"](x)
+        q = self.rope(b["q"](h).view(T, self.heads, self.hd), pos)
+        k = self.rope(b["k"](h).view(T, self.kv_heads, self.hd), pos)
+        v = b["v"](h).view(T, self.kv_heads, self.hd)
+        x = x + b["o"](slice_attention(q, k, v, layer=i).reshape(T, -1))
+        a, c = b["up"](b["n2"](x)).chunk(2, dim=-1)
+        return x + b["down"](nn.functional.silu(a) * c)
+
     def forward(self, ids, pos):
         x = self.emb(ids)
-        T = ids.shape[0]
-        for i, b in enumerate(self.blocks):
-            h = b["n1"](x)
-            q = self.rope(b["q"](h).view(T, self.heads, self.hd), pos)
-            k = self.rope(b["k"](h).view(T, self.kv_heads, self.hd), pos)
-            v = b["v"](h).view(T, self.kv_heads, self.hd)
-            x = x + b["o"](slice_attention(q, k, v, layer=i).reshape(T, -1))
-            a, c = b["up"](b["n2"](x)).chunk(2, dim=-1)
-            x = x + b["down"](nn.functional.silu(a) * c)
+        for i in range(len(self.blocks)):
+            x = recompute_layer(self.block, i, x, pos)  # checkpointed under recompute="full"
         return self.head(self.norm(x))
 
 

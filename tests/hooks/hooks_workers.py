@@ -96,7 +96,7 @@ PLANS = {
 
 
 def equivalence(
-    rank: int, world: int, names: list[str], ddp: bool = False
+    rank: int, world: int, names: list[str], ddp: bool = False, recompute: str | None = None
 ) -> list[tuple[float, float, float]]:
     """For each plan: (this rank's loss share, reference loss, max relative gradient error)."""
     out = []
@@ -108,7 +108,11 @@ def equivalence(
         model.zero_grad(set_to_none=True)
         wrapped = DistributedDataParallel(model) if ddp else model
         summary = run_step(
-            wrapped, make_payload(plan, rank, toks), forward=tiny_forward, reduce_grads=True
+            wrapped,
+            make_payload(plan, rank, toks),
+            forward=tiny_forward,
+            reduce_grads=True,
+            recompute=recompute,
         )
         out.append((summary.loss, ref_loss, max_rel_err(grads_of(model), ref)))
     return out
@@ -132,7 +136,9 @@ def check_torch_threads(rank: int, world: int) -> int:
     return torch.get_num_threads()
 
 
-def merge_exchanges(rank: int, world: int) -> list[tuple[str, int, int, int, int]]:
+def merge_exchanges(
+    rank: int, world: int, recompute: str | None = None
+) -> list[tuple[str, int, int, int, int]]:
     """Per executed pack of plan ``merge2``: (pass, pack, K/V all-gathers, reduce-scatters,
     all-reduces) this rank made while the pack ran (token all-gathers, which are integer, not
     counted)."""
@@ -173,6 +179,7 @@ def merge_exchanges(rank: int, world: int) -> list[tuple[str, int, int, int, int
             make_payload(plan, rank, doc_tokens(lengths, seed=7)),
             forward=tiny_forward,
             callbacks=[Record()],
+            recompute=recompute,
         )
     finally:
         dist.all_gather, dist.reduce_scatter_tensor, dist.all_reduce = real
@@ -185,6 +192,17 @@ def two_rank_suite(rank: int, world: int) -> tuple[list, tuple, list]:
         equivalence(rank, world, ["merge2", "solver2"], True),
         ddp_no_merge(rank, world),
         merge_exchanges(rank, world),
+    )
+
+
+def recompute_suite(rank: int, world: int) -> tuple[list, list, list]:
+    """2-rank bodies with ``recompute="full"``: DP-Merge plans (bare and DDP), and the merge
+    exchanges with ``full`` and with ``none``."""
+    return (
+        equivalence(rank, world, ["merge2", "solver2"], False, "full")
+        + equivalence(rank, world, ["merge2"], True, "full"),
+        merge_exchanges(rank, world, "full"),
+        merge_exchanges(rank, world, "none"),
     )
 
 
