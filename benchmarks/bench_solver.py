@@ -1,11 +1,13 @@
 """Solver benchmarks (not collected by pytest): heuristic latency and plan quality.
 
-Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|quality|pipeline] [--validate]``
+Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|lockstep-latency|quality|pipeline] [--validate]``
 
 1. Latency of ``solve(..., "slimpack")`` (heuristic, MILP off) on one core for a 1M-token
    global batch over 64 DP ranks and a 4M-token batch over 256 ranks from ``wlb128k.json.gz``
    (median over batches), plus how it grows with batch size; ``validate=False`` unless
    ``--validate`` (the per-step solve; tests and plan shards always validate).
+   ``--only lockstep-latency``: the same for lockstep plans, 4M tokens over 64 ranks, ``pp``
+   1 and 4.
 2. Plan quality from the cost model alone: imbalance degree ``max * n / sum`` of per-rank
    forward, backward and total cost, for every strategy, both length files, contexts 32K /
    128K / 256K (mean over batches). Setting: llama-8b on h100, full recompute, 60 GiB per rank,
@@ -48,18 +50,22 @@ def batches(name: str, tokens: int, n: int, context: int, seed: int = 0):
     return make_batches(docs, tokens, seed)[:n]
 
 
-def latency(quick: bool, validate: bool = False) -> None:
+def latency(quick: bool, validate: bool = False, lockstep: bool = False) -> None:
+    mode = "lockstep" if lockstep else "free"
     print(
-        f"== slimpack heuristic latency (one core, wlb128k, 128K context, 60 GiB, validate={validate}) =="
+        f"== slimpack heuristic latency (one core, wlb128k, 128K context, 60 GiB, {mode}, "
+        f"validate={validate}) =="
     )
     print(
-        f"{'tokens':>8} {'dp':>4} {'docs':>6} {'median ms':>10} {'max ms':>8} {'imbalance':>9}"
-        "  worst fwd / bwd / total"
+        f"{'tokens':>8} {'dp':>4} {'pp':>3} {'docs':>6} {'median ms':>10} {'max ms':>8} "
+        f"{'imbalance':>9}  worst fwd / bwd / total"
     )
-    settings = [(1 << 18, 16), (1 << 20, 64), (1 << 21, 128), (1 << 22, 256)]
-    for tokens, dp in settings:
+    settings = [(1 << 18, 16, 1), (1 << 20, 64, 1), (1 << 21, 128, 1), (1 << 22, 256, 1)]
+    if lockstep:
+        settings = [(1 << 22, 64, 1), (1 << 22, 64, 4)]
+    for tokens, dp, pp in settings:
         bs = batches("wlb128k", tokens, 3 if quick else 8, 131072)
-        layout = Layout(dp=dp, memory_gib=60, context=131072)
+        layout = Layout(dp=dp, pp=pp, memory_gib=60, context=131072, mode=mode)
         times, imb = [], []
         for b in bs:
             t0 = time.perf_counter()
@@ -68,7 +74,7 @@ def latency(quick: bool, validate: bool = False) -> None:
             imb.append((p.meta["imbalance_fwd"], p.meta["imbalance_bwd"], p.meta["imbalance"]))
         w = np.max(imb, axis=0)
         print(
-            f"{tokens:>8} {dp:>4} {np.mean([len(b) for b in bs]):>6.0f} {np.median(times):>10.1f} {max(times):>8.1f} {np.mean(imb, axis=0)[2]:>9.4f}"
+            f"{tokens:>8} {dp:>4} {pp:>3} {np.mean([len(b) for b in bs]):>6.0f} {np.median(times):>10.1f} {max(times):>8.1f} {np.mean(imb, axis=0)[2]:>9.4f}"
             f"  {w[0]:.4f} / {w[1]:.4f} / {w[2]:.4f}"
         )
 
@@ -185,13 +191,17 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer batches")
     ap.add_argument(
-        "--only", choices=["latency", "quality", "pipeline", "memory", "free-sim"], default=None
+        "--only",
+        choices=["latency", "lockstep-latency", "quality", "pipeline", "memory", "free-sim"],
+        default=None,
     )
     ap.add_argument("--no-skew", action="store_true", help="free-sim: solve with skew_merge=False")
     ap.add_argument("--validate", action="store_true", help="time solve() with validation on")
     args = ap.parse_args()
     if args.only in (None, "latency"):
         latency(args.quick, args.validate)
+    if args.only in (None, "lockstep-latency"):
+        latency(args.quick, args.validate, lockstep=True)
     if args.only in (None, "quality"):
         quality(args.quick)
     if args.only in (None, "pipeline"):
