@@ -58,8 +58,8 @@ __all__ = ["assign_lpt", "slimpack", "stage_share"]
 
 MORE_PACKS = (4, 6)
 """With ``pp > 1``, when the best plan of the usual pack counts (1x, 2x, 3x the fewest) has a
-lag below its pack count minus one (memory held the warm-up down), these multiples are tried too: smaller packs
-let the first pipeline stage hold more of them in flight."""
+lag below its pack count minus one (memory held the warm-up down), these multiples are tried
+too: smaller packs let the first pipeline stage hold more of them in flight."""
 
 SKEW_MERGE = True
 """Free mode: also merge documents whose backward/forward skew leaves their rank unbalanced
