@@ -488,11 +488,7 @@ def _phase1(
 
     def buffers(shares) -> dict[int, float]:
         """Each member's merge buffers under ``shares`` (full-model bytes, as ``mem``)."""
-        return {
-            r: group_buffer(view, [shares[m] for m in ranks], gather) / layer_share
-            for ranks, _docs in merges.groups
-            for r in ranks
-        }
+        return _member_buffers(view, merges.groups, shares, gather / layer_share)
 
     rest = np.asarray(sorted(set(range(len(view.docs))) - merges.merged_docs), dtype=np.int64)
     groups = [
@@ -535,6 +531,16 @@ def _phase1(
         )
     units = [[view.slices_of(d) for d in ds] for ds in assign]
     return _Phase1(merges, units, member_slices, moves, info)
+
+
+def _member_buffers(view: BatchView, groups, shares, scale: float) -> dict[int, float]:
+    """``scale`` x one layer's gathered K/V of its group, for every merge member
+    (:func:`~slimdata.solver.merge.group_buffer`; ``shares[r]``: member ``r``'s slices)."""
+    out: dict[int, float] = {}
+    for ranks, _docs in groups:
+        nbytes = scale * group_buffer(view, [shares[m] for m in ranks], 1.0)
+        out.update(dict.fromkeys(ranks, nbytes))
+    return out
 
 
 def _free(view: BatchView, units, member_slices, layout: Layout) -> list[RankPacks]:
@@ -613,11 +619,7 @@ def _lockstep_at(
     estimate: the slowest rank's pipeline (ranks meet at the gradient reduction, as under
     DDP or ZeRO-1/2; FSDP's per-pack gathers can only add to it); ``None`` when a rank does
     not fit."""
-    gather = {
-        r: group_buffer(view, [p1.member_slices[m] for m in ranks], 1.0) / share
-        for ranks, _docs in p1.merges.groups
-        for r in ranks
-    }
+    gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / share)
     packs = []
     for r in range(layout.dp):
         p = pack_rank_lockstep(
