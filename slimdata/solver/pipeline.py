@@ -22,8 +22,9 @@ from functools import lru_cache
 import numpy as np
 
 from slimdata.plan.pipeline import one_f_one_b
+from slimdata.plan.types import StepPlan
 
-__all__ = ["pipeline_time", "pipeline_times"]
+__all__ = ["pipeline_time", "pipeline_times", "plan_pipeline_time"]
 
 
 def pipeline_time(
@@ -54,6 +55,26 @@ def pipeline_times(
             dep = b_end[s + 1, i] if s < pp - 1 else 0.0
             clock[s] = b_end[s, i] = np.maximum(clock[s], dep) + b[i]
     return clock.max(axis=0)
+
+
+def plan_pipeline_time(plan: StepPlan, pp: int) -> float:
+    """The planner's step-time estimate of a lockstep ``plan``: every rank's packs (their
+    ``MicroPack.cost``) through its own order on ``pp`` stages under 1F1B
+    (:func:`~slimdata.solver.pipeline.pipeline_times`), the slowest rank; no communication."""
+    return max(
+        (
+            float(
+                pipeline_times(
+                    np.array([p.cost for p in rs.forward]),
+                    np.array([p.cost for p in rs.backward]),
+                    rs.order,
+                    pp,
+                )[0]
+            )
+            for rs in plan.ranks
+        ),
+        default=0.0,
+    )
 
 
 @lru_cache(maxsize=256)

@@ -51,7 +51,7 @@ from slimdata.solver.merge import (
     plan_merges,
 )
 from slimdata.solver.micropack import RankPacks, pack_rank, pack_rank_lockstep
-from slimdata.solver.pipeline import pipeline_times
+from slimdata.solver.pipeline import pipeline_times, plan_pipeline_time
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
 
 __all__ = ["assign_lpt", "slimpack", "stage_share"]
@@ -416,6 +416,8 @@ def slimpack(
         validate=validate,
     )
     _check_pack_cap(plan, cap)
+    if layout.mode != "free":  # the estimate of the plan as assembled (fused slices priced)
+        plan.meta["pipeline_estimate"] = round(plan_pipeline_time(plan, layout.pp), 6)
     return plan
 
 
