@@ -120,8 +120,10 @@ class BuildConfig:
     """Cost-model preset or JSON model config."""
     device: str = "h100"
     """Device preset of the analytic cost model."""
-    recompute: str = "selective"
-    """Activation recompute policy assumed by the cost model."""
+    recompute: str = "full"
+    """Activation recompute policy assumed by the cost model (``slimdata build --recompute
+    auto``, the default, gives ``full`` from a 32K ``--context`` on, as ``plan`` and
+    ``simulate`` assume)."""
     cost_profile: str | None = None
     """Measured coefficient file (overrides the analytic model)."""
     truncate: int | None = None

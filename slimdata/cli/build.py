@@ -12,10 +12,11 @@ from slimdata.cli.options import (
     MEMORY_BUDGET_OPTIONS,
     PLAN_LAYOUT_OPTIONS,
     POSITIVE_INT,
-    cost_model_options,
+    cost_model_options_auto,
     plan_layout_options,
     resolve_memory,
 )
+from slimdata.cost.states import auto_recompute
 from slimdata.errors import ConfigError
 from slimdata.readers import FORMATS
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
@@ -130,7 +131,7 @@ def _pipeline(name: str | None) -> BuildConfig:
     show_default=True,
     help="Slice length (multiple of 128).",
 )
-@cost_model_options
+@cost_model_options_auto
 @click.option(
     "--truncate",
     type=POSITIVE_INT,
@@ -213,7 +214,8 @@ def command(
 
     Without INPUTS the embedded default corpus is used: the running interpreter's
     standard-library .py sources (PSF-2.0). The cost model defaults to --model
-    llama-8b on --device h100 with selective recompute. Example:
+    llama-8b on --device h100 with --recompute auto (full at the default 128K
+    --context, as `plan` and `simulate` assume). Example:
 
         slimdata build data/*.jsonl.zst -o out/ --workers 8 --compression zstd
 
@@ -235,6 +237,8 @@ def command(
         and ctx.get_parameter_source(name) != ParameterSource.DEFAULT
         and value is not None
     }
+    # the policy `plan` and `simulate` assume by default: full from a 32K context on
+    changes["recompute"] = auto_recompute(options["recompute"], layout["context"])
     if inputs:
         changes["inputs"] = inputs
     config = base.replace(**changes)

@@ -51,7 +51,8 @@ def test_cli_build_options_reach_the_output(built):
         and sidecar["model"] == "llama-1b"
         and sidecar["compression"] == "zstd"
     )
-    assert sidecar["cost_model"]["label"] == "llama-1b@h100/selective"
+    # --recompute auto (the default) at the default 128K --context: full, as plan/simulate
+    assert sidecar["cost_model"]["label"] == "llama-1b@h100/full"
     samples, _ = read_shards(out)
     assert len(samples) == sidecar["counts"]["documents"] == 8
     assert all(np.all(s["slices"][1:-1] % 256 == 0) for s in samples)

@@ -52,7 +52,7 @@ def test_slices_tile_and_costs_match(tmp_path):
     out = tmp_path / "out"
     build(tiny_config(FIXTURES / "docs.jsonl", FIXTURES / "text"), out)
     sidecar = json.loads((out / "slimdata.json").read_text())
-    model = CostModel.analytic("llama-8b", "h100", "selective")
+    model = CostModel.analytic("llama-8b", "h100", "full")  # BuildConfig's default policy
     assert sidecar["cost_model"] == model.to_dict()
     samples, _ = read_shards(out)
     assert any(len(s["slices"]) > 2 for s in samples)  # some document has several slices
