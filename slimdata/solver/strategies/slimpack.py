@@ -588,12 +588,13 @@ def _lockstep(
     buffers; :func:`pack_rank_lockstep`). Returns ``(estimate, packs, lag)``; the smaller lag
     wins ties."""
     best: tuple[float, list[RankPacks], int] | None = None
+    gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / share)
     for m in counts:
         tried: dict[int, tuple[float, list[RankPacks]] | None] = {}
 
         def fits(lag: int, m: int = m, tried=tried) -> bool:
             if lag not in tried:
-                tried[lag] = _lockstep_at(view, p1, layout, m, lag, share)
+                tried[lag] = _lockstep_at(view, p1, layout, m, lag, share, gather)
             return tried[lag] is not None
 
         # invariant: every lag below lo fits, none above hi; on one stage a lag only adds
@@ -615,13 +616,18 @@ def _lockstep(
 
 
 def _lockstep_at(
-    view: BatchView, p1: _Phase1, layout: Layout, m: int, lag: int, share: float
+    view: BatchView,
+    p1: _Phase1,
+    layout: Layout,
+    m: int,
+    lag: int,
+    share: float,
+    gather: dict[int, float],
 ) -> tuple[float, list[RankPacks]] | None:
-    """Every rank's lockstep packs for ``m`` packs and backward ``lag``, with the 1F1B
-    estimate: the slowest rank's pipeline (ranks meet at the gradient reduction, as under
-    DDP or ZeRO-1/2; FSDP's per-pack gathers can only add to it); ``None`` when a rank does
-    not fit."""
-    gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / share)
+    """Every rank's lockstep packs for ``m`` packs and backward ``lag`` (``gather``: each merge
+    member's buffers, full-model bytes), with the 1F1B estimate: the slowest rank's pipeline
+    (ranks meet at the gradient reduction, as under DDP or ZeRO-1/2; FSDP's per-pack gathers
+    can only add to it); ``None`` when a rank does not fit."""
     packs = []
     for r in range(layout.dp):
         p = pack_rank_lockstep(
