@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 UV := $(shell command -v uv 2>/dev/null || echo .uv/bin/uv)
 DEMO_OUT ?= demo-out
 
-.PHONY: setup demo test lint format bench gpu-check clean
+.PHONY: setup demo test lint format docs bench gpu-check clean
 
 setup: $(VENV)/.synced
 
@@ -34,6 +34,14 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The API reference: one HTML page per public module from its docstrings and __all__ (pdoc).
+# A docstring or annotation pdoc cannot resolve is an error (-W error), so CI keeps it whole.
+API_MODULES := slimdata slimdata.cost slimdata.plan slimdata.solver slimdata.sim slimdata.build \
+	slimdata.docsource slimdata.stats slimdata.plots slimdata.slicing slimdata.hooks
+
+docs: setup  ## API reference into site/api (open site/api/index.html)
+	$(BIN)/python -W error::UserWarning -m pdoc -d restructuredtext -o site/api $(API_MODULES)
+
 bench: setup  ## benchmarks print numbers; they are not tests
 	$(BIN)/python benchmarks/bench_build.py --mb 50 200 --repeat 3 --no-warm
 	$(BIN)/python benchmarks/bench_solver.py
@@ -57,4 +65,4 @@ gpu-check:  ## GPU tests and the GPU validation report (see docs/gpu.md)
 	$(GPU_PY) benchmarks/gpu_check.py --out $(GPU_REPORT) --shards $(GPU_SHARDS) --sections $(GPU_SECTIONS)
 
 clean:
-	rm -rf $(DEMO_OUT) .pytest_cache .ruff_cache .mypy_cache .uv
+	rm -rf $(DEMO_OUT) site .pytest_cache .ruff_cache .mypy_cache .uv

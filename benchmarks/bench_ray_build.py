@@ -64,8 +64,11 @@ def make_corpus(source: Path, target: Path, megabytes: int) -> tuple[int, int]:
     return files, total
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every live process."""
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> dict[int, tuple[int, str, float]]:
+    """pid -> (parent pid, command line, CPU seconds so far) of every live process."""
     out = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -76,7 +79,8 @@ def _processes() -> dict[int, tuple[int, str]]:
         except OSError:
             continue
         if stat[0] not in ("Z", "X"):
-            out[int(entry.name)] = (int(stat[1]), cmd.strip())
+            cpu = (int(stat[11]) + int(stat[12])) / _TICK  # utime + stime
+            out[int(entry.name)] = (int(stat[1]), cmd.strip(), cpu)
     return out
 
 
@@ -106,6 +110,7 @@ def run_build(cmd: list[str], out: Path) -> dict:
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peaks: dict[int, tuple[str, int]] = {}
+    cpu: dict[int, float] = {}
     began: dict[int, float] = {}
     ended: dict[int, float] = {}
     peak_sum = 0
@@ -114,13 +119,15 @@ def run_build(cmd: list[str], out: Path) -> dict:
         procs = _processes()
         tree, frontier = {proc.pid}, {proc.pid}
         while frontier:
-            frontier = {p for p, (parent, _) in procs.items() if parent in frontier} - tree
+            frontier = {p for p, (parent, *_) in procs.items() if parent in frontier} - tree
             tree |= frontier
         rss_sum = 0
         for pid in tree:
             hwm, rss = _memory(pid)
             rss_sum += rss
-            role = _role(pid, proc.pid, procs.get(pid, (0, ""))[1])
+            _, cmd_line, seconds = procs.get(pid, (0, "", 0.0))
+            cpu[pid] = max(cpu.get(pid, 0.0), seconds)
+            role = _role(pid, proc.pid, cmd_line)
             if hwm > peaks.get(pid, ("", 0))[1]:
                 peaks[pid] = (role, hwm)
         peak_sum = max(peak_sum, rss_sum)
@@ -147,6 +154,7 @@ def run_build(cmd: list[str], out: Path) -> dict:
             r: {"processes": len(v), "max_bytes": max(v)} for r, v in roles.items()
         },
         "peak_summed_rss_bytes": peak_sum,
+        "cpu_s": sum(cpu.values()),
         "task_seconds": {i: ended[i] - began[i] for i in ended if i in began},
         "first_task_s": min(began.values()) if began else None,
         "last_task_s": max(ended.values()) if ended else None,
@@ -205,6 +213,8 @@ def main() -> None:
                 "tokens": counts["tokens"],
                 "tasks": counts["tasks"],
                 "tokens_per_s": round(counts["tokens"] / r["wall_s"]),
+                "cpu_s": round(r["cpu_s"], 1),
+                "tokens_per_cpu_s": round(counts["tokens"] / r["cpu_s"]),
                 "load_avg_1m_after": os.getloadavg()[0],
                 "peak_summed_rss_gib": round(r["peak_summed_rss_bytes"] / 2**30, 2),
                 "peak_rss_gib_by_role": {

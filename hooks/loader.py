@@ -34,7 +34,7 @@ from slimdata.errors import ConfigError, PlanError, SlimdataError
 from slimdata.mdsindex import check_dataset, local_dirs
 from slimdata.plan import Document
 from slimdata.planning import SIDECAR_NAME, build_cost_model
-from slimdata.solver import PlanConfig, solve
+from slimdata.solver import Layout, PlanConfig, solve  # noqa: F401  (Layout: LoaderConfig's inherited annotation, resolved by the API reference)
 from slimdata.solver.planshards import check_payload, check_plan_sidecar, payload_positions
 
 __all__ = ["DocumentLoader", "LoaderConfig", "PlanShardLoader", "documents_of"]
