@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 import click
 import numpy as np
 
+from slimdata.cli.options import renamed_option
 from slimdata.cost import CostModel, ModelConfig, load_model_config
 from slimdata.errors import ConfigError
 
@@ -536,8 +537,13 @@ def _ints(text: str) -> tuple[int, ...]:
     help="Cost profile JSON to write.",
 )
 @click.option(
-    "--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1)."
+    "--torch-device",
+    "device",
+    default="cpu",
+    show_default=True,
+    help="torch device to measure on (cpu, cuda, cuda:1).",
 )
+@renamed_option("--device", "device", "--torch-device")
 @click.option(
     "--dtype",
     type=click.Choice(["float32", "bfloat16", "float16"]),
@@ -611,7 +617,12 @@ def command(
     stat,
     measurements,
 ) -> None:
-    """Measure forward/backward time of slices on this device and fit cost-model coefficients."""
+    """Measure forward/backward time of slices on this device and fit cost-model coefficients.
+
+    \b
+    Example (the profile then feeds --cost-profile of build, plan and simulate):
+        slimdata profile --model llama-1b --torch-device cuda --dtype bfloat16 -o profile.json
+    """
     cfg = ProfileConfig(
         slice_tokens=_ints(slice_tokens),
         prefixes=_ints(prefixes),

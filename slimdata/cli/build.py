@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 from click.core import ParameterSource
 
@@ -13,8 +11,10 @@ from slimdata.cli.options import (
     PLAN_LAYOUT_OPTIONS,
     POSITIVE_INT,
     cost_model_options_auto,
+    json_option,
     plan_layout_options,
     resolve_memory,
+    write_json,
 )
 from slimdata.cost.states import auto_recompute
 from slimdata.errors import ConfigError
@@ -194,9 +194,7 @@ def _pipeline(name: str | None) -> BuildConfig:
 )
 @plan_layout_options(required=False)
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary.")
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print the sidecar (counts, fingerprint) as JSON."
-)
+@json_option("the sidecar (counts, fingerprint)")
 @click.pass_context
 def command(
     ctx: click.Context,
@@ -207,16 +205,18 @@ def command(
     resume: bool,
     plan_dir: str | None,
     quiet: bool,
-    as_json: bool,
+    json_path: str | None,
     **options,
 ) -> None:
     """Tokenize, slice and cost-annotate INPUTS (files, directories, globs) into MDS shards.
 
     Without INPUTS the embedded default corpus is used: the running interpreter's
     standard-library .py sources (PSF-2.0). The cost model defaults to --model
-    llama-8b on --device h100 with --recompute auto (full at the default 128K
-    --context, as `plan` and `simulate` assume). Example:
+    llama-8b on --cost-device h100 with --recompute auto (full at the default 128K
+    --context, as `plan` and `simulate` assume).
 
+    \b
+    Example:
         slimdata build data/*.jsonl.zst -o out/ --workers 8 --compression zstd
 
     On a Ray cluster (same output): --engine ray [--address auto].
@@ -243,9 +243,10 @@ def command(
         changes["inputs"] = inputs
     config = base.replace(**changes)
     summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
-    if as_json:
-        click.echo(json.dumps(summary.sidecar, indent=1, sort_keys=True))
-    elif not quiet:
+    text = not quiet and json_path != "-"  # `--json` alone: standard output holds only JSON
+    if json_path is not None:
+        write_json(summary.sidecar, json_path)
+    if text:
         c = summary.counts
         click.echo(
             f"wrote {c['documents']:,} documents, {c['tokens']:,} tokens, {c['slices']:,} slices to {output} "
@@ -275,7 +276,7 @@ def command(
             1,
         )
         plan = plan_to_shards(plan_dir, shards=output, slice_tokens=config.slice_tokens, **layout)
-        if not quiet:
+        if text:
             click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
             click.echo(
                 f"wrote plan shards for {plan['steps']} steps to {plan_dir} "

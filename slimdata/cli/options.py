@@ -36,9 +36,12 @@ __all__ = [
     "cost_model_from_options",
     "cost_model_options",
     "cost_model_options_auto",
+    "json_option",
     "memory_budget_options",
     "plan_layout_options",
+    "renamed_option",
     "resolve_memory",
+    "write_json",
 ]
 
 DEFAULT_MODEL = "llama-8b"
@@ -61,7 +64,8 @@ POSITIVE_FLOAT = FiniteFloatRange(min=0.0, min_open=True)
 
 
 def cost_model_options(fn: Callable[..., Any], recompute: str = "selective") -> Callable[..., Any]:
-    """Add ``--model``, ``--device``, ``--recompute`` and ``--cost-profile``."""
+    """Add ``--model``, ``--cost-device``, ``--recompute`` and ``--cost-profile`` (parameters
+    ``model``, ``device``, ``recompute``, ``cost_profile``)."""
     fn = click.option(
         "--cost-profile",
         type=click.Path(exists=True, dir_okay=False),
@@ -76,11 +80,13 @@ def cost_model_options(fn: Callable[..., Any], recompute: str = "selective") -> 
         help="Activation recompute policy assumed by the memory and backward-time model"
         + (" (auto: full from a 32K context on, else selective)." if recompute == "auto" else "."),
     )(fn)
+    fn = renamed_option("--device", "device", "--cost-device")(fn)
     fn = click.option(
-        "--device",
+        "--cost-device",
+        "device",
         default="h100",
         show_default=True,
-        help=f"Device preset for the analytic model: {', '.join(sorted(DEVICE_PRESETS))}.",
+        help=f"Device preset of the cost model: {', '.join(sorted(DEVICE_PRESETS))}.",
     )(fn)
     fn = click.option(
         "--model",
@@ -121,7 +127,7 @@ def memory_budget_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--memory-gib",
             type=POSITIVE_FLOAT,
             default=None,
-            help="Per-device budget for activations and K/V, GiB [default: 90% of the --device "
+            help="Per-device budget for activations and K/V, GiB [default: 90% of the --cost-device "
             "memory minus the model states of --model under --parallelism and --optimizer]. "
             "Every strategy must fit it.",
         ),
@@ -240,5 +246,59 @@ def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callab
         for opt in reversed(opts):
             fn = opt(fn)
         return memory_budget_options(fn)
+
+    return decorate
+
+
+def json_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--json [FILE]`` (parameter ``json_path``), the same in every command: the command's
+    machine-readable result written to FILE, or to standard output when FILE is left out or
+    is ``-`` (instead of the text report)."""
+    return click.option(
+        "--json",
+        "json_path",
+        is_flag=False,
+        flag_value="-",
+        default=None,
+        metavar="[FILE]",
+        help=f"Write {what} as JSON to FILE; to standard output without FILE (or with -).",
+    )
+
+
+def write_json(payload: Any, json_path: str) -> None:
+    """Write ``payload`` where ``--json`` said (see :func:`json_option`)."""
+    import json
+    from pathlib import Path
+
+    text = json.dumps(payload, indent=1, sort_keys=True, default=float)
+    if json_path == "-":
+        click.echo(text)
+    else:
+        Path(json_path).write_text(text + "\n")
+        click.echo(f"wrote {json_path}")
+
+
+def renamed_option(
+    old: str, param: str, new: str, **option: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Keep ``old``, the former name of ``new`` (parameter ``param``), working: hidden from
+    ``--help``, it warns once on standard error and sets ``param`` (over ``new``'s value)."""
+    import functools
+
+    alias = f"_{param}_renamed"
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            value = kwargs.pop(alias)
+            if value is not None:
+                click.echo(f"Warning: {old} is now {new}; {old} will be removed.", err=True)
+                kwargs[param] = value
+                click.get_current_context().set_parameter_source(
+                    param, click.core.ParameterSource.COMMANDLINE
+                )
+            return fn(*args, **kwargs)
+
+        return click.option(old, alias, hidden=True, default=None, **option)(wrapper)
 
     return decorate

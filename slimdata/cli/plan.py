@@ -10,8 +10,11 @@ from slimdata.cli.options import (
     POSITIVE_INT,
     cost_model_from_options,
     cost_model_options_auto,
+    json_option,
     plan_layout_options,
+    renamed_option,
     resolve_memory,
+    write_json,
 )
 
 __all__ = ["command"]
@@ -37,27 +40,44 @@ _COST_OPTIONS = ("model", "device", "recompute", "cost_profile")
 )
 @click.option(
     "-o",
-    "--out",
-    required=True,
+    "--output",
+    "out",
+    required=False,
     type=click.Path(file_okay=False),
-    help="Output directory for plan shards.",
+    help="Output directory for plan shards.  [required]",
 )
+@renamed_option("--out", "out", "--output", type=click.Path(file_okay=False))
+@json_option("the summary (steps, imbalance, solve time, memory budget)")
 @cost_model_options_auto
 @click.pass_context
 def command(
-    ctx: click.Context, shards, lengths, out, model, device, recompute, cost_profile, **layout
+    ctx: click.Context,
+    shards,
+    lengths,
+    out,
+    json_path,
+    model,
+    device,
+    recompute,
+    cost_profile,
+    **layout,
 ) -> None:
     """Solve packing plans for an epoch and write one MDS sample per (step, rank).
 
     From SHARDS (a `slimdata build` output) the plan uses the build's cost model unless a
-    cost option is given, and every payload carries its rank's tokens. Example:
+    cost option is given, and every payload carries its rank's tokens.
 
+    \b
+    Example:
         slimdata plan out/ --nodes 2 --ranks-per-node 8 --global-batch-tokens 1048576 -o plan/
 
-    The memory budget defaults to what the --device leaves after the model states
+    The memory budget defaults to what the --cost-device leaves after the model states
     (--parallelism, --optimizer), as in `slimdata simulate`; --memory-gib sets it.
     """
     from slimdata.planning import build_cost_model, plan_to_shards
+
+    if out is None:
+        raise click.UsageError("Missing option '-o' / '--output'.")
 
     explicit = any(
         ctx.get_parameter_source(name) != ParameterSource.DEFAULT for name in _COST_OPTIONS
@@ -79,9 +99,15 @@ def command(
         1,
     )
     summary = plan_to_shards(out, shards=shards, lengths=lengths, cost=cost, **layout)
+    result = {**summary, "memory_gib": layout["memory_gib"], "memory_budget": how}
+    if json_path == "-":
+        write_json(result, json_path)
+        return
     click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
     click.echo(
         f"wrote {summary['steps']} steps x {layout['nodes'] * layout['ranks_per_node']} ranks to {out} "
         f"(strategy {layout['strategy']}, mean imbalance {summary['mean_imbalance']:.4f}, "
         f"solve {summary['solve_ms_total']:.0f} ms total)"
     )
+    if json_path is not None:
+        write_json(result, json_path)

@@ -6,9 +6,6 @@ best configuration within ``--memory-gib``, same work stated, a plan-independent
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import click
 
 from slimdata.cli.options import (
@@ -17,20 +14,19 @@ from slimdata.cli.options import (
     FiniteFloatRange,
     cost_model_from_options,
     cost_model_options_auto,
+    json_option,
     memory_budget_options,
+    renamed_option,
     resolve_memory,
+    write_json,
 )
 
 __all__ = ["command"]
 
 
 @click.command("simulate")
-@click.option(
-    "--shards",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Document shards from `slimdata build` (reads manifest.parquet).",
-)
+@click.argument("shards", required=False, type=click.Path(exists=True, file_okay=False))
+@renamed_option("--shards", "shards", "SHARDS", type=click.Path(exists=True, file_okay=False))
 @click.option(
     "--lengths",
     type=click.Path(exists=True, dir_okay=False),
@@ -118,13 +114,7 @@ __all__ = ["command"]
     show_default=True,
     help="Documents longer than --context (applied alike to every strategy).",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write config and per-strategy means as JSON.",
-)
+@json_option("the settings and per-strategy results (docs/simulate.md, 'JSON contract')")
 @click.option(
     "--gantt",
     type=click.Path(dir_okay=False),
@@ -165,6 +155,10 @@ def command(
     configuration (static CP size taken out of DP, micro-batches, 1F1B or interleaved;
     --baseline-config). Strategies that cut documents (concat) are marked '*': they
     compute fewer attention pairs. 'bound' is a plan-independent lower bound of the step.
+
+    \b
+    Example (SHARDS from `slimdata build`, or a --lengths file):
+        slimdata simulate --lengths lengths.json.gz --dp 16 --pp 4 --json result.json
     """
     from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
     from slimdata.errors import ConfigError
@@ -173,7 +167,7 @@ def command(
     from slimdata.solver import STRATEGIES, Layout
 
     if (shards is None) == (lengths is None):
-        raise ConfigError("give exactly one of --shards DIR or --lengths FILE")
+        raise ConfigError("give exactly one of SHARDS (a build directory) or --lengths FILE")
     docs = load_shard_documents(shards) if shards else documents_from_lengths(load_lengths(lengths))
     cost = cost_model_from_options(model, device, recompute, cost_profile, context)
     memory_gib, memory_how = resolve_memory(
@@ -215,14 +209,16 @@ def command(
         optimizer=optimizer,
         memory_budget=memory_how,
     )
+    if json_path == "-":
+        write_json(cmp.to_dict(), json_path)
+        return
     click.echo(
         f"{len(docs)} documents, {cost.label or cost.source}, dp={dp} pp={pp} context={context}, {cmp.config['global_batch_tokens']} tokens/step, {steps} step(s)"
     )
     click.echo(format_table(cmp))
     click.echo(f"memory budget {memory_gib:.1f} GiB per device: {memory_how}")
-    if json_path:
-        Path(json_path).write_text(json.dumps(cmp.to_dict(), indent=2, default=float))
-        click.echo(f"wrote {json_path}")
+    if json_path is not None:
+        write_json(cmp.to_dict(), json_path)
     if gantt:
         from slimdata.sim.gantt import draw_gantt
 

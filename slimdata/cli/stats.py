@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import click
+
+from slimdata.cli.options import json_option, write_json
 
 __all__ = ["command"]
 
 
 @click.command("stats")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@json_option("the summary")
 @click.option(
     "--plots",
     "plots_dir",
@@ -19,8 +19,13 @@ __all__ = ["command"]
     default=None,
     help="Write lengths.png and shares.png here.",
 )
-def command(directory: str, as_json: bool, plots_dir: str | None) -> None:
-    """Documents, tokens, length percentiles and the tail's share of tokens and attention work."""
+def command(directory: str, json_path: str | None, plots_dir: str | None) -> None:
+    """Documents, tokens, length percentiles and the tail's share of tokens and attention work.
+
+    \b
+    Example:
+        slimdata stats demo-out --plots demo-out/plots --json demo-out/stats.json
+    """
     from slimdata.stats import format_stats, shard_stats
 
     stats = shard_stats(directory)
@@ -28,9 +33,11 @@ def command(directory: str, as_json: bool, plots_dir: str | None) -> None:
         from slimdata.plots import write_plots
 
         stats["plots"] = [str(p) for p in write_plots(directory, plots_dir)]
-    if as_json:
-        click.echo(json.dumps(stats, indent=1))
-    else:
-        click.echo(format_stats(stats))
-        for path in stats.get("plots", []):
-            click.echo(f"plot         {path}")
+    if json_path == "-":
+        write_json(stats, json_path)
+        return
+    click.echo(format_stats(stats))
+    for path in stats.get("plots", []):
+        click.echo(f"plot         {path}")
+    if json_path is not None:
+        write_json(stats, json_path)

@@ -89,7 +89,7 @@ def test_cli_asymmetric_split_beats_recompute(lengths_file, tmp_path):
 
 def test_cli_needs_exactly_one_input(lengths_file):
     res = CliRunner().invoke(cli, ["simulate"])
-    assert res.exit_code != 0 and "exactly one of --shards" in res.output
+    assert res.exit_code != 0 and "exactly one of SHARDS" in res.output
     res = CliRunner().invoke(
         cli, ["simulate", "--lengths", str(lengths_file), "--strategies", "nope"]
     )
