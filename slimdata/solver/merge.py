@@ -230,106 +230,147 @@ def plan_merges(
     tokens (a document that cannot be shared that way stays whole on one rank, in several
     packs).
     """
-    out = MergePlan()
-    n_docs = len(view.docs)
-    if n_docs == 0:
-        return out
+    groups = _Groups(free=list(range(dp)))
+    if len(view.docs) == 0:
+        return groups.plan
     time = view.doc_fwd + view.doc_bwd
-    balanced = float(time.sum()) / dp
-    whole = mem if whole is None else whole
-    must_or_long = (view.doc_mem > whole) | (time > share * balanced)
-    k_skew = np.zeros(n_docs, dtype=np.int64)
+    rule = _Rule(
+        view, dp, mem, packs, float(time.sum()) / dp, gather, layer_share, cap,
+        mem if whole is None else whole,
+    )  # fmt: skip
+    k_skew = np.zeros(len(view.docs), dtype=np.int64)
+    must_or_long = (view.doc_mem > rule.whole) | (time > share * rule.balanced)
     if packs == 1 and balance_ratio and dp > 1:
         k_skew = skew_group_sizes(view, dp, must_or_long, tol=ratio_tol)
-    cand = np.flatnonzero(must_or_long | (k_skew >= 2))
-    cand = cand[np.argsort(-time[cand], kind="stable")]
-    free = list(range(dp))
-
-    def buffer_of(members) -> float:  # full-model bytes, as ``mem``
-        return group_buffer(view, members, gather) / layer_share
-
-    group_slices: list[list[int]] = []
-    group_load: list[float] = []
-    for d in cand.tolist():
-        sl = list(view.slices_of(d))
-        must = bool(view.doc_mem[d] > whole)
-        doc = view.docs[d]
-        k_time = max(
-            2, math.ceil(time[d] * packs / balanced) if balanced > 0 else 2, int(k_skew[d])
-        )
-        k_max = min(len(sl), dp)
-        k, members = (None, None)
-        if k_max >= 2:
-            k_cap = math.ceil(float(view.doc_len[d]) / cap) if math.isfinite(cap) else 2
-            k, members = _smallest_k(
-                view,
-                sl,
-                min(max(k_time, k_cap), k_max),
-                k_max,
-                mem,
-                float(view.doc_fwd.sum()) / (dp * packs),
-                float(view.doc_bwd.sum()) / (dp * packs),
-                fill=0.9 if packs == 1 else 1.0,
-                cap=cap,
-                buffer_of=buffer_of,
-            )
-            if k is not None and packs > 1 and k > 2:
-                k, members = _closest_to_one_pack(
-                    view, sl, k, members, mem, balanced, packs, cap, buffer_of
-                )
+    candidates = np.flatnonzero(must_or_long | (k_skew >= 2))
+    for d in candidates[np.argsort(-time[candidates], kind="stable")].tolist():
+        must = bool(view.doc_mem[d] > rule.whole)
+        k, members = _group_size(rule, d, float(time[d]), int(k_skew[d]))
         if k is None:
             if must:
-                raise PlanError(
-                    f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {len(sl)} slices) needs "
-                    f"{view.doc_mem[d] * layer_share / GIB:.1f} GiB but the memory cap is "
-                    f"{mem * layer_share / GIB:.1f} GiB per device and even {k_max} merged ranks cannot "
-                    "hold it"
-                    + (
-                        f" (each member also holds {gather:g}x one layer's gathered K/V, "
-                        f"{gather * view.gathered_kv_per_token * doc.length / GIB:.1f} GiB or more)"
-                        if gather > 0
-                        else ""
-                    )
-                    + ": raise --memory-gib, cut finer slices, or use --oversize split|truncate"
-                )
+                raise _too_large(rule, d)
             continue
         assert members is not None  # _smallest_k returns k and members together
-        if k <= len(free):
-            ranks = tuple(free[:k])
-            del free[:k]
-            group_slices.append(sl)
-            group_load.append(float(time[d]) / k)
-            out.groups.append((ranks, (d,)))
-            for r, ms in zip(ranks, members, strict=True):
-                out.member_slices[r] = ms
-            out.merged_docs.add(d)
-            continue
-        # no free ranks left: join the least loaded group that can hold it
-        # (a group may grow by the free ranks left: a rank serves one group per step)
-        placed = False
-        for g, extra in sorted(
-            ((g, e) for g in range(len(out.groups)) for e in range(len(free) + 1)),
-            key=lambda ge: (ge[1], group_load[ge[0]]),
-        ):
-            ranks, gdocs = out.groups[g]
-            merged = group_slices[g] + sl
-            members, loads, peak = split_group(view, merged, len(ranks) + extra)
-            if _fits(view, members, peak, mem, buffer_of, cap):
-                ranks = (*ranks, *free[:extra])
-                del free[:extra]
-                group_slices[g] = merged
-                group_load[g] = float(loads.max())
-                out.groups[g] = (ranks, (*gdocs, d))
-                for r, ms in zip(ranks, members, strict=True):
-                    out.member_slices[r] = ms
-                out.merged_docs.add(d)
-                placed = True
-                break
-        if not placed and must:
-            raise PlanError(
-                f"document doc_id {doc.doc_id!r} ({doc.length} tokens) needs a merge group of {k} "
-                f"ranks (memory cap {mem * layer_share / GIB:.1f} GiB per device) but only {len(free)} of {dp} ranks "
-                "are free and no existing group can absorb it: raise --memory-gib or the DP size, "
-                "lower --global-batch-tokens, or use --oversize split|truncate"
-            )
-    return out
+        if k <= len(groups.free):
+            groups.open(d, list(view.slices_of(d)), members, float(time[d]) / k)
+        elif not groups.join(rule, d) and must:
+            raise _no_room(rule, d, k, len(groups.free))
+    return groups.plan
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What a merge group must respect in one batch (the arguments of :func:`plan_merges`)."""
+
+    view: BatchView
+    dp: int
+    mem: float
+    packs: int
+    balanced: float
+    gather: float
+    layer_share: float
+    cap: float
+    whole: float
+
+    def buffer_of(self, members) -> float:  # full-model bytes, as ``mem``
+        return group_buffer(self.view, members, self.gather) / self.layer_share
+
+
+def _group_size(rule: _Rule, d: int, time: float, k_skew: int):
+    """``(k, members)``: the fewest ranks that carry document ``d`` (module docstring), or
+    ``(None, None)`` when no group of at most ``dp`` ranks holds it."""
+    view, packs, balanced = rule.view, rule.packs, rule.balanced
+    sl = list(view.slices_of(d))
+    k_max = min(len(sl), rule.dp)
+    if k_max < 2:
+        return None, None
+    k_time = max(2, math.ceil(time * packs / balanced) if balanced > 0 else 2, k_skew)
+    k_cap = math.ceil(float(view.doc_len[d]) / rule.cap) if math.isfinite(rule.cap) else 2
+    k, members = _smallest_k(
+        view,
+        sl,
+        min(max(k_time, k_cap), k_max),
+        k_max,
+        rule.mem,
+        float(view.doc_fwd.sum()) / (rule.dp * packs),
+        float(view.doc_bwd.sum()) / (rule.dp * packs),
+        fill=0.9 if packs == 1 else 1.0,
+        cap=rule.cap,
+        buffer_of=rule.buffer_of,
+    )
+    if k is not None and packs > 1 and k > 2:
+        k, members = _closest_to_one_pack(
+            view, sl, k, members, rule.mem, balanced, packs, rule.cap, rule.buffer_of
+        )
+    return k, members
+
+
+@dataclass
+class _Groups:
+    """The groups chosen so far, their slices and loads, and the ranks still free."""
+
+    free: list[int]
+    plan: MergePlan = field(default_factory=MergePlan)
+    slices: list[list[int]] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
+
+    def open(self, d: int, slices: list[int], members: Sequence[list[int]], load: float) -> None:
+        """A new group of the lowest free ranks for document ``d`` (its ``slices``)."""
+        ranks = tuple(self.free[: len(members)])
+        del self.free[: len(members)]
+        self.slices.append(slices)
+        self.load.append(load)
+        self.plan.groups.append((ranks, (d,)))
+        self._assign(ranks, members, d)
+
+    def join(self, rule: _Rule, d: int) -> bool:
+        """No free ranks left for ``d``'s own group: join the group that can hold it with the
+        fewest free ranks added (then the least loaded); a rank serves one group per step."""
+        options = ((g, e) for g in range(len(self.plan.groups)) for e in range(len(self.free) + 1))
+        for g, extra in sorted(options, key=lambda ge: (ge[1], self.load[ge[0]])):
+            ranks, docs = self.plan.groups[g]
+            merged = self.slices[g] + list(rule.view.slices_of(d))
+            members, loads, peak = split_group(rule.view, merged, len(ranks) + extra)
+            if _fits(rule.view, members, peak, rule.mem, rule.buffer_of, rule.cap):
+                ranks = (*ranks, *self.free[:extra])
+                del self.free[:extra]
+                self.slices[g] = merged
+                self.load[g] = float(loads.max())
+                self.plan.groups[g] = (ranks, (*docs, d))
+                self._assign(ranks, members, d)
+                return True
+        return False
+
+    def _assign(self, ranks, members, d: int) -> None:
+        for r, ms in zip(ranks, members, strict=True):
+            self.plan.member_slices[r] = ms
+        self.plan.merged_docs.add(d)
+
+
+def _too_large(rule: _Rule, d: int) -> PlanError:
+    view, doc = rule.view, rule.view.docs[d]
+    k_max = min(len(view.slices_of(d)), rule.dp)
+    buffers = (
+        f" (each member also holds {rule.gather:g}x one layer's gathered K/V, "
+        f"{rule.gather * view.gathered_kv_per_token * doc.length / GIB:.1f} GiB or more)"
+        if rule.gather > 0
+        else ""
+    )
+    return PlanError(
+        f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {len(view.slices_of(d))} slices) "
+        f"needs {view.doc_mem[d] * rule.layer_share / GIB:.1f} GiB but the memory cap is "
+        f"{rule.mem * rule.layer_share / GIB:.1f} GiB per device and even {k_max} merged ranks "
+        f"cannot hold it{buffers}: raise --memory-gib, cut finer slices, or use --oversize "
+        "split|truncate"
+    )
+
+
+def _no_room(rule: _Rule, d: int, k: int, free: int) -> PlanError:
+    doc = rule.view.docs[d]
+    return PlanError(
+        f"document doc_id {doc.doc_id!r} ({doc.length} tokens) needs a merge group of {k} "
+        f"ranks (memory cap {rule.mem * rule.layer_share / GIB:.1f} GiB per device) but only "
+        f"{free} of {rule.dp} ranks are free and no existing group can absorb it: raise "
+        "--memory-gib or the DP size, lower --global-batch-tokens, or use --oversize "
+        "split|truncate"
+    )
