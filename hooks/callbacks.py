@@ -7,7 +7,7 @@ need. The executor calls them in list order on the rank that runs :func:`run_ste
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -135,6 +135,3 @@ class BalanceMeter(Callback):
             }
         )
 
-
-def summary_dict(summary: StepSummary) -> dict:
-    return asdict(summary)

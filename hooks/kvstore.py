@@ -51,9 +51,6 @@ class KVStore:
             return None, None
         return kv[0].grad, kv[1].grad
 
-    def has(self, layer: int, sl: Slice) -> bool:
-        return layer in self._kv.get(sl, {})
-
     def drop(self, sl: Slice) -> None:
         """Forget a slice once its backward has run (no reader is left)."""
         self._kv.pop(sl, None)

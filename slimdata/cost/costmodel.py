@@ -236,10 +236,6 @@ class CostModel:
         """Backward seconds of one MicroPack of slices ``[starts[i], ends[i])``."""
         return float(np.sum(self.backward(starts, ends))) + self.bwd_pack_const
 
-    def document_time(self, length) -> np.ndarray:
-        """Forward + backward seconds of whole documents run as one slice each."""
-        return self.forward(0, length) + self.backward(0, length)
-
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def analytic(

@@ -57,11 +57,6 @@ class SimResult:
     def over_memory(self) -> bool:
         return bool(self.peak_memory.max() > self.memory_limit) if self.peak_memory.size else False
 
-    @property
-    def efficiency(self) -> float:
-        """``lower_bound / step_time`` (1.0: the plan is as fast as any schedule can be)."""
-        return self.lower_bound / self.step_time if self.step_time > 0 else 1.0
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "step_time": self.step_time,

@@ -59,6 +59,3 @@ class Layout:
     @property
     def token_cap(self) -> int:
         return self.pack_tokens or self.context
-
-    def node_of(self, rank: int) -> int:
-        return rank // self.ranks_per_node
