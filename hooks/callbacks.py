@@ -134,4 +134,3 @@ class BalanceMeter(Callback):
                 "imbalance": max(busy) * len(busy) / sum(busy) if sum(busy) > 0 else 1.0,
             }
         )
-
