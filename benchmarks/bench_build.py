@@ -141,8 +141,8 @@ def warm_one(corpus: str, out: str, tokenizer: str, workers: int) -> dict[str, f
     import pyarrow as pa
     import streaming  # noqa: F401 - torch import, outside the timed region
 
-    from slimdata.build import BuildConfig, build
-    from slimdata.build.task import cached_tokenizer
+    from slimdata.ingest import BuildConfig, build
+    from slimdata.ingest.task import cached_tokenizer
 
     pa.array([0])
     cached_tokenizer(tokenizer, None)
@@ -185,7 +185,7 @@ def mark(what):
     rows.append({"at_s": round(time.perf_counter() - T0, 2), "cpu_s": round(time.process_time(), 2), "what": what})
 mark("interpreter started")
 from slimdata.cli import cli
-import slimdata.build.run as run
+import slimdata.ingest.run as run
 def timed(name):
     inner = getattr(run, name)
     def wrapper(*args, **kwargs):
@@ -266,10 +266,10 @@ def main() -> None:
     if args.pycache:
         ENV.pop("PYTHONDONTWRITEBYTECODE", None)
         ENV["PYTHONPYCACHEPREFIX"] = str(Path(args.pycache).resolve())
-        warm_up = "import streaming, pyarrow.parquet, pandas, slimdata.cli.build, slimdata.build"
+        warm_up = "import streaming, pyarrow.parquet, pandas, slimdata.cli.build, slimdata.ingest"
         subprocess.run([sys.executable, "-c", warm_up], check=True, env=ENV)
 
-    from slimdata.build import BuildConfig
+    from slimdata.ingest import BuildConfig
 
     batch_chars = BuildConfig().batch_chars
     rayon = {"RAYON_NUM_THREADS": str(args.workers)}

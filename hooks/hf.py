@@ -23,6 +23,8 @@ from slimdata.hooks.continuation import active_context
 from slimdata.hooks.loss import HiddenStates
 from torch import nn
 
+from slimdata.errors import ConfigError
+
 __all__ = ["NAME", "hf_hidden_forward", "register", "slimdata_attention"]
 
 NAME = "slimdata"
@@ -39,11 +41,11 @@ def slimdata_attention(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if ctx is not None:
         if query.shape[0] != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"slimdata packs run as one packed row; got batch size {query.shape[0]}"
             )
         if dropout:
-            raise ValueError(
+            raise ConfigError(
                 "slimdata needs a deterministic forward (backward packs may recompute it): set attention_dropout=0"
             )
         out = ctx.attend(

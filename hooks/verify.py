@@ -25,7 +25,7 @@ from slimdata.hooks.executor import ForwardFn, run_step
 from slimdata.hooks.payload import make_payload
 from torch import nn
 
-from slimdata.errors import PlanError
+from slimdata.errors import ConfigError, PlanError
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 
 __all__ = ["equivalence_report", "grad_error", "run_plan", "whole_document_plan"]
@@ -73,7 +73,7 @@ def grad_error(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> fl
     for name, r in ref.items():
         denom = float(r.norm())
         if denom == 0:
-            raise ValueError(f"reference gradient of {name} is zero: the comparison is vacuous")
+            raise ConfigError(f"reference gradient of {name} is zero: the comparison is vacuous")
         errs.append(float((got[name] - r).norm()) / denom)
     return max(errs)
 

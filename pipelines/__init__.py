@@ -13,7 +13,7 @@ from pipelines.books import books
 from pipelines.code import code
 from pipelines.stdlib import stdlib
 from pipelines.web import web
-from slimdata.build import BuildConfig
+from slimdata.ingest import BuildConfig
 
 __all__ = ["PIPELINES", "books", "code", "stdlib", "web"]
 

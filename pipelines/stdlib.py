@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from slimdata.build import BuildConfig
 from slimdata.corpus import default_corpus_config
+from slimdata.ingest import BuildConfig
 
 
 def stdlib() -> BuildConfig:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slimdata.build import BuildConfig
+from slimdata.ingest import BuildConfig
 
 
 def web() -> BuildConfig:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from slimdata.hooks.attention.base import VarlenBatch, register_backend
 
+from slimdata.errors import ConfigError
+
 __all__ = ["AVAILABLE", "flash_varlen"]
 
 try:  # pragma: no cover - not installed on CPU machines
@@ -24,7 +26,7 @@ def flash_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch, scale: float, mask=None
 ) -> torch.Tensor:  # pragma: no cover - needs a GPU
     if flash_attn_varlen_func is None:
-        raise RuntimeError(
+        raise ConfigError(
             "flash_attn is not installed: pip install 'slimdata[gpu]' on a CUDA machine"
         )
     return flash_attn_varlen_func(

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from slimdata.hooks.attention.base import VarlenBatch, register_backend
 
+from slimdata.errors import ConfigError
+
 __all__ = ["AVAILABLE", "torch_varlen"]
 
 try:
@@ -27,7 +29,9 @@ def torch_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch, scale: float
 ) -> torch.Tensor:  # pragma: no cover - needs a CUDA device
     if varlen_attn is None:
-        raise RuntimeError("torch.nn.attention.varlen needs torch >= 2.10")
+        raise ConfigError(
+            "torch.nn.attention.varlen needs torch >= 2.10: upgrade torch or use backend='sdpa'"
+        )
     rep = q.shape[1] // k.shape[1]
     if rep > 1:  # grouped-query attention: query head h reads key head h // rep
         k = k.repeat_interleave(rep, dim=1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-from slimdata.build.config import ENGINES, BuildConfig
 from slimdata.cli.options import (
     MEMORY_BUDGET_OPTIONS,
     PLAN_LAYOUT_OPTIONS,
@@ -18,6 +17,7 @@ from slimdata.cli.options import (
 )
 from slimdata.cost.states import auto_recompute
 from slimdata.errors import ConfigError
+from slimdata.ingest.config import ENGINES, BuildConfig
 from slimdata.readers import FORMATS
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 from slimdata.tokenize import DEFAULT_TOKENIZER
@@ -221,7 +221,7 @@ def command(
 
     On a Ray cluster (same output): --engine ray [--address auto].
     """
-    from slimdata.build import build
+    from slimdata.ingest import build
 
     layout = {name: options.pop(name) for name in _PLAN_OPTIONS}
     if plan_dir is not None:

@@ -80,7 +80,7 @@ def test_largest_length_is_accepted_and_one_more_is_not():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from slimdata.build import BuildConfig, build
+    from slimdata.ingest import BuildConfig, build
 
     root = tmp_path_factory.mktemp("built")
     src = root / "docs.jsonl"

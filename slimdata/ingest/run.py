@@ -3,7 +3,7 @@
 Determinism: tasks are planned from the inputs and options alone; each task is processed
 independently into its own sub-directory; the merge concatenates tasks in plan order. So the
 same inputs and options give byte-identical output for any ``workers``, on either engine
-(:mod:`~slimdata.build.ray_engine`) and after any number of crash-and-resume cycles (with one
+(:mod:`~slimdata.ingest.ray_engine`) and after any number of crash-and-resume cycles (with one
 exception: streaming's ``gz`` shard compression stamps the current time into every shard;
 use ``zstd`` or ``br`` for reproducible bytes).
 """
@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from slimdata import __version__
-from slimdata.build.config import COMPRESSIONS, HASHES, BuildConfig
-from slimdata.build.orphans import die_with_parent
-from slimdata.build.output import SIDECAR_NAME, finalize, output_lock, prepare_output
-from slimdata.build.stages import COLUMNS
-from slimdata.build.task import (
+from slimdata.corpus import DEFAULT_CORPUS_SOURCE, corpus_info, default_corpus_config
+from slimdata.cost import CostModel, resolve_cost_model
+from slimdata.cost.costmodel import Recompute
+from slimdata.errors import ConfigError, InputError, SlimdataError
+from slimdata.ingest.config import COMPRESSIONS, HASHES, BuildConfig
+from slimdata.ingest.orphans import die_with_parent
+from slimdata.ingest.output import SIDECAR_NAME, finalize, output_lock, prepare_output
+from slimdata.ingest.stages import COLUMNS
+from slimdata.ingest.task import (
     QUARANTINE_NAME,
     TaskJob,
     TaskResult,
@@ -37,10 +41,6 @@ from slimdata.build.task import (
     task_dir,
     write_task,
 )
-from slimdata.corpus import DEFAULT_CORPUS_SOURCE, corpus_info, default_corpus_config
-from slimdata.cost import CostModel, resolve_cost_model
-from slimdata.cost.costmodel import Recompute
-from slimdata.errors import ConfigError, InputError, SlimdataError
 from slimdata.readers import ReadTask, plan_inputs
 from slimdata.tokenize import TextTokenizer
 
@@ -151,7 +151,7 @@ def _warm_imports() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from slimdata.build.mds import writer_class
+    from slimdata.ingest.mds import writer_class
 
     writer_class()
     pa.array(np.zeros(1, dtype=np.int64))
@@ -166,7 +166,7 @@ def _run_parallel(jobs: list[TaskJob], workers: int, on_done: Callable[[TaskResu
     Finished, unwritten tasks wait in memory; the input bytes of the tasks in flight are
     capped at :data:`IN_FLIGHT_BYTES` (at least ``3 * workers`` tasks). Output bytes do not
     depend on this order: each task has its own directory. Workers die with this process
-    (:func:`~slimdata.build.orphans.die_with_parent`), ``kill -9`` included.
+    (:func:`~slimdata.ingest.orphans.die_with_parent`), ``kill -9`` included.
     """
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     order = sorted(jobs, key=lambda j: (-j.task.size, j.index))
@@ -216,7 +216,7 @@ def build(
     ``resume`` keeps the finished tasks of an interrupted build with the same plan and redoes
     the rest; ``overwrite`` discards a previous build. Raises :class:`InputError` when no
     document survives (the quarantine file says why), :class:`OutputExistsError` while
-    another build holds ``output`` (see :func:`~slimdata.build.output.output_lock`).
+    another build holds ``output`` (see :func:`~slimdata.ingest.output.output_lock`).
     """
     start = time.perf_counter()
     default_corpus = not config.inputs or config.source == DEFAULT_CORPUS_SOURCE
@@ -298,7 +298,7 @@ def _build_locked(
 
     with bar:
         if on_ray:
-            from slimdata.build.ray_engine import run_tasks
+            from slimdata.ingest.ray_engine import run_tasks
 
             for result in run_tasks(jobs, address=config.ray_address, progress=progress):
                 on_done(result)

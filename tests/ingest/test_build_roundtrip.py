@@ -10,9 +10,9 @@ import polars as pl
 from build_helpers import FIXTURES, TINY_TOKENIZER, read_shards, tiny_config
 from tokenizers import Tokenizer
 
-from slimdata.build import COST_COLUMNS, build
 from slimdata.cost import CostModel
 from slimdata.docsource import load_shard_documents
+from slimdata.ingest import COST_COLUMNS, build
 from slimdata.slicing import ALIGN
 
 

@@ -10,10 +10,10 @@ from build_helpers import FIXTURES, TINY_TOKENIZER, read_shards
 from click.testing import CliRunner
 
 from pipelines import PIPELINES
-from slimdata.build import BuildConfig, plan_build
 from slimdata.cli import cli
 from slimdata.corpus import DEFAULT_CORPUS_SOURCE, stdlib_root
 from slimdata.errors import ConfigError
+from slimdata.ingest import BuildConfig, plan_build
 from slimdata.stats import shard_stats
 
 

@@ -63,7 +63,7 @@ HASHES: frozenset[str] = frozenset(
 
 ENGINES: tuple[str, ...] = ("local", "ray")
 """Where build tasks run: ``local`` (this process and ``workers`` forked processes) or
-``ray`` (Ray Data tasks on a Ray cluster, :mod:`slimdata.build.ray_engine`)."""
+``ray`` (Ray Data tasks on a Ray cluster, :mod:`slimdata.ingest.ray_engine`)."""
 
 DEFAULT_SIZE_LIMIT = 1 << 26
 """Shard size limit in bytes before compression (64 MiB, the MDSWriter default)."""

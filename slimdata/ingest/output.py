@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from slimdata.build.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, task_dir
 from slimdata.docsource import MANIFEST_NAME
 from slimdata.errors import ConfigError, OutputExistsError
+from slimdata.ingest.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, task_dir
 from slimdata.plan.types import loss_token_count
 
 __all__ = [
@@ -151,7 +151,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
 
 
 def _merge_index(output: Path, indices: list[Path]) -> None:
-    from slimdata.build.mds import merge_index
+    from slimdata.ingest.mds import merge_index
 
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # merge_index logs a warning about its temp folder

@@ -20,7 +20,7 @@ parent (``from streaming import StreamingDataset``, ``streaming.Stream``) runs i
 The light path is used only while no ``streaming`` module is imported in the process (if one
 is, ``from streaming import MDSWriter`` costs nothing) and falls back to that public import
 on any error, so a future streaming layout costs start-up time, never correctness.
-``tests/build/test_mds.py`` checks that both paths write identical bytes and that the
+``tests/ingest/test_mds.py`` checks that both paths write identical bytes and that the
 package is whole afterwards.
 """
 

@@ -9,11 +9,11 @@ import sys
 import pytest
 from build_helpers import TINY_TOKENIZER, cli_build_cmd, make_text_corpus, tiny_config, tree_bytes
 
-from slimdata.build import BuildConfig, build
-from slimdata.build.config import COMPRESSIONS, HASHES
-from slimdata.build.run import plan_build
-from slimdata.build.task import Prepared, TaskJob, collect_task, write_task
 from slimdata.errors import ConfigError
+from slimdata.ingest import BuildConfig, build
+from slimdata.ingest.config import COMPRESSIONS, HASHES
+from slimdata.ingest.run import plan_build
+from slimdata.ingest.task import Prepared, TaskJob, collect_task, write_task
 from slimdata.readers import Rejected
 
 
@@ -38,9 +38,9 @@ def test_preparing_a_task_imports_neither_streaming_nor_torch(tmp_path):
     corpus = make_text_corpus(tmp_path)
     code = f"""
 import sys
-from slimdata.build import BuildConfig
-from slimdata.build.run import plan_build
-from slimdata.build.task import TaskJob, collect_task
+from slimdata.ingest import BuildConfig
+from slimdata.ingest.run import plan_build
+from slimdata.ingest.task import TaskJob, collect_task
 config = BuildConfig(inputs=({str(corpus)!r},), tokenizer={TINY_TOKENIZER!r}, slice_tokens=128)
 config, tok, cost, tasks, plan = plan_build(config)
 chunks = collect_task(TaskJob(index=0, task=tasks[0], output="unused", config=config, cost_model=cost))

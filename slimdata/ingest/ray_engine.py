@@ -1,10 +1,10 @@
 """The ``ray`` build engine: the planned tasks of a build as Ray Data write tasks.
 
 Nothing about the output changes with the engine. The driver plans the tasks
-(:func:`~slimdata.build.run.plan_build`), prepares or resumes the output directory and
-merges the finished tasks (:func:`~slimdata.build.output.finalize`) exactly as the local
+(:func:`~slimdata.ingest.run.plan_build`), prepares or resumes the output directory and
+merges the finished tasks (:func:`~slimdata.ingest.output.finalize`) exactly as the local
 build does; only the middle runs on Ray. There each write task of :class:`TaskSink` runs
-:func:`~slimdata.build.task.run_task` on its jobs: read, tokenize, EOS, slice, cost, and
+:func:`~slimdata.ingest.task.run_task` on its jobs: read, tokenize, EOS, slice, cost, and
 ``streaming.MDSWriter`` into ``task-NNNNN.partial/``, renamed to ``task-NNNNN/`` once its
 ``done.json`` marker is written. Sub-directories are named by the planned task index (never
 by a Ray task or attempt id) and merged in index order, so the bytes do not depend on the
@@ -39,7 +39,7 @@ import ray.data
 from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor
 
-from slimdata.build.task import FAULT_VARIABLES, TaskJob, TaskResult, run_task
+from slimdata.ingest.task import FAULT_VARIABLES, TaskJob, TaskResult, run_task
 
 __all__ = ["LOCAL_OBJECT_STORE_BYTES", "MAX_RETRIES", "TaskSink", "ray_session", "run_tasks"]
 

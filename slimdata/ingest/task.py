@@ -4,7 +4,7 @@ A task has two halves: :func:`prepare_task` (read, tokenize, EOS, slice, cost; n
 ``streaming`` import) and :func:`write_task` (``MDSWriter``, document table, marker). A
 serial build runs both in one process, batch by batch (:func:`run_task`); a parallel build
 prepares tasks in worker processes and writes them in the parent (see
-:mod:`slimdata.build.run`). Either way the bytes written are the same.
+:mod:`slimdata.ingest.run`). Either way the bytes written are the same.
 
 A task writes into ``task-NNNNN.partial/`` and, once every shard, its document table,
 its quarantine file and the ``done.json`` marker are on disk, renames the directory to
@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from slimdata.build.config import BuildConfig
-from slimdata.build.mds import writer_class
-from slimdata.build.stages import (
+from slimdata.cost import CostModel
+from slimdata.ingest.config import BuildConfig
+from slimdata.ingest.mds import writer_class
+from slimdata.ingest.stages import (
     COLUMNS,
     Document,
     append_eos,
@@ -47,7 +48,6 @@ from slimdata.build.stages import (
     tokenize_batch,
     truncate_tokens,
 )
-from slimdata.cost import CostModel
 from slimdata.readers import ReadTask, Rejected, read_task
 from slimdata.tokenize import TextTokenizer, load_tokenizer
 

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from slimdata.build import build
-from slimdata.build.stages import batch_records, tokenize_batch
 from slimdata.cli import cli
+from slimdata.ingest import build
+from slimdata.ingest.stages import batch_records, tokenize_batch
 from slimdata.readers import ReadOptions, Record, Rejected, plan_inputs, read_task
 from slimdata.tokenize import load_tokenizer
 
@@ -157,7 +157,7 @@ def test_duplicate_document_ids_are_reported_and_every_document_kept(tmp_path, c
     rows = [("a", "one"), ("b", "two"), ("a", "three"), ("c", "four"), ("a", "five"), ("b", "6")]
     src.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in rows))
     out = tmp_path / "out"
-    with caplog.at_level(logging.WARNING, logger="slimdata.build.output"):
+    with caplog.at_level(logging.WARNING, logger="slimdata.ingest.output"):
         summary = build(tiny_config(src, id_field="id"), out)
     samples, _ = read_shards(out)
     assert [s["doc_id"] for s in samples] == ["a", "b", "a", "c", "a", "b"]

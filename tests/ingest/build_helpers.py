@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slimdata.build import BuildConfig
+from slimdata.ingest import BuildConfig
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY_TOKENIZER = str(FIXTURES / "tiny_tokenizer.json")

@@ -11,9 +11,9 @@ from build_helpers import TINY_TOKENIZER, read_shards, tiny_config
 from click.testing import CliRunner
 from tokenizers import Tokenizer
 
-from slimdata.build import build
 from slimdata.cli import cli
 from slimdata.errors import InputError, OutputExistsError, TokenizerError
+from slimdata.ingest import build
 from slimdata.tokenize import load_tokenizer
 
 

@@ -13,8 +13,8 @@ import pytest
 import zstandard
 from build_helpers import TINY_TOKENIZER, read_shards, tiny_config
 
-from slimdata.build import build
 from slimdata.errors import InputError
+from slimdata.ingest import build
 from slimdata.readers import (
     DEFAULT_TASK_BYTES,
     ReadOptions,

@@ -1,4 +1,4 @@
-"""The light import of streaming's writer (slimdata.build.mds) against the public import."""
+"""The light import of streaming's writer (slimdata.ingest.mds) against the public import."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 from build_helpers import make_text_corpus, read_shards, tiny_config, tree_bytes
 
-from slimdata.build import build
+from slimdata.ingest import build
 
 
 def _python(code: str) -> dict:
@@ -30,7 +30,7 @@ def test_light_build_bytes_equal_public_import_build(tmp_path):
     light = _python(
         f"""
         import json, sys
-        from slimdata.build import BuildConfig, build
+        from slimdata.ingest import BuildConfig, build
         config = BuildConfig(**{config.__dict__!r})
         build(config, {str(tmp_path / "light")!r})
         modules = {{m: type(sys.modules[m]).__name__ for m in sys.modules if m.startswith("streaming")}}
@@ -50,7 +50,7 @@ def test_package_is_whole_after_the_light_import(tmp_path):
     result = _python(
         f"""
         import json
-        from slimdata.build.mds import writer_class, merge_index
+        from slimdata.ingest.mds import writer_class, merge_index
         writer = writer_class()
         import streaming
         from streaming import MDSWriter, StreamingDataset
@@ -81,7 +81,7 @@ def test_public_import_when_streaming_is_already_imported():
     result = _python(
         """
         import json, streaming
-        from slimdata.build.mds import writer_class
+        from slimdata.ingest.mds import writer_class
         print(json.dumps({"public": writer_class() is streaming.MDSWriter}))
         """
     )

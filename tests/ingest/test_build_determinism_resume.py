@@ -14,8 +14,8 @@ from build_helpers import (
     tree_bytes,
 )
 
-from slimdata.build import build
 from slimdata.errors import ConfigError, SlimdataError
+from slimdata.ingest import build
 
 
 @pytest.fixture

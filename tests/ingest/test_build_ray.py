@@ -28,9 +28,9 @@ from build_helpers import (
 )
 from click.testing import CliRunner
 
-from slimdata.build import build
 from slimdata.cli import cli
 from slimdata.errors import ConfigError
+from slimdata.ingest import build
 
 _ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 

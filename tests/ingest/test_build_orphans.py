@@ -19,8 +19,8 @@ from build_helpers import (
     wait_for,
 )
 
-from slimdata.build import build
 from slimdata.errors import OutputExistsError
+from slimdata.ingest import build
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
@@ -69,7 +69,7 @@ def test_kill_9_of_main_process_kills_workers_then_resume_is_identical(tmp_path)
 def test_worker_whose_parent_is_already_gone_exits_at_once(tmp_path):
     code = (
         "import os, sys\n"
-        "from slimdata.build.orphans import die_with_parent\n"
+        "from slimdata.ingest.orphans import die_with_parent\n"
         "die_with_parent(os.getppid() + 1_000_000)\n"  # not our parent: it is 'gone'
         "print('survived')\n"
     )
@@ -80,7 +80,7 @@ def test_worker_whose_parent_is_already_gone_exits_at_once(tmp_path):
 def test_watch_thread_ends_an_orphan_where_prctl_is_missing(tmp_path):
     code = (
         "import os, sys, time\n"
-        "import slimdata.build.orphans as o\n"
+        "import slimdata.ingest.orphans as o\n"
         "o._prctl_deathsig = lambda: False\n"
         "o._POLL_SECONDS = 0.05\n"
         "if os.fork() == 0:\n"
