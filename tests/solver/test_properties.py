@@ -3,7 +3,7 @@
 from collections import Counter
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slimdata.cost import CostModel
@@ -11,7 +11,7 @@ from slimdata.errors import PlanError
 from slimdata.plan import execution
 from slimdata.solver import STRATEGIES, Layout, plan_peak_memory, solve
 from slimdata.solver.common import BatchView
-from slimdata.solver.merge import skew_group_sizes, split_group
+from slimdata.solver.merge import member_tokens, skew_group_sizes, split_group
 
 from .conftest import docs_of
 
@@ -40,6 +40,12 @@ layouts = st.builds(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(
+    lengths=[1, 1, 3585, 4868],
+    layout=Layout(dp=3, memory_gib=2.0, context=2048),
+    strategy="slimpack",
+    seed=0,
+)
 @given(
     lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=25),
     layout=layouts,
@@ -76,7 +82,8 @@ def test_every_plan_validates_and_covers_every_token_once(lengths, layout, strat
             # lockstep sizes a member's share to one pack instead (test_lockstep.py)
             if layout.mode == "free" and len(m.docs) == 1 and len(m.ranks) > 2:
                 # minimal: one member fewer breaks memory (with the merge K/V buffers), the
-                # balanced share, or the forward/backward skew bound
+                # balanced share, the forward/backward skew bound, or the pack token cap (a
+                # member's share runs as one pack)
                 d = m.docs[0]
                 sl = list(view.slices_of(d))
                 members, _l, peak = split_group(view, sl, len(m.ranks) - 1)
@@ -86,7 +93,8 @@ def test_every_plan_validates_and_covers_every_token_once(lengths, layout, strat
                     view.fwd[ms].sum() > 0.9 * fs or view.bwd[ms].sum() > 0.9 * bs for ms in members
                 )
                 skewed = len(m.ranks) - 1 < skew[d]
-                assert peak > layout.memory_bytes or over or skewed
+                capped = any(member_tokens(view, ms) > layout.token_cap for ms in members)
+                assert peak > layout.memory_bytes or over or skewed or capped
     assert plan == type(plan).from_json(plan.to_json())
 
 
