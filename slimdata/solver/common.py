@@ -260,7 +260,7 @@ def assemble_plan(
                 ids = ids[np.append(True, ids[1:] != ids[:-1])]
             out.append(
                 MicroPack(
-                    tuple(slices[k] for k in ids.tolist()),
+                    tuple(map(slices.__getitem__, ids.tolist())),
                     float(price[ids].sum()),
                     g if i == merge_at else None,
                 )
