@@ -1,13 +1,14 @@
-"""The two pieces of mosaicml-streaming a build writes with: ``MDSWriter`` and ``merge_index``.
+"""The pieces of mosaicml-streaming a build writes with: ``MDSWriter``, ``merge_index`` and
+(for plan shards) the partitioner ``get_partitions``.
 
 ``import streaming`` runs the package ``__init__``, which imports ``StreamingDataset``, the
 data loader, the multimodal and text datasets and with them torch and transformers: 6.2 s of
 wall time and 6.4 s of CPU on the development VM (2 cores; ``python -c "from streaming import
 MDSWriter"``, compiled bytecode). A build needs none of that. This module imports only the
-writer's own modules (``streaming.base.format.mds.writer`` and ``streaming.base.util``, which
-still import ``torch.distributed``): 1.8-2.2 s of CPU, so a small build is several seconds
-faster and the parent of a parallel build takes that much less CPU from its tokenizing
-workers.
+writer's own modules (``streaming.base.format.mds.writer``, ``streaming.base.util``, which
+still import ``torch.distributed``, and ``streaming.base.partition``): 1.8-2.2 s of CPU, so a
+small build is several seconds faster and the parent of a parallel build takes that much
+less CPU from its tokenizing workers; ``slimdata plan --lengths`` saves the same.
 
 How: the three parent packages ``streaming``, ``streaming.base`` and
 ``streaming.base.format`` are registered in ``sys.modules`` as packages whose ``__init__``
@@ -35,7 +36,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["merge_index", "writer_class"]
+__all__ = ["get_partitions", "merge_index", "writer_class"]
 
 _PARENTS = ("streaming", "streaming.base", "streaming.base.format")
 _LOCK = threading.RLock()
@@ -61,8 +62,9 @@ def _is_streaming(name: str) -> bool:
 
 
 @functools.cache
-def _light() -> tuple[type, Callable[..., None]] | None:
-    """(MDSWriter, merge_index) imported under deferred parents, or None where not possible."""
+def _light() -> tuple[type, Callable[..., None], Callable[..., Any]] | None:
+    """(MDSWriter, merge_index, get_partitions) imported under deferred parents, or None where
+    not possible."""
     with _LOCK:
         if any(_is_streaming(name) for name in sys.modules):
             return None
@@ -82,11 +84,12 @@ def _light() -> tuple[type, Callable[..., None]] | None:
                     setattr(sys.modules[head], tail, parent)
             writer = importlib.import_module("streaming.base.format.mds.writer").MDSWriter
             merge = importlib.import_module("streaming.base.util").merge_index
+            partitions = importlib.import_module("streaming.base.partition").get_partitions
         except Exception:
             for name in [n for n in sys.modules if _is_streaming(n)]:
                 del sys.modules[name]
             return None
-    return writer, merge
+    return writer, merge, partitions
 
 
 def writer_class() -> type:
@@ -108,3 +111,14 @@ def merge_index(*args: Any, **kwargs: Any) -> None:
     from streaming.base.util import merge_index as merge
 
     merge(*args, **kwargs)
+
+
+def get_partitions(*args: Any, **kwargs: Any) -> Any:
+    """``streaming.base.partition.get_partitions`` (same arguments), imported light where
+    possible."""
+    light = _light()
+    if light is not None:
+        return light[2](*args, **kwargs)
+    from streaming.base.partition import get_partitions as partitions
+
+    return partitions(*args, **kwargs)

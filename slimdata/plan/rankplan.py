@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 from slimdata.errors import PlanError, PlanFormatError
 from slimdata.plan.schedule import LockstepSchedule, check_lockstep, lockstep_schedule
-from slimdata.plan.types import Document, MergeGroup, RankStep, _int, _ints, group_of_rank
+from slimdata.plan.types import (
+    DOCUMENT_ROW,
+    Document,
+    MergeGroup,
+    RankStep,
+    _int,
+    _ints,
+    group_of_rank,
+)
 from slimdata.plan.validate import validate_rank_plan
 
 if TYPE_CHECKING:
@@ -89,7 +97,7 @@ class RankPlan:
             "dp": self.dp,
             "rank": self.rank,
             "loss_tokens": self.loss_tokens,
-            "docs": [[i, *d.to_row()] for i, d in sorted(self.docs.items())],
+            "docs": [[i, *DOCUMENT_ROW(d)] for i, d in sorted(self.docs.items())],
             "ranks": [rs.to_dict() for _r, rs in sorted(self.ranks.items())],
             "merges": [m.to_dict() for m in self.merges],
             "lockstep": None if self.lockstep is None else _schedule_to_dict(self.lockstep),

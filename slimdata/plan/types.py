@@ -17,7 +17,9 @@ backward before ``[0,4)`` because ``[0,4)``'s keys and values receive gradient f
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -89,7 +91,11 @@ class Slice:
         return self.end - self.start
 
     def to_list(self) -> list[int]:
-        return [self.doc, self.start, self.end]
+        return list(_SLICE_ROW(self))
+
+
+_SLICE_ROW = operator.attrgetter("doc", "start", "end")
+_SLICE_DOC = operator.attrgetter("doc")
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,8 @@ class MicroPack:
         return sum(s.tokens for s in self.slices)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"slices": [s.to_list() for s in self.slices], "cost": self.cost}
+        slices = list(map(list, map(_SLICE_ROW, self.slices)))  # [[doc, start, end], ...]
+        out: dict[str, Any] = {"slices": slices, "cost": self.cost}
         if self.merge is not None:
             out["merge"] = self.merge
         return out
@@ -132,11 +139,13 @@ def eager_order(
 
     Running backward early frees activations; this is the default per-rank order in free mode.
     """
-    last_fwd: dict[int, int] = {}
+    last_fwd: dict[int, int] = {}  # document -> its last forward pack
     for i, pack in enumerate(forward):
-        for s in pack.slices:
-            last_fwd[s.doc] = i
-    ready_after = [max((last_fwd.get(s.doc, -1) for s in p.slices), default=-1) for p in backward]
+        last_fwd.update(dict.fromkeys(map(_SLICE_DOC, pack.slices), i))
+    ready_after = [
+        max(map(last_fwd.get, map(_SLICE_DOC, p.slices), itertools.repeat(-1)), default=-1)
+        for p in backward
+    ]
     return interleave(len(forward), ready_after)
 
 
@@ -251,7 +260,7 @@ class Document:
     def to_row(self) -> list[Any]:
         """Compact JSON form (rank views): ``[doc_id, length, loss_tokens, cuts, sample,
         offset]``, about half the bytes of :meth:`to_dict` and faster to encode."""
-        return [self.doc_id, self.length, self.loss_tokens, self.cuts, self.sample, self.offset]
+        return list(DOCUMENT_ROW(self))
 
     @classmethod
     def from_row(cls, row: Any) -> Document:
@@ -280,6 +289,8 @@ class Document:
 
 
 _ROW_FIELDS = ("doc_id", "length", "loss_tokens", "cuts", "sample", "offset")
+DOCUMENT_ROW = operator.attrgetter(*_ROW_FIELDS)
+"""``DOCUMENT_ROW(d)``: the fields of :meth:`Document.to_row` as a tuple (no list built)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ merge packs inside its merge group, at a cost linear in the view.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +50,8 @@ def _name(plan: Any, s: Slice, rank: int | None = None) -> str:
 DOC, START, END, FPACK, BPACK, RANK = range(6)
 """Columns of the slice table (one row per slice of the plan)."""
 
+_BOUNDS = operator.attrgetter("doc", "start", "end")
+
 
 def _slice(row) -> Slice:
     from slimdata.plan.types import Slice
@@ -57,15 +61,15 @@ def _slice(row) -> Slice:
 
 def _rows(packs: tuple[MicroPack, ...]) -> np.ndarray:
     """``(n, 4)`` table of a pass's slices: doc, start, end, pack index."""
-    flat = [s for p in packs for s in p.slices]
-    out = np.empty((len(flat), 4), dtype=np.int64)
-    try:
-        out[:, 0] = [s.doc for s in flat]
-        out[:, 1] = [s.start for s in flat]
-        out[:, 2] = [s.end for s in flat]
+    counts = [len(p.slices) for p in packs]
+    flat = itertools.chain.from_iterable(p.slices for p in packs)
+    out = np.empty((sum(counts), 4), dtype=np.int64)
+    try:  # doc, start, end of every slice, read by C-level attribute getters
+        bounds = itertools.chain.from_iterable(map(_BOUNDS, flat))
+        out[:, :3] = np.fromiter(bounds, dtype=np.int64, count=3 * len(out)).reshape(-1, 3)
     except (OverflowError, TypeError, ValueError):
         raise PlanError("slice bounds must be integers within int64") from None
-    out[:, 3] = np.repeat(np.arange(len(packs)), [len(p.slices) for p in packs])
+    out[:, 3] = np.repeat(np.arange(len(packs)), counts)
     return out
 
 

@@ -8,6 +8,7 @@ forms a batch alone). The last, partial batch is kept: no document is dropped.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,17 +34,20 @@ def make_batches(
     if not docs:
         return []
     perm = np.random.default_rng(seed).permutation(len(docs))
-    lengths = np.fromiter((docs[i].length for i in perm.tolist()), dtype=np.int64, count=len(docs))
-    csum = np.cumsum(lengths)
+    lengths = np.fromiter(map(_LENGTH, docs), dtype=np.int64, count=len(docs))
+    csum = np.cumsum(lengths[perm])
     out: list[list[Document]] = []
     i, n, base = 0, len(docs), 0
     while i < n:
         j = int(np.searchsorted(csum, base + global_batch_tokens, side="right"))
         j = max(j, i + 1)
-        out.append([docs[k] for k in perm[i:j].tolist()])
+        out.append(list(map(docs.__getitem__, perm[i:j].tolist())))
         base = int(csum[j - 1])
         i = j
     return out
+
+
+_LENGTH = operator.attrgetter("length")
 
 
 def apply_oversize(docs: Sequence[Document], context: int, policy: str = "error") -> list[Document]:

@@ -11,6 +11,7 @@ fixed per-slice cost less), prices every pack with the cost model, and validates
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -33,6 +34,10 @@ __all__ = [
     "interleaved_order",
     "split_into_pieces",
 ]
+
+
+_CUTS = operator.attrgetter("cuts")
+_LENGTH = operator.attrgetter("length")
 
 
 @lru_cache(maxsize=1)
@@ -69,12 +74,15 @@ class BatchView:
     @classmethod
     def build(cls, docs: Sequence[Document], cost: CostModel) -> BatchView:
         docs = tuple(docs)
-        counts = np.fromiter((len(d.cuts) - 1 for d in docs), dtype=np.int64, count=len(docs))
+        cuts = list(map(_CUTS, docs))
+        ncuts = np.fromiter(map(len, cuts), dtype=np.int64, count=len(docs))
+        counts = ncuts - 1
         off = np.zeros(len(docs) + 1, dtype=np.int64)
         np.cumsum(counts, out=off[1:])
         # cut lists laid end to end: docs (0,4,6) and (0,3) -> 0 4 6 0 3; starts drop each
         # document's last cut (0 4 0), ends drop its first (4 6 3)
-        allcuts = np.fromiter((c for d in docs for c in d.cuts), dtype=np.int64)
+        total = int(ncuts.sum())
+        allcuts = np.fromiter(itertools.chain.from_iterable(cuts), dtype=np.int64, count=total)
         pos = off[:-1] + np.arange(len(docs))  # index of each document's first cut in allcuts
         is_last = np.zeros(len(allcuts), dtype=bool)
         is_last[pos + counts] = True
@@ -86,7 +94,7 @@ class BatchView:
         sc = cost.slice_costs(start, end)
         doc_fwd = np.add.reduceat(sc.fwd, off[:-1]) if len(start) else np.zeros(len(docs))
         doc_bwd = np.add.reduceat(sc.bwd, off[:-1]) if len(start) else np.zeros(len(docs))
-        doc_len = np.fromiter((d.length for d in docs), dtype=np.int64, count=len(docs))
+        doc_len = np.fromiter(map(_LENGTH, docs), dtype=np.int64, count=len(docs))
         doc_act = np.add.reduceat(sc.act_bytes, off[:-1]) if len(start) else np.zeros(len(docs))
         empty = counts == 0
         for arr in (doc_fwd, doc_bwd, doc_act):
@@ -119,8 +127,13 @@ class BatchView:
             self.doc.tolist(),
         )
 
+    @cached_property
+    def ranges(self) -> list[range]:
+        """``ranges[d]``: the slice indices of document ``d`` (``range(off[d], off[d+1])``)."""
+        return list(map(range, self.off[:-1].tolist(), self.off[1:].tolist()))
+
     def slices_of(self, d: int) -> range:
-        return range(int(self.off[d]), int(self.off[d + 1]))
+        return self.ranges[d]
 
 
 def split_into_pieces(docs: Sequence[Document], max_tokens: int) -> list[Document]:
@@ -247,7 +260,7 @@ def assemble_plan(
                 ids = ids[np.append(True, ids[1:] != ids[:-1])]
             out.append(
                 MicroPack(
-                    tuple(slices[k] for k in ids.tolist()),
+                    tuple(map(slices.__getitem__, ids.tolist())),
                     float(price[ids].sum()),
                     g if i == merge_at else None,
                 )

@@ -76,8 +76,9 @@ def pack_rank(
     if m is not None and base >= m and any(len(u) for u in units):
         return None
     rest = (m - base) if m is not None else 1
-    total_f = sum(fwd[i] for u in units for i in u)
-    total_b = sum(bwd[i] for u in units for i in u)
+    # the lockstep quantiles' totals (free mode cuts by the caps alone)
+    total_f = sum(fwd[i] for u in units for i in u) if lockstep else 0.0
+    total_b = sum(bwd[i] for u in units for i in u) if lockstep else 0.0
 
     ready: dict[int, list[int]] = {}  # completed documents (in order): slices not backwarded
     held = 0.0  # activation + K/V bytes held now

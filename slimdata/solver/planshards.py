@@ -84,7 +84,7 @@ def payload_positions(
     steps: int, nodes: int, ranks_per_node: int, workers_per_rank: int = 1
 ) -> np.ndarray:
     """``pos[step, rank]`` = global sample index at which payload (step, rank) must be written."""
-    from streaming.base.partition import get_partitions
+    from slimdata.build.mds import get_partitions
 
     dp = nodes * ranks_per_node
     n = steps * dp
@@ -148,8 +148,9 @@ def write_plan_shards(
 
     Every plan must have ``nodes * ranks_per_node`` ranks and steps ``0..n-1`` in order.
     """
-    from streaming import MDSWriter
+    from slimdata.build.mds import writer_class
 
+    writer = writer_class()  # streaming.MDSWriter, imported without all of streaming
     plans = list(plans)
     dp = nodes * ranks_per_node
     for i, p in enumerate(plans):
@@ -168,7 +169,7 @@ def write_plan_shards(
         [v.to_json() for v in rank_views(dataclasses.replace(p, meta=without_timings(p.meta)))]
         for p in plans
     ]
-    with MDSWriter(
+    with writer(
         out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
     ) as w:
         for flat in by_pos.tolist():

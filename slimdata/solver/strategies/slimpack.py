@@ -531,7 +531,7 @@ def _phase1(
         assign, info = refine_assignment(
             view, rest, assign, dp, member_slices, seconds=milp_seconds
         )
-    units = [[view.slices_of(d) for d in ds] for ds in assign]
+    units = [list(map(view.ranges.__getitem__, ds)) for ds in assign]
     return _Phase1(merges, units, member_slices, moves, info)
 
 
