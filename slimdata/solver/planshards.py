@@ -84,7 +84,7 @@ def payload_positions(
     steps: int, nodes: int, ranks_per_node: int, workers_per_rank: int = 1
 ) -> np.ndarray:
     """``pos[step, rank]`` = global sample index at which payload (step, rank) must be written."""
-    from slimdata.build.mds import get_partitions
+    from slimdata.ingest.mds import get_partitions
 
     dp = nodes * ranks_per_node
     n = steps * dp
@@ -148,7 +148,7 @@ def write_plan_shards(
 
     Every plan must have ``nodes * ranks_per_node`` ranks and steps ``0..n-1`` in order.
     """
-    from slimdata.build.mds import writer_class
+    from slimdata.ingest.mds import writer_class
 
     writer = writer_class()  # streaming.MDSWriter, imported without all of streaming
     plans = list(plans)
