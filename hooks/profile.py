@@ -39,23 +39,19 @@ import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import click
 import numpy as np
 
-from slimdata.cli.options import renamed_option
 from slimdata.cost import CostModel, ModelConfig, load_model_config
-from slimdata.errors import ConfigError
+from slimdata.cost.profiling import ProfileConfig, profile_points
 
 __all__ = [
     "ProfileConfig",
     "aggregate_points",
     "calibrate",
     "calibration_payloads",
-    "command",
     "fit_cost_model",
     "fit_nonneg",
     "fit_terms",
@@ -69,71 +65,11 @@ __all__ = [
     "round_robin",
     "time_point",
     "tiny_llama",
+    "write_profile",
 ]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProfileConfig:
-    """What to measure."""
-
-    slice_tokens: tuple[int, ...] = (32, 64, 128, 256, 512)
-    """Slice lengths ``s`` of the grid."""
-    prefixes: tuple[int, ...] = (0, 256, 1024)
-    """Prefix lengths ``start`` of the grid."""
-    pack_sizes: tuple[int, ...] = (1, 4)
-    """Slices per pack ``k`` of the grid (separates per-slice from per-pack constants)."""
-    repeats: int = 3
-    """Timed runs per point (median); one extra warm-up run precedes them."""
-    device: str = "cpu"
-    """torch device to profile (``cuda`` on a GPU)."""
-    dtype: str = "float32"
-    """Parameter/activation dtype: float32, bfloat16 or float16."""
-    backend: str = "auto"
-    """Attention backend (:func:`slimdata.hooks.attention.resolve_backend`; ``auto`` picks the
-    fastest kernel for the device and dtype)."""
-    stat: str = "median"
-    """Statistic over repeats: ``median``, or ``min`` (robust on a shared, noisy machine)."""
-    lead_packs: int = 2
-    """Identical packs of the same step run before the measured one (:func:`profile_plan`):
-    the first pack of a step runs in another state than the packs of a plan (its backward
-    allocates the gradients, for one)."""
-    calibration_plans: int = 3
-    """slimpack plans of random documents run in the same rounds as the grid
-    (:func:`calibration_payloads`); the median ratio of their measured to predicted pack
-    times scales the fitted forward and backward coefficients (:func:`calibrate`), because a
-    pack inside a plan can run slower than the same pack timed on its own. 0: no calibration."""
-    calibration_memory_gib: float = 16.0
-    """Activation budget (GiB, the analytic model's bytes) the calibration plans are solved
-    for, so that they fit the device being profiled."""
-    measure_memory: bool = True
-    """Measure the activation bytes per token (:func:`measure_activation_bytes`) instead of
-    taking the analytic model's; the K/V bytes stay analytic."""
-    max_point_tokens: int | None = None
-    """Skip grid points whose step holds more than this many tokens, ``k * (start + s)``
-    (the prefix packs and the measured pack are all held until their backward), so a grid
-    can reach the plans' largest packs without running out of device memory. None: all."""
-
-    def __post_init__(self) -> None:
-        if (
-            self.repeats < 1
-            or not self.slice_tokens
-            or min(self.slice_tokens) < 1
-            or min(self.prefixes, default=0) < 0
-            or not self.pack_sizes
-            or min(self.pack_sizes) < 1
-            or self.lead_packs < 0
-            or self.calibration_plans < 0
-            or self.calibration_memory_gib <= 0
-            or (self.max_point_tokens is not None and not profile_points(self))
-        ):
-            raise ConfigError(
-                f"bad profile grid: slice_tokens={self.slice_tokens}, prefixes={self.prefixes}, max_point_tokens={self.max_point_tokens}, repeats={self.repeats}, lead_packs={self.lead_packs}, calibration_plans={self.calibration_plans}: use positive sizes, at least one point within max_point_tokens, repeats >= 1, lead_packs >= 0 and calibration_plans >= 0"
-            )
-        if self.stat not in ("median", "min"):
-            raise ConfigError(f"stat={self.stat!r}: use 'median' or 'min'")
 
 
 def tiny_llama(model: ModelConfig, device: str = "cpu", dtype: str = "float32"):
@@ -316,19 +252,6 @@ def fit_terms(s, pairs, t, slices=None) -> tuple[float, ...]:
     if slices is None:
         return tuple(fit_nonneg([s, pairs, ones], t))
     return tuple(fit_nonneg([s, pairs, slices, ones], t))
-
-
-def profile_points(config: ProfileConfig) -> list[tuple[int, int, int]]:
-    """The ``(s, start, k)`` grid of ``config``, without the points that hold more than
-    ``config.max_point_tokens`` tokens (``k * (start + s)``)."""
-    cap = config.max_point_tokens
-    return [
-        (s, p, k)
-        for k in config.pack_sizes
-        for s in config.slice_tokens
-        for p in config.prefixes
-        if cap is None or k * (p + s) <= cap
-    ]
 
 
 def fit_cost_model(
@@ -518,130 +441,17 @@ def profile_cost_model(
     return cm, meas, {"plans": len(plans), "forward_scale": f, "backward_scale": b}
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-@click.command("profile")
-@click.option(
-    "--model",
-    "model_spec",
-    required=True,
-    help="Model preset (slimdata.cost) or a JSON config path.",
-)
-@click.option(
-    "--output",
-    "-o",
-    type=click.Path(dir_okay=False),
-    required=True,
-    help="Cost profile JSON to write.",
-)
-@click.option(
-    "--torch-device",
-    "device",
-    default="cpu",
-    show_default=True,
-    help="torch device to measure on (cpu, cuda, cuda:1).",
-)
-@renamed_option("--device", "device", "--torch-device")
-@click.option(
-    "--dtype",
-    type=click.Choice(["float32", "bfloat16", "float16"]),
-    default="float32",
-    show_default=True,
-)
-@click.option(
-    "--backend",
-    default="auto",
-    show_default=True,
-    help="Attention backend: auto (flash-attn or torch varlen on a GPU in bf16/fp16, else sdpa), sdpa, torch-varlen, flash.",
-)
-@click.option(
-    "--slice-tokens", default="32,64,128,256,512", show_default=True, help="Slice lengths to time."
-)
-@click.option("--prefixes", default="0,256,1024", show_default=True, help="Prefix lengths to time.")
-@click.option("--pack-sizes", default="1,4", show_default=True, help="Slices per measured pack.")
-@click.option("--repeats", default=3, show_default=True, help="Timed runs per point.")
-@click.option(
-    "--lead-packs",
-    default=ProfileConfig.lead_packs,
-    show_default=True,
-    help="Identical packs of the same step run before each measured one.",
-)
-@click.option(
-    "--calibration-plans",
-    default=ProfileConfig.calibration_plans,
-    show_default=True,
-    help="slimpack plans run with the grid to calibrate the fit to in-plan pack times (0: none).",
-)
-@click.option(
-    "--measure-memory/--no-measure-memory",
-    default=True,
-    show_default=True,
-    help="Measure the activation bytes per token on this device (else the analytic value).",
-)
-@click.option(
-    "--max-point-tokens",
-    type=int,
-    default=None,
-    help="Skip grid points holding more tokens than this (k x (prefix + slice)): reach large"
-    " packs without running out of device memory.",
-)
-@click.option(
-    "--stat",
-    type=click.Choice(["median", "min"]),
-    default="median",
-    show_default=True,
-    help="Statistic over repeats (min is robust on a busy machine).",
-)
-@click.option(
-    "--measurements",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Also write the raw timings (JSON).",
-)
-def command(
-    model_spec,
-    output,
-    device,
-    dtype,
-    backend,
-    slice_tokens,
-    prefixes,
-    pack_sizes,
-    repeats,
-    lead_packs,
-    calibration_plans,
-    measure_memory,
-    max_point_tokens,
-    stat,
-    measurements,
-) -> None:
-    """Measure forward/backward time of slices on this device and fit cost-model coefficients.
-
-    \b
-    Example (the profile then feeds --cost-profile of build, plan and simulate):
-        slimdata profile --model llama-1b --torch-device cuda --dtype bfloat16 -o profile.json
-    """
-    cfg = ProfileConfig(
-        slice_tokens=_ints(slice_tokens),
-        prefixes=_ints(prefixes),
-        pack_sizes=_ints(pack_sizes),
-        repeats=repeats,
-        lead_packs=lead_packs,
-        calibration_plans=calibration_plans,
-        max_point_tokens=max_point_tokens,
-        measure_memory=measure_memory,
-        device=device,
-        dtype=dtype,
-        backend=backend,
-        stat=stat,
-    )
-    cm, meas, cal = profile_cost_model(load_model_config(model_spec), cfg)
+def write_profile(
+    model_spec: str, output: str, config: ProfileConfig, measurements: str | None = None
+) -> str:
+    """Profile ``model_spec`` (a preset or a JSON config) under ``config``, write the cost
+    profile to ``output`` (and the raw timings to ``measurements``); return a one-line summary
+    (what ``slimdata profile`` prints)."""
+    cm, meas, cal = profile_cost_model(load_model_config(model_spec), config)
     cm.save(output)
     if measurements:
         Path(measurements).write_text(json.dumps({"points": meas, "calibration": cal}, indent=1))
-    click.echo(
+    return (
         f"wrote {output}: fwd = {cm.fwd_lin:.3e}*s + {cm.fwd_att:.3e}*pairs + {cm.fwd_const:.3e}/slice"
         f" + {cm.fwd_pack_const:.3e}/pack; bwd = {cm.bwd_lin:.3e}*s + {cm.bwd_att:.3e}*pairs"
         f" + {cm.bwd_const:.3e}/slice + {cm.bwd_pack_const:.3e}/pack; graph-free forward"

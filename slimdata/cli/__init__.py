@@ -23,10 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("slimdata.cli.stats", "Summarize document shards (text, --json, PNG plots)."),
     "plan": ("slimdata.cli.plan", "Solve packing plans for an epoch and write plan shards."),
     "simulate": ("slimdata.cli.simulate", "Predict step time of packing strategies."),
-    "profile": (
-        "slimdata.hooks.profile",
-        "Measure and fit cost-model coefficients on this device.",
-    ),
+    "profile": ("slimdata.cli.profile", "Measure and fit cost-model coefficients on this device."),
 }
 
 

@@ -1,0 +1,137 @@
+"""``slimdata profile``: options into a :class:`ProfileConfig`, then the runtime's profiler
+(:func:`slimdata.hooks.profile.write_profile`), imported only when a profile runs so that
+``--help`` does not load torch."""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import click
+
+from slimdata.cli.options import renamed_option
+from slimdata.cost.profiling import ProfileConfig
+
+__all__ = ["command"]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+@click.command("profile")
+@click.option(
+    "--model",
+    "model_spec",
+    required=True,
+    help="Model preset (slimdata.cost) or a JSON config path.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Cost profile JSON to write.",
+)
+@click.option(
+    "--torch-device",
+    "device",
+    default="cpu",
+    show_default=True,
+    help="torch device to measure on (cpu, cuda, cuda:1).",
+)
+@renamed_option("--device", "device", "--torch-device")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default="float32",
+    show_default=True,
+)
+@click.option(
+    "--backend",
+    default="auto",
+    show_default=True,
+    help="Attention backend: auto (flash-attn or torch varlen on a GPU in bf16/fp16, else sdpa), sdpa, torch-varlen, flash.",
+)
+@click.option(
+    "--slice-tokens", default="32,64,128,256,512", show_default=True, help="Slice lengths to time."
+)
+@click.option("--prefixes", default="0,256,1024", show_default=True, help="Prefix lengths to time.")
+@click.option("--pack-sizes", default="1,4", show_default=True, help="Slices per measured pack.")
+@click.option("--repeats", default=3, show_default=True, help="Timed runs per point.")
+@click.option(
+    "--lead-packs",
+    default=ProfileConfig.lead_packs,
+    show_default=True,
+    help="Identical packs of the same step run before each measured one.",
+)
+@click.option(
+    "--calibration-plans",
+    default=ProfileConfig.calibration_plans,
+    show_default=True,
+    help="slimpack plans run with the grid to calibrate the fit to in-plan pack times (0: none).",
+)
+@click.option(
+    "--measure-memory/--no-measure-memory",
+    default=True,
+    show_default=True,
+    help="Measure the activation bytes per token on this device (else the analytic value).",
+)
+@click.option(
+    "--max-point-tokens",
+    type=int,
+    default=None,
+    help="Skip grid points holding more tokens than this (k x (prefix + slice)): reach large"
+    " packs without running out of device memory.",
+)
+@click.option(
+    "--stat",
+    type=click.Choice(["median", "min"]),
+    default="median",
+    show_default=True,
+    help="Statistic over repeats (min is robust on a busy machine).",
+)
+@click.option(
+    "--measurements",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the raw timings (JSON).",
+)
+def command(
+    model_spec,
+    output,
+    device,
+    dtype,
+    backend,
+    slice_tokens,
+    prefixes,
+    pack_sizes,
+    repeats,
+    lead_packs,
+    calibration_plans,
+    measure_memory,
+    max_point_tokens,
+    stat,
+    measurements,
+) -> None:
+    """Measure forward/backward time of slices on this device and fit cost-model coefficients.
+
+    \b
+    Example (the profile then feeds --cost-profile of build, plan and simulate):
+        slimdata profile --model llama-1b --torch-device cuda --dtype bfloat16 -o profile.json
+    """
+    config = ProfileConfig(
+        slice_tokens=_ints(slice_tokens),
+        prefixes=_ints(prefixes),
+        pack_sizes=_ints(pack_sizes),
+        repeats=repeats,
+        lead_packs=lead_packs,
+        calibration_plans=calibration_plans,
+        max_point_tokens=max_point_tokens,
+        measure_memory=measure_memory,
+        device=device,
+        dtype=dtype,
+        backend=backend,
+        stat=stat,
+    )
+    runtime = import_module("slimdata.hooks.profile")  # torch: only when a profile runs
+    click.echo(runtime.write_profile(model_spec, output, config, measurements))
