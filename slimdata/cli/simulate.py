@@ -170,7 +170,7 @@ def command(
     from slimdata.errors import ConfigError
     from slimdata.sim import SimConfig
     from slimdata.sim.compare import compare_strategies, format_table, parse_strategies
-    from slimdata.solver import STRATEGIES, Layout
+    from slimdata.solver import ALL_STRATEGIES, Layout
 
     if (shards is None) == (lengths is None):
         raise ConfigError("give exactly one of --shards DIR or --lengths FILE")
@@ -194,7 +194,7 @@ def command(
         docs,
         layout,
         cost,
-        strategies=parse_strategies(strategies, list(STRATEGIES)),
+        strategies=parse_strategies(strategies, list(ALL_STRATEGIES)),
         steps=steps,
         seed=seed,
         global_batch_tokens=global_batch_tokens,

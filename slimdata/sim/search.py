@@ -20,7 +20,10 @@ Megatron default of the paper does); ``cp=N`` exactly that size. Costs and short
   smallest stage share / k`` above the cap: a necessary condition for the simulated peak) is
   pruned without simulating it;
 - candidates are screened on the first step; the fastest is then run on every step, and if a
-  later step does not fit the next candidate is tried.
+  later step does not fit the next candidate is tried;
+- a *stream* strategy (``wlb``, which delays documents to later steps) is advanced step by
+  step as the search asks for its plans (screening solves only its first step) and flushed
+  when a configuration runs every step: its run has the flush iterations after the steps.
 
 ``SearchLog`` says what the search cost: configurations screened, pruned, simulations run
 and wall seconds, reported in ``simulate``'s JSON.
@@ -30,8 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from slimdata.cost import CostModel
 from slimdata.errors import ConfigError, PlanError
@@ -107,13 +111,30 @@ class SearchLog:
 
 @dataclass(frozen=True)
 class Run:
-    """A strategy run on every step in one configuration."""
+    """A strategy run on every step in one configuration.
+
+    ``plans``/``sims`` are its iterations: one per step, plus the flush iterations of a stream
+    strategy (which trains, over the run, the same documents as the steps)."""
 
     cp: int
     schedule: str
     plans: list[StepPlan]
     sims: list[SimResult]
     solve_ms: list[float]
+    steps: int = 0
+    """Steps of the run (the batches); ``len(plans) - steps`` flush iterations."""
+    token_delay: float = 0.0
+    """Mean token delay in iterations (0 for a per-step strategy)."""
+
+
+class _Stream:
+    """A stream strategy's progress in one ``(strategy, cp)``: the packer and its next step."""
+
+    def __init__(self, packer: Any) -> None:
+        self.packer = packer
+        self.next = 0
+        self.flush_iterations: int | None = None
+        """Set once flushed."""
 
 
 class Evaluator:
@@ -127,31 +148,99 @@ class Evaluator:
         config: SimConfig,
         seed: int,
         solve: Callable[..., StepPlan],
+        streams: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.batches, self.layout, self.cost = batches, layout, cost
         self.config, self.seed, self._solve = config, seed, solve
+        self._stream_kinds = dict(streams or {})
         self._plans: dict[tuple[str, int, int], tuple[StepPlan, float]] = {}
         self._sims: dict[tuple[str, int, str, int], SimResult] = {}
+        self._streams: dict[tuple[str, int], _Stream] = {}
         self.log = SearchLog()
 
+    def with_schedule(self, schedule: str) -> Evaluator:
+        """The same evaluator, caches and log shared, with another user schedule."""
+        other = Evaluator(
+            self.batches,
+            self.layout,
+            self.cost,
+            dataclasses.replace(self.config, schedule=schedule),
+            self.seed,
+            self._solve,
+            self._stream_kinds,
+        )
+        other._plans, other._sims, other._streams = self._plans, self._sims, self._streams
+        other.log = self.log
+        return other
+
+    def layout_for(self, k: int) -> Layout:
+        """The layout a plan is solved for under static CP ``k``: ``dp / k`` DP groups; a
+        group of k devices holds a pack split k ways, so it has k devices' memory (the
+        simulator then checks every device's peak, gathered K/V included)."""
+        return dataclasses.replace(
+            self.layout,
+            dp=self.layout.dp // k,
+            ranks_per_node=max(1, self.layout.ranks_per_node // k),
+            memory_gib=self.layout.memory_gib * k,
+        )
+
     def plan(self, name: str, k: int, step: int) -> tuple[StepPlan, float]:
+        """The plan of iteration ``step`` (a step, or a stream's flush iteration) and its
+        solve milliseconds."""
         key = (name, k, step)
-        if key not in self._plans:
-            # a DP group of k devices holds a pack split k ways: k devices' memory (the
-            # simulator then checks every device's peak, gathered K/V included)
-            lay = dataclasses.replace(
-                self.layout,
-                dp=self.layout.dp // k,
-                ranks_per_node=max(1, self.layout.ranks_per_node // k),
-                memory_gib=self.layout.memory_gib * k,
-            )
+        if key not in self._plans and name in self._stream_kinds:
+            self._advance(name, k, step)
+        elif key not in self._plans:
             t0 = time.perf_counter()
             plan = self._solve(
-                self.batches[step], lay, name, self.seed, self.cost, step=step, validate=False
+                self.batches[step],
+                self.layout_for(k),
+                name,
+                self.seed,
+                self.cost,
+                step=step,
+                validate=False,
             )
             self._plans[key] = (plan, (time.perf_counter() - t0) * 1e3)
             self.log.solves += 1
         return self._plans[key]
+
+    def iterations(self, name: str, k: int) -> int:
+        """Iterations of the run: the steps, plus a stream's flush iterations."""
+        n = len(self.batches)
+        if name not in self._stream_kinds:
+            return n
+        self._advance(name, k, n)
+        return n + (self._streams[(name, k)].flush_iterations or 0)
+
+    def token_delay(self, name: str, k: int) -> float:
+        st = self._streams.get((name, k))
+        return float(st.packer.mean_token_delay()) if st else 0.0
+
+    def _advance(self, name: str, k: int, step: int) -> None:
+        """Run the stream packer of ``(name, k)`` up to ``step`` (the flush once past the
+        last step)."""
+        st = self._streams.get((name, k))
+        if st is None:
+            packer = self._stream_kinds[name](
+                self.layout_for(k), self.seed, self.cost, validate=False
+            )
+            st = self._streams[(name, k)] = _Stream(packer)
+        n = len(self.batches)
+        while st.next <= min(step, n - 1):
+            t0 = time.perf_counter()
+            plan = st.packer.step(self.batches[st.next], st.next)
+            self._plans[(name, k, st.next)] = (plan, (time.perf_counter() - t0) * 1e3)
+            self.log.solves += 1
+            st.next += 1
+        if step >= n and st.flush_iterations is None:
+            t0 = time.perf_counter()
+            plans = st.packer.flush(n)
+            ms = (time.perf_counter() - t0) * 1e3 / max(len(plans), 1)
+            for i, plan in enumerate(plans):
+                self._plans[(name, k, n + i)] = (plan, ms)
+            self.log.solves += len(plans)
+            st.flush_iterations = len(plans)
 
     def sim(self, name: str, k: int, schedule: str, step: int) -> SimResult:
         key = (name, k, schedule, step)
@@ -173,7 +262,7 @@ class Evaluator:
     def run(self, name: str, k: int, schedule: str) -> Run | str:
         """Every step in one configuration, or why it does not fit."""
         plans, sims, ms = [], [], []
-        for step in range(len(self.batches)):
+        for step in range(self.iterations(name, k)):
             plan, t = self.plan(name, k, step)
             r = self.sim(name, k, schedule, step)
             if r.over_memory:
@@ -181,7 +270,7 @@ class Evaluator:
             plans.append(plan)
             sims.append(r)
             ms.append(t)
-        return Run(k, schedule, plans, sims, ms)
+        return Run(k, schedule, plans, sims, ms, len(self.batches), self.token_delay(name, k))
 
 
 def _screen(ev: Evaluator, name: str, k: int, schedule: str) -> float | str:

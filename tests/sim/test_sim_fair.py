@@ -137,7 +137,7 @@ def test_bound_never_above_any_same_work_strategy(lengths, dp, pp, seed):
         documents_from_lengths(lengths),
         lay,
         cost,
-        strategies=["bfd", "wlb", "sorted", "dcp", "slimpack"],
+        strategies=["bfd", "wlb", "wlb-ideal", "sorted", "dcp", "slimpack"],
         global_batch_tokens=dp * 1024,
         seed=seed,
     )
@@ -147,7 +147,7 @@ def test_bound_never_above_any_same_work_strategy(lengths, dp, pp, seed):
         if r.same_work:
             assert r.bound <= r.step_time * (1 + 1e-9)
             checked += 1
-    assert checked >= 4
+    assert checked >= 5
 
 
 def test_json_contract(tmp_path):
@@ -194,3 +194,37 @@ def test_dcp_runs_its_faster_schedule():
     each = [run("smallest", s).results["dcp"].step_time for s in ("1f1b", "interleaved")]
     assert best.step_time == min(each)
     assert best.schedule == ("1f1b", "interleaved")[each.index(min(each))]
+
+
+def test_wlb_run_is_compared_on_total_time_over_the_same_documents():
+    """``wlb`` delays documents: its result is its total run time (flush iterations included)
+    over the steps, and it trains exactly the batches' tokens and pairs over the run."""
+    from slimdata.sim import simulate_step
+    from slimdata.solver import PlanConfig
+    from slimdata.solver.strategies.wlb_queue import WlbStream
+
+    cost, steps = mib_cost(), 3
+    docs = documents_from_lengths([n * 4 for n in LENGTHS])
+    lay = Layout(dp=4, context=1024, memory_gib=100)
+    cmp = compare_strategies(
+        docs, lay, cost, strategies=["wlb", "wlb-ideal"], steps=steps, baseline_config="cp=1"
+    )
+    r = cmp.results["wlb"]
+    batches = PlanConfig(layout=lay, global_batch_tokens=4 * 1024, seed=0).batches(docs)[:steps]
+    stream = WlbStream(lay, 0, cost)
+    plans = [stream.step(b, k) for k, b in enumerate(batches)]
+    plans += stream.flush(steps)
+    assert len(plans) > steps  # outliers still waited after the last step: flushed
+    total = sum(simulate_step(p, cost, lay, SimConfig(cp=1)).step_time for p in plans)
+    assert r.iterations == len(plans) and r.steps == steps
+    assert r.step_time == pytest.approx(total / steps, rel=1e-12)
+    assert r.token_delay == pytest.approx(stream.mean_token_delay()) and r.token_delay > 0
+    work = [batch_work(b) for b in batches]
+    assert r.tokens * steps == sum(w.tokens for w in work) == sum(map(sum, cmp.steps))
+    assert r.attention_pairs * steps == pytest.approx(sum(w.attention_pairs for w in work))
+    assert r.same_work
+    ideal = cmp.results["wlb-ideal"]
+    assert ideal.iterations == ideal.steps == steps and ideal.token_delay == 0
+    assert cmp.speedups()["wlb"][1] == pytest.approx(ideal.step_time / r.step_time)
+    out = cmp.to_dict()["results"]["wlb"]
+    assert (out["steps"], out["iterations"]) == (steps, len(plans))
