@@ -50,6 +50,7 @@ from slimdata.sim.search import (
     BaselineConfig,
     Evaluator,
     Run,
+    Setup,
     cp_sizes,
     parse_baseline_config,
     search,
@@ -69,6 +70,11 @@ __all__ = [
 REFERENCE = "concat"
 CP_FREE: tuple[str, ...] = ("dcp",)
 """Strategies that choose context parallelism per sequence themselves: ``cp = 1``."""
+ROW_SEARCH: tuple[str, ...] = ("bfd", "multipack", "wlb", "wlb-ideal", "sorted")
+"""Token-packing baselines whose micro-batch count follows from their packed row length: with
+``best`` the search also tries other row lengths (:meth:`~slimdata.sim.search.Evaluator.rows`).
+``concat``'s row is the training context itself (a data choice, not a packing knob); slimpack
+and ``dcp`` choose their micro-batches themselves."""
 GIB = float(1 << 30)
 NAN = float("nan")
 
@@ -114,6 +120,8 @@ class StrategyStats:
     """Iterations simulated: ``steps``, plus the flush iterations of a stream strategy."""
     token_delay: float = 0.0
     """Mean token delay in iterations (tokens x iterations waited / tokens; ``wlb``)."""
+    row_tokens: int = 0
+    """Packed row length (most tokens of one micro-batch of a DP group) it was solved with."""
 
     def to_dict(self) -> dict[str, Any]:
         if self.error:
@@ -146,6 +154,7 @@ class StrategyStats:
             "micro_batches": self.micro_batches,
             "schedule": self.schedule,
             "merge_groups": self.merge_groups,
+            "row_tokens": self.row_tokens,
         }
         return out
 
@@ -269,12 +278,13 @@ def compare_strategies(
             results[name] = _failed(run)
             continue
         first[name] = (run.plans[0], run.sims[0])
-        results[name] = _stats(run, cost, [b.value for b in bounds], ref_work)
+        row = layout.context if name == REFERENCE else layout.token_cap  # concat: rows of context
+        results[name] = _stats(run, cost, [b.value for b in bounds], ref_work, row)
     default = _run(ev, REFERENCE, BaselineConfig("smallest"), schedule="1f1b")
     mega = (
         None
         if isinstance(default, str)
-        else _stats(default, cost, [b.value for b in bounds], ref_work)
+        else _stats(default, cost, [b.value for b in bounds], ref_work, layout.context)
     )
     cfg = _config_dict(layout, cost, config, choice, gbt, steps, seed, oversize, strategies, docs)
     return Comparison(
@@ -297,7 +307,7 @@ def _run(
     if schedule is not None and schedule != ev.config.schedule:
         ev = ev.with_schedule(schedule)
     if name not in CP_FREE:
-        return search(ev, name, choice)
+        return search(ev, name, choice, rows=name in ROW_SEARCH)
     schedules = [ev.config.schedule]
     if choice.mode == "best" and ev.layout.pp > 1:
         schedules = ["1f1b", "interleaved"]
@@ -316,10 +326,11 @@ def _cp_free(ev: Evaluator, name: str, schedule: str) -> Run | str:
     """Every step of a CP-free strategy at ``cp = 1`` with ``schedule``."""
     from slimdata.errors import PlanError
 
+    at = Setup(1)
     try:
-        n = ev.iterations(name, 1)
-        plans = [ev.plan(name, 1, s) for s in range(n)]
-        sims = [ev.sim(name, 1, schedule, s) for s in range(n)]
+        n = ev.iterations(name, at)
+        plans = [ev.plan(name, at, s) for s in range(n)]
+        sims = [ev.sim(name, at, schedule, s) for s in range(n)]
     except PlanError as exc:
         return str(exc)
     return Run(
@@ -329,11 +340,11 @@ def _cp_free(ev: Evaluator, name: str, schedule: str) -> Run | str:
         sims,
         [t for _, t in plans],
         len(ev.batches),
-        ev.token_delay(name, 1),
+        ev.token_delay(name, at),
     )
 
 
-def _stats(run: Run, cost: CostModel, bounds: list[float], ref: list) -> StrategyStats:
+def _stats(run: Run, cost: CostModel, bounds: list[float], ref: list, cap: int) -> StrategyStats:
     """One run over its iterations. Times and work are per step over the run (total / steps):
     a per-step strategy's mean, and for a stream strategy its total time over the same
     documents, flush iterations included; the rest are means over iterations."""
@@ -371,6 +382,7 @@ def _stats(run: Run, cost: CostModel, bounds: list[float], ref: list) -> Strateg
         merge_groups=float(np.mean([len(p.merges) for p in run.plans])),
         iterations=len(run.sims),
         token_delay=run.token_delay,
+        row_tokens=run.row or cap,
     )
 
 
