@@ -25,6 +25,9 @@ Megatron default of the paper does); ``cp=N`` exactly that size. Costs and short
   pruned without simulating it;
 - candidates are screened on the first step; the fastest is then run on every step, and if a
   later step does not fit the next candidate is tried;
+- row lengths are screened only at the two fastest ``(k, schedule)`` of the default row
+  (:data:`ROW_CANDIDATES`), longer rows in increasing order until one does not fit or is
+  slower than the one before;
 - a *stream* strategy (``wlb``, which delays documents to later steps) is advanced step by
   step as the search asks for its plans (screening solves only its first step) and flushed
   when a configuration runs every step: its run has the flush iterations after the steps.
@@ -342,19 +345,53 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
         screened: list[tuple[float, int, int, str]] = []
         why = ""
         for k in sizes:
-            for row in ev.rows(k) if rows and choice.mode == "best" else [0]:
-                for sch in schedules:
-                    t = _screen(ev, name, Setup(k, row), sch)
-                    ev.log.tried.append(
-                        {"strategy": name, "cp": k, "row": row, "schedule": sch, "first_step": t}
-                    )
-                    if isinstance(t, str):
-                        why = why or t
-                    else:
-                        screened.append((t, k, row, sch))
+            for sch in schedules:
+                fails = _try(ev, name, Setup(k), sch, screened)
+                why = why or fails
+        if rows and choice.mode == "best":
+            for _t, k, _row, sch in sorted(screened)[:ROW_CANDIDATES]:
+                _try_rows(ev, name, k, sch, screened)
         out = _first_that_fits(ev, name, sorted(screened), why, sizes[-1])
     ev.log.seconds += time.perf_counter() - t0
     return out
+
+
+ROW_CANDIDATES = 2
+"""Row lengths are searched at the best ``(k, schedule)`` configurations of the first pass."""
+
+
+def _try(
+    ev: Evaluator, name: str, at: Setup, sch: str, screened: list[tuple[float, int, int, str]]
+) -> str:
+    """Screen one configuration into ``screened``; why it does not fit, or ``""``."""
+    t = _screen(ev, name, at, sch)
+    ev.log.tried.append(
+        {"strategy": name, "cp": at.cp, "row": at.row, "schedule": sch, "first_step": t}
+    )
+    if isinstance(t, str):
+        return t
+    screened.append((t, at.cp, at.row, sch))
+    return ""
+
+
+def _try_rows(
+    ev: Evaluator, name: str, k: int, sch: str, screened: list[tuple[float, int, int, str]]
+) -> None:
+    """The other row lengths at ``(k, sch)``: shorter first; longer ones in increasing order
+    until one does not fit or is slower than the one before (activation memory and the
+    per-device pack grow with the row)."""
+    cap = ev.layout.token_cap
+    prev = next(t for t, kk, row, ss in screened if (kk, row, ss) == (k, 0, sch))
+    for row in ev.rows(k):
+        if row == 0:
+            continue
+        n = len(screened)
+        fails = _try(ev, name, Setup(k, row), sch, screened)
+        if row < cap:
+            continue
+        if fails or screened[n][0] > prev:
+            break
+        prev = screened[n][0]
 
 
 def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
