@@ -157,7 +157,8 @@ class _Stream:
 
 
 class Evaluator:
-    """Solve and simulate ``(strategy, cp, step)`` at most once each (per schedule)."""
+    """Solve and simulate ``(strategy, Setup, step)`` at most once each (per schedule); a
+    stream strategy (``streams``: name -> packer class) is advanced step by step."""
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ WLB-LLM (Wang et al., OSDI'25, arXiv 2503.17924, §4.1 and Alg. 1), as the paper
 - **outlier queues**: ``n`` FIFO queues with length thresholds ``L_1 < ... < L_n`` (and
   ``L_{n+1} = inf``); a document with ``L_i <= d < L_{i+1}`` waits in queue ``i``. When a queue
   holds ``N`` documents (``N = dp * m``, the micro-batches of one iteration) they are popped,
-  one per micro-batch;
+  one per micro-batch (longest to the least-loaded);
 - **var-length packing** (Alg. 1) of the rest on the workload ``W(d) = W_att(d) + W_lin(d)``
   (the cost model's forward + backward seconds of the document run whole) under the token cap
   ``S_max = layout.token_cap``: the leftovers of the last iteration are placed first, then the
@@ -139,7 +139,6 @@ class WlbStream:
         self.leftovers: list[Waiting] = []
         self.delayed_tokens = 0.0
         self.trained_tokens = 0
-        self.iterations = 0
 
     @property
     def n(self) -> int:
@@ -208,8 +207,7 @@ class WlbStream:
             deferred += self._one_per_microbatch(bins, range(first, first + len(g)), lengths, work)
             first += len(g)
         deferred += bins.place(range(len(popped), len(items)), lengths, work)
-        if len(deferred) == len(items) and items:
-            raise AssertionError("an iteration that trains nothing would defer forever")
+        assert not items or len(deferred) < len(items), "an empty iteration would defer forever"
         self.leftovers = [items[i] for i in deferred]
         return self._plan(items, bins, deferred, step, t0)
 
@@ -240,7 +238,6 @@ class WlbStream:
         for i in keep:
             self.delayed_tokens += items[i].doc.length * (step - items[i].arrived)
             self.trained_tokens += items[i].doc.length
-        self.iterations += 1
         packs = [[local[i] for i in b] for b in bins.items]
         view = BatchView.build(docs, self.cost)
         return baseline_plan(
