@@ -42,7 +42,7 @@ def main() -> None:
         batch = make_batches(
             apply_oversize(documents_from_lengths(lens), layout.context, "split"), 1 << 20, 0
         )[0]
-        for strategy in ("concat", "wlb", "slimpack"):
+        for strategy in ("concat", "wlb-ideal", "slimpack"):
             plan = solve(batch, layout, strategy, 0, cost)
             times = []
             for _ in range(args.repeat):

@@ -63,7 +63,7 @@ HELDOUT = dict(
 tokens, at most 8192), slices of 2048, packs of at most 8192, a 16 GiB activation budget."""
 STEPS = 4
 """Global batches timed per strategy in the speedup section."""
-SAME_WORK = ("slimpack", "bfd", "multipack", "wlb", "sorted")
+SAME_WORK = ("slimpack", "bfd", "multipack", "wlb-ideal", "sorted")
 """Strategies that keep documents whole (``concat`` cuts them at row ends: less attention)."""
 
 

@@ -31,7 +31,7 @@ from slimdata.cost.states import activation_budget_gib, auto_recompute
 from slimdata.docsource import documents_from_lengths
 from slimdata.sim import SimConfig
 from slimdata.sim.compare import compare_strategies
-from slimdata.solver import STRATEGIES, Layout
+from slimdata.solver import ALL_STRATEGIES, Layout
 
 CONTEXTS = {"128K": 131072, "256K": 262144, "512K": 524288}
 LAYOUTS = [(64, 1), (16, 4), (8, 8)]
@@ -90,7 +90,7 @@ def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int) -> dict:
             baseline_config=baseline_config,
         ).to_dict()
 
-    out = run(list(STRATEGIES), "best")
+    out = run(list(ALL_STRATEGIES), "best")
     # what the runtime hooks execute today: slimpack without static CP
     out["slimpack_cp1"] = run(["slimpack"], "cp=1")["results"]["slimpack"]
     out["config"]["memory_budget"] = how
@@ -125,10 +125,13 @@ def row(ds: str, ctx: str, dp: int, pp: int, res: dict) -> dict:
         "dp": dp,
         "pp": pp,
         "best": best[0] if best else None,
-        "best_config": best[1]["config"] if best else None,
+        "best_config": {**best[1]["config"], "context": CONTEXTS[ctx]} if best else None,
         "best_s": best[1]["step_time"] if best else None,
         "megatron_s": t(mega),
         "dcp_s": t(dcp),
+        "wlb_s": t(r.get("wlb")),
+        "wlb_iterations": r.get("wlb", {}).get("iterations"),
+        "wlb_token_delay": r.get("wlb", {}).get("token_delay"),
         "slimpack_s": t(sp),
         "slimpack_config": sp.get("config"),
         "slimpack_cp1_s": t(sp1),
@@ -143,6 +146,19 @@ def row(ds: str, ctx: str, dp: int, pp: int, res: dict) -> dict:
     }
 
 
+def _wlb(r: dict) -> str:
+    """The faithful wlb: run time per step (flush included), iterations, mean token delay."""
+    if r.get("wlb_s") is None:
+        return "failed" if "wlb_s" in r else "-"
+    return f"{r['wlb_s']:.2f} ({r['wlb_iterations']}, {r['wlb_token_delay']:.2f})"
+
+
+def _row(config: dict) -> str:
+    """``, row 256K`` when the packed row length is not the context (searched, issue 14)."""
+    row, ctx = config.get("row_tokens", 0), config.get("context", 0)
+    return f", row {row // 1024}K" if row and ctx and row != ctx else ""
+
+
 def fmt(x: float | None, spec: str = ".2f") -> str:
     return "failed" if x is None else format(x, spec)
 
@@ -150,13 +166,17 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 def table(rows: list[dict]) -> str:
     head = (
         "| dataset | context | DP x PP | best baseline (cp, schedule, mb) | best s | Megatron "
-        "default s | dcp s | slimpack (cp, schedule, mb) | slimpack s | slimpack vs best "
-        "| slimpack step/bound | slimpack cp1 s |"
+        "default s | dcp s | wlb s (iterations, delay) | slimpack (cp, schedule, mb) "
+        "| slimpack s | slimpack vs best | slimpack step/bound | slimpack cp1 s |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         c = r["best_config"]
-        best = f"{r['best']} (cp{c['cp']}, {c['schedule']}, {c['micro_batches']})" if c else "none"
+        best = (
+            f"{r['best']} (cp{c['cp']}, {c['schedule']}, {c['micro_batches']}{_row(c)})"
+            if c
+            else "none"
+        )
         vs = fmt(r["speedup"]) + ("x" if r["speedup"] else "")
         sc = r.get("slimpack_config")
         sp_cfg = f"cp{sc['cp']}, {sc['schedule']}, {sc['micro_batches']}" if sc else "-"
@@ -164,14 +184,20 @@ def table(rows: list[dict]) -> str:
             f"| {r['dataset']} | {r['context']} | {r['dp']}x{r['pp']} | {best} "
             f"| {fmt(r['best_s'])} | {fmt(r['megatron_s'])} "
             f"| {fmt(r['dcp_s'])}{'!' if r.get('dcp_over_memory') else ''} "
+            f"| {_wlb(r)} "
             f"| {sp_cfg} | {fmt(r['slimpack_s'])}{'!' if r.get('slimpack_over_memory') else ''} "
             f"| {vs} | {fmt(r['slimpack_over_bound'])} | {fmt(r.get('slimpack_cp1_s'))} |"
         )
     lines.append(
         "\n`!`: over the memory budget in some step (never taken as the best baseline). "
-        "Best baseline: the fastest same-work strategy other than slimpack that fits. "
+        "Best baseline: the fastest same-work strategy other than slimpack that fits "
+        "(cp, schedule, micro-batches per pipeline, and the packed row length when the search "
+        "chose one other than the context). "
         "slimpack runs the same configuration search as the baselines (static CP x schedule); "
-        "`slimpack cp1`: without static CP, the configuration the runtime hooks execute."
+        "`slimpack cp1`: without static CP, the configuration the runtime hooks execute. "
+        "`wlb`: WLB-LLM with its outlier delay queues over the simulated steps, then flush "
+        "iterations for what still waits: run time per step over the same documents, "
+        "iterations simulated, mean token delay in iterations."
     )
     return "\n".join(lines) + "\n"
 

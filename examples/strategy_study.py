@@ -36,7 +36,7 @@ from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths
 from slimdata.sim import SimConfig
 from slimdata.sim.compare import compare_strategies
-from slimdata.solver import STRATEGIES, Layout
+from slimdata.solver import ALL_STRATEGIES, Layout
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lengths"
 DATASETS = {"wikipedia": "wikipedia.txt.gz", "wlb128k": "wlb128k.json.gz"}
@@ -97,7 +97,7 @@ def run(
                         docs,
                         layout,
                         cost,
-                        strategies=list(STRATEGIES),
+                        strategies=list(ALL_STRATEGIES),
                         steps=setting["steps"],
                         seed=seed,
                         global_batch_tokens=gbt,

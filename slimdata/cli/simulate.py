@@ -164,7 +164,7 @@ def command(
     from slimdata.errors import ConfigError
     from slimdata.sim import SimConfig
     from slimdata.sim.compare import compare_strategies, format_table, parse_strategies
-    from slimdata.solver import STRATEGIES, Layout
+    from slimdata.solver import ALL_STRATEGIES, Layout
 
     if (shards is None) == (lengths is None):
         raise ConfigError("give exactly one of SHARDS (a build directory) or --lengths FILE")
@@ -188,7 +188,7 @@ def command(
         docs,
         layout,
         cost,
-        strategies=parse_strategies(strategies, list(STRATEGIES)),
+        strategies=parse_strategies(strategies, list(ALL_STRATEGIES)),
         steps=steps,
         seed=seed,
         global_batch_tokens=global_batch_tokens,

@@ -5,7 +5,11 @@ Fairness (design §7):
 - every strategy sees the same documents in the same steps (one
   :func:`~slimdata.solver.make_batches` call, one seed, one oversize policy applied before
   batching) and is judged by the same cost model and simulator; every strategy, ``concat``
-  included, masks attention at document boundaries;
+  included, masks attention at document boundaries. A *stream* strategy (``wlb``, whose
+  outlier queues delay documents to later steps) trains the same documents over the run and
+  then flushes what still waits in extra iterations, simulated and counted: every strategy's
+  ``step_time`` is its run's total time over the number of steps, so speedups compare
+  throughput over the same work;
 - **every baseline runs at its best configuration** (:mod:`slimdata.sim.search`): static CP
   size (CP ranks taken out of DP, re-planned for ``dp / cp`` DP groups), hence micro-batches
   per pipeline, and the pipeline schedule, within the memory cap (``Layout.memory_gib``) in
@@ -46,6 +50,7 @@ from slimdata.sim.search import (
     BaselineConfig,
     Evaluator,
     Run,
+    Setup,
     cp_sizes,
     parse_baseline_config,
     search,
@@ -65,15 +70,23 @@ __all__ = [
 REFERENCE = "concat"
 CP_FREE: tuple[str, ...] = ("dcp",)
 """Strategies that choose context parallelism per sequence themselves: ``cp = 1``."""
+ROW_SEARCH: tuple[str, ...] = ("bfd", "multipack", "wlb", "wlb-ideal", "sorted")
+"""Token-packing baselines whose micro-batch count follows from their packed row length: with
+``best`` the search also tries other row lengths (:meth:`~slimdata.sim.search.Evaluator.rows`).
+``concat``'s row is the training context itself (a data choice, not a packing knob); slimpack
+and ``dcp`` choose their micro-batches themselves."""
 GIB = float(1 << 30)
 NAN = float("nan")
 
 
 @dataclass(frozen=True)
 class StrategyStats:
-    """Means over the simulated steps of one strategy."""
+    """One strategy over the simulated run (see :func:`_stats` for what is a mean)."""
 
     step_time: float
+    """Run time per step: the sum of its iterations' times (a stream strategy's flush
+    iterations included) over ``steps``; the mean step time of a per-step strategy. Every
+    strategy trains the same documents over the run, so ratios of it are throughput ratios."""
     lower_bound: float
     """The plan's own bound (:func:`~slimdata.sim.results.lower_bound`): moves with the plan."""
     imbalance: float
@@ -92,9 +105,9 @@ class StrategyStats:
     bound: float = NAN
     """The plan-independent bound of the same batches (:mod:`slimdata.sim.bound`), mean."""
     tokens: float = NAN
-    """Tokens computed per step (mean)."""
+    """Tokens computed per step (run total / steps)."""
     attention_pairs: float = NAN
-    """Causal query-key pairs computed per step (mean)."""
+    """Causal query-key pairs computed per step (run total / steps)."""
     same_work: bool = True
     """Computes every causal pair of the batch's documents (False: cuts documents)."""
     schedule: str = ""
@@ -103,6 +116,12 @@ class StrategyStats:
     """Most forward packs of any DP group in a step (micro-batches per pipeline)."""
     merge_groups: float = 0.0
     """Merge groups (DP-Merge or per-sequence CP groups) per step (mean)."""
+    iterations: int = 0
+    """Iterations simulated: ``steps``, plus the flush iterations of a stream strategy."""
+    token_delay: float = 0.0
+    """Mean token delay in iterations (tokens x iterations waited / tokens; ``wlb``)."""
+    row_tokens: int = 0
+    """Packed row length (most tokens of one micro-batch of a DP group) it was solved with."""
 
     def to_dict(self) -> dict[str, Any]:
         if self.error:
@@ -122,6 +141,8 @@ class StrategyStats:
             "comm_time",
             "over_memory_steps",
             "steps",
+            "iterations",
+            "token_delay",
             "cp",
             "plan_memory_gib",
         ):
@@ -133,6 +154,7 @@ class StrategyStats:
             "micro_batches": self.micro_batches,
             "schedule": self.schedule,
             "merge_groups": self.merge_groups,
+            "row_tokens": self.row_tokens,
         }
         return out
 
@@ -227,7 +249,7 @@ def compare_strategies(
     ``global_batch_tokens`` defaults to ``dp * context``; ``baseline_config``: ``best``,
     ``smallest`` or ``cp=N`` (:mod:`slimdata.sim.search`).
     """
-    from slimdata.solver import PlanConfig, solve
+    from slimdata.solver import STREAMS, PlanConfig, solve
 
     if steps < 1:
         raise ConfigError(f"steps={steps!r} must be >= 1")
@@ -245,7 +267,7 @@ def compare_strategies(
     if not batches:
         raise ConfigError("no documents to simulate")
     batches = [batches[s % len(batches)] for s in range(steps)]
-    ev = Evaluator(batches, layout, cost, config, seed, solve)
+    ev = Evaluator(batches, layout, cost, config, seed, solve, STREAMS)
     bounds = [step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages) for b in batches]
     ref_work = [batch_work(b) for b in batches]
     results: dict[str, StrategyStats] = {}
@@ -256,12 +278,13 @@ def compare_strategies(
             results[name] = _failed(run)
             continue
         first[name] = (run.plans[0], run.sims[0])
-        results[name] = _stats(run, cost, [b.value for b in bounds], ref_work)
+        row = layout.context if name == REFERENCE else layout.token_cap  # concat: rows of context
+        results[name] = _stats(run, cost, [b.value for b in bounds], ref_work, row)
     default = _run(ev, REFERENCE, BaselineConfig("smallest"), schedule="1f1b")
     mega = (
         None
         if isinstance(default, str)
-        else _stats(default, cost, [b.value for b in bounds], ref_work)
+        else _stats(default, cost, [b.value for b in bounds], ref_work, layout.context)
     )
     cfg = _config_dict(layout, cost, config, choice, gbt, steps, seed, oversize, strategies, docs)
     return Comparison(
@@ -282,9 +305,9 @@ def _run(
     the others through the configuration search. With ``best`` and ``pp > 1`` ``dcp`` runs
     the faster of 1F1B and interleaved."""
     if schedule is not None and schedule != ev.config.schedule:
-        ev = _with_schedule(ev, schedule)
+        ev = ev.with_schedule(schedule)
     if name not in CP_FREE:
-        return search(ev, name, choice)
+        return search(ev, name, choice, rows=name in ROW_SEARCH)
     schedules = [ev.config.schedule]
     if choice.mode == "best" and ev.layout.pp > 1:
         schedules = ["1f1b", "interleaved"]
@@ -303,61 +326,63 @@ def _cp_free(ev: Evaluator, name: str, schedule: str) -> Run | str:
     """Every step of a CP-free strategy at ``cp = 1`` with ``schedule``."""
     from slimdata.errors import PlanError
 
+    at = Setup(1)
     try:
-        plans = [ev.plan(name, 1, s) for s in range(len(ev.batches))]
-        sims = [ev.sim(name, 1, schedule, s) for s in range(len(ev.batches))]
+        n = ev.iterations(name, at)
+        plans = [ev.plan(name, at, s) for s in range(n)]
+        sims = [ev.sim(name, at, schedule, s) for s in range(n)]
     except PlanError as exc:
         return str(exc)
-    return Run(1, schedule, [p for p, _ in plans], sims, [t for _, t in plans])
-
-
-def _with_schedule(ev: Evaluator, schedule: str) -> Evaluator:
-    """The same evaluator (caches shared) with another user schedule."""
-    other = Evaluator(
-        ev.batches,
-        ev.layout,
-        ev.cost,
-        dataclasses.replace(ev.config, schedule=schedule),
-        ev.seed,
-        ev._solve,
+    return Run(
+        1,
+        schedule,
+        [p for p, _ in plans],
+        sims,
+        [t for _, t in plans],
+        len(ev.batches),
+        ev.token_delay(name, at),
     )
-    other._plans, other._sims, other.log = ev._plans, ev._sims, ev.log
-    return other
 
 
-def _stats(run: Run, cost: CostModel, bounds: list[float], ref: list) -> StrategyStats:
-    """Means of one run over its steps."""
+def _stats(run: Run, cost: CostModel, bounds: list[float], ref: list, cap: int) -> StrategyStats:
+    """One run over its iterations. Times and work are per step over the run (total / steps):
+    a per-step strategy's mean, and for a stream strategy its total time over the same
+    documents, flush iterations included; the rest are means over iterations."""
     rows = np.array(
         [
-            (r.step_time, r.lower_bound, r.imbalance, r.bubble, r.peak_memory_gib, ms, r.comm_time)
+            (r.lower_bound, r.imbalance, r.bubble, r.peak_memory_gib, ms, r.comm_time)
             for r, ms in zip(run.sims, run.solve_ms, strict=True)
         ]
     )
     m = [float(x) for x in rows.mean(axis=0)]
+    steps = run.steps or len(run.sims)
     works = [plan_work(p) for p in run.plans]
-    same = all(
-        w.tokens == b.tokens and w.attention_pairs >= b.attention_pairs * (1 - 1e-12)
-        for w, b in zip(works, ref, strict=True)
-    )
+    tokens = sum(w.tokens for w in works)
+    pairs = sum(w.attention_pairs for w in works)
+    ref_pairs = sum(b.attention_pairs for b in ref)
+    same = tokens == sum(b.tokens for b in ref) and pairs >= ref_pairs * (1 - 1e-12)
     return StrategyStats(
-        step_time=m[0],
-        lower_bound=m[1],
-        imbalance=m[2],
-        bubble=m[3],
-        peak_memory_gib=m[4],
-        solve_ms=m[5],
-        comm_time=m[6],
+        step_time=sum(r.step_time for r in run.sims) / steps,
+        lower_bound=m[0],
+        imbalance=m[1],
+        bubble=m[2],
+        peak_memory_gib=m[3],
+        solve_ms=m[4],
+        comm_time=m[5],
         over_memory_steps=sum(r.over_memory for r in run.sims),
-        steps=len(run.sims),
+        steps=steps,
         cp=run.cp,
         plan_memory_gib=max(float(cp_peak_memory(p, cost, run.cp).max()) for p in run.plans) / GIB,
         bound=float(np.mean(bounds)),
-        tokens=float(np.mean([w.tokens for w in works])),
-        attention_pairs=float(np.mean([w.attention_pairs for w in works])),
+        tokens=tokens / steps,
+        attention_pairs=pairs / steps,
         same_work=same,
         schedule=run.schedule,
         micro_batches=max(len(rs.forward) for p in run.plans for rs in p.ranks),
         merge_groups=float(np.mean([len(p.merges) for p in run.plans])),
+        iterations=len(run.sims),
+        token_delay=run.token_delay,
+        row_tokens=run.row or cap,
     )
 
 
@@ -457,10 +482,16 @@ def format_table(cmp: Comparison) -> str:
         lines.append(
             f"{name + tag:<12}{r.cp:>3}{r.schedule:>12}{r.micro_batches:>4}{r.step_time:>10.3f}"
             f"{r.bound:>10.3f}{r.step_time / r.bound:>9.2f}{r.imbalance:>7.2f}{r.bubble:>7.2f}"
-            f"{mem:>9}{r.solve_ms:>9.1f}{vb:>8.2f}x{vc:>9.2f}x{md.get(name, NAN):>8.2f}x"
+            f"{mem:>9}{r.solve_ms:>9.1f}{_ratio(vb, 9)}{_ratio(vc, 10)}{_ratio(md.get(name, NAN), 9)}"
         )
     lines.extend(_notes(cmp))
     return "\n".join(lines)
+
+
+def _ratio(x: float, width: int) -> str:
+    """A speedup column: ``1.07x``, or ``-`` where there is no reference (e.g. ``concat`` not
+    among --strategies)."""
+    return f"{x:>{width - 1}.2f}x" if np.isfinite(x) else f"{'-':>{width}}"
 
 
 def _notes(cmp: Comparison) -> list[str]:
@@ -472,6 +503,13 @@ def _notes(cmp: Comparison) -> list[str]:
             "* cuts documents: computes fewer attention pairs than the batch holds (not the same "
             "work); 'vs best' compares against same-work strategies only"
         )
+    for name, r in cmp.results.items():
+        if not r.error and r.iterations > r.steps:
+            out.append(
+                f"{name}: delays documents; {r.iterations} iterations for {r.steps} step(s) "
+                f"({r.iterations - r.steps} flushing what still waited), mean token delay "
+                f"{r.token_delay:.2f} iterations; step s = total run time / steps (same documents)"
+            )
     mega = cmp.megatron_default
     ref = f"{mega.step_time:.3f} s at cp={mega.cp}" if mega else "failed"
     out.append(

@@ -3,10 +3,14 @@
 For a baseline the search covers:
 
 - **static CP size** ``k``: powers of two dividing ``dp``; the ``k`` CP ranks come out of DP, so
-  the plan is solved for ``dp / k`` DP groups (:mod:`slimdata.sim.cp`). With the global batch
-  fixed, fewer DP groups means more micro-batches per pipeline: Megatron's packed (THD)
-  path runs micro-batch size 1, so the micro-batch count of a baseline follows from its rows,
-  the global batch and ``dp / k``, and the CP search is also the micro-batch search;
+  the plan is solved for ``dp / k`` DP groups (:mod:`slimdata.sim.cp`);
+- **micro-batches per pipeline**, through the **packed row length** ``R`` (token-packing
+  baselines, :data:`~slimdata.sim.compare.ROW_SEARCH`): Megatron's packed (THD) path runs
+  micro-batch size 1, so with the global batch ``G`` fixed a pipeline runs about ``G / (R dp
+  / k)`` micro-batches. ``R`` is tried at ``cap / 2`` (more, smaller micro-batches; only when
+  every document of the run fits, so no document is cut), ``cap`` (``layout.token_cap``, the
+  default) and ``2 cap``, ``4 cap`` (fewer, larger ones: ``R / k`` tokens per device) while a
+  DP group's share of the batch needs more than one row of ``R / 2``;
 - **pipeline schedule** (``pp > 1``): 1F1B or interleaved (``SimConfig.virtual_stages``
   virtual stages).
 
@@ -14,13 +18,19 @@ For a baseline the search covers:
 step; ``smallest`` the smallest ``k`` that fits, with the schedule the user gave (what the
 Megatron default of the paper does); ``cp=N`` exactly that size. Costs and shortcuts:
 
-- a plan does not depend on the schedule: each ``(strategy, k, step)`` is solved once and
+- a plan does not depend on the schedule: each ``(strategy, k, R, step)`` is solved once and
   simulated once per schedule (:class:`Evaluator` memoizes both);
-- a ``k`` whose largest pack cannot fit even alone (``act_bytes_per_token * tokens *
+- a ``(k, R)`` whose largest pack cannot fit even alone (``act_bytes_per_token * tokens *
   smallest stage share / k`` above the cap: a necessary condition for the simulated peak) is
   pruned without simulating it;
 - candidates are screened on the first step; the fastest is then run on every step, and if a
-  later step does not fit the next candidate is tried.
+  later step does not fit the next candidate is tried;
+- row lengths are screened only at the two fastest ``(k, schedule)`` of the default row
+  (:data:`ROW_CANDIDATES`), longer rows in increasing order until one does not fit or is
+  slower than the one before;
+- a *stream* strategy (``wlb``, which delays documents to later steps) is advanced step by
+  step as the search asks for its plans (screening solves only its first step) and flushed
+  when a configuration runs every step: its run has the flush iterations after the steps.
 
 ``SearchLog`` says what the search cost: configurations screened, pruned, simulations run
 and wall seconds, reported in ``simulate``'s JSON.
@@ -30,8 +40,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from slimdata.cost import CostModel
 from slimdata.errors import ConfigError, PlanError
@@ -47,6 +58,7 @@ __all__ = [
     "Evaluator",
     "Run",
     "SearchLog",
+    "Setup",
     "cp_sizes",
     "parse_baseline_config",
     "search",
@@ -106,18 +118,47 @@ class SearchLog:
 
 
 @dataclass(frozen=True)
+class Setup:
+    """What a plan is solved for: static CP size and packed row length (0: the layout's
+    ``token_cap``)."""
+
+    cp: int
+    row: int = 0
+
+
+@dataclass(frozen=True)
 class Run:
-    """A strategy run on every step in one configuration."""
+    """A strategy run on every step in one configuration.
+
+    ``plans``/``sims`` are its iterations: one per step, plus the flush iterations of a stream
+    strategy (which trains, over the run, the same documents as the steps)."""
 
     cp: int
     schedule: str
     plans: list[StepPlan]
     sims: list[SimResult]
     solve_ms: list[float]
+    steps: int = 0
+    """Steps of the run (the batches); ``len(plans) - steps`` flush iterations."""
+    token_delay: float = 0.0
+    """Mean token delay in iterations (0 for a per-step strategy)."""
+    row: int = 0
+    """Packed row length it was solved with (0: the layout's ``token_cap``)."""
+
+
+class _Stream:
+    """A stream strategy's progress in one ``(strategy, cp)``: the packer and its next step."""
+
+    def __init__(self, packer: Any) -> None:
+        self.packer = packer
+        self.next = 0
+        self.flush_iterations: int | None = None
+        """Set once flushed."""
 
 
 class Evaluator:
-    """Solve and simulate ``(strategy, cp, step)`` at most once each (per schedule)."""
+    """Solve and simulate ``(strategy, Setup, step)`` at most once each (per schedule); a
+    stream strategy (``streams``: name -> packer class) is advanced step by step."""
 
     def __init__(
         self,
@@ -127,38 +168,109 @@ class Evaluator:
         config: SimConfig,
         seed: int,
         solve: Callable[..., StepPlan],
+        streams: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.batches, self.layout, self.cost = batches, layout, cost
         self.config, self.seed, self._solve = config, seed, solve
-        self._plans: dict[tuple[str, int, int], tuple[StepPlan, float]] = {}
-        self._sims: dict[tuple[str, int, str, int], SimResult] = {}
+        self._stream_kinds = dict(streams or {})
+        self._plans: dict[tuple[str, Setup, int], tuple[StepPlan, float]] = {}
+        self._sims: dict[tuple[str, Setup, str, int], SimResult] = {}
+        self._streams: dict[tuple[str, Setup], _Stream] = {}
         self.log = SearchLog()
 
-    def plan(self, name: str, k: int, step: int) -> tuple[StepPlan, float]:
-        key = (name, k, step)
-        if key not in self._plans:
-            # a DP group of k devices holds a pack split k ways: k devices' memory (the
-            # simulator then checks every device's peak, gathered K/V included)
-            lay = dataclasses.replace(
-                self.layout,
-                dp=self.layout.dp // k,
-                ranks_per_node=max(1, self.layout.ranks_per_node // k),
-                memory_gib=self.layout.memory_gib * k,
-            )
+    def with_schedule(self, schedule: str) -> Evaluator:
+        """The same evaluator, caches and log shared, with another user schedule."""
+        other = Evaluator(
+            self.batches,
+            self.layout,
+            self.cost,
+            dataclasses.replace(self.config, schedule=schedule),
+            self.seed,
+            self._solve,
+            self._stream_kinds,
+        )
+        other._plans, other._sims, other._streams = self._plans, self._sims, self._streams
+        other.log = self.log
+        return other
+
+    def layout_for(self, at: Setup) -> Layout:
+        """The layout a plan is solved for under static CP ``k = at.cp``: ``dp / k`` DP
+        groups; a group of k devices holds a pack split k ways, so it has k devices' memory
+        (the simulator then checks every device's peak, gathered K/V included); packs of at
+        most ``at.row`` tokens when given."""
+        k = at.cp
+        return dataclasses.replace(
+            self.layout,
+            dp=self.layout.dp // k,
+            ranks_per_node=max(1, self.layout.ranks_per_node // k),
+            memory_gib=self.layout.memory_gib * k,
+            pack_tokens=at.row or self.layout.pack_tokens,
+        )
+
+    def plan(self, name: str, at: Setup, step: int) -> tuple[StepPlan, float]:
+        """The plan of iteration ``step`` (a step, or a stream's flush iteration) and its
+        solve milliseconds."""
+        key = (name, at, step)
+        if key not in self._plans and name in self._stream_kinds:
+            self._advance(name, at, step)
+        elif key not in self._plans:
             t0 = time.perf_counter()
             plan = self._solve(
-                self.batches[step], lay, name, self.seed, self.cost, step=step, validate=False
+                self.batches[step],
+                self.layout_for(at),
+                name,
+                self.seed,
+                self.cost,
+                step=step,
+                validate=False,
             )
             self._plans[key] = (plan, (time.perf_counter() - t0) * 1e3)
             self.log.solves += 1
         return self._plans[key]
 
-    def sim(self, name: str, k: int, schedule: str, step: int) -> SimResult:
-        key = (name, k, schedule, step)
+    def iterations(self, name: str, at: Setup) -> int:
+        """Iterations of the run: the steps, plus a stream's flush iterations."""
+        n = len(self.batches)
+        if name not in self._stream_kinds:
+            return n
+        self._advance(name, at, n)
+        return n + (self._streams[(name, at)].flush_iterations or 0)
+
+    def token_delay(self, name: str, at: Setup) -> float:
+        st = self._streams.get((name, at))
+        return float(st.packer.mean_token_delay()) if st else 0.0
+
+    def _advance(self, name: str, at: Setup, step: int) -> None:
+        """Run the stream packer of ``(name, at)`` up to ``step`` (the flush once past the
+        last step)."""
+        st = self._streams.get((name, at))
+        if st is None:
+            packer = self._stream_kinds[name](
+                self.layout_for(at), self.seed, self.cost, validate=False
+            )
+            st = self._streams[(name, at)] = _Stream(packer)
+        n = len(self.batches)
+        while st.next <= min(step, n - 1):
+            t0 = time.perf_counter()
+            plan = st.packer.step(self.batches[st.next], st.next)
+            self._plans[(name, at, st.next)] = (plan, (time.perf_counter() - t0) * 1e3)
+            self.log.solves += 1
+            st.next += 1
+        if step >= n and st.flush_iterations is None:
+            t0 = time.perf_counter()
+            plans = st.packer.flush(n)
+            ms = (time.perf_counter() - t0) * 1e3 / max(len(plans), 1)
+            for i, plan in enumerate(plans):
+                self._plans[(name, at, n + i)] = (plan, ms)
+            self.log.solves += len(plans)
+            st.flush_iterations = len(plans)
+
+    def sim(self, name: str, at: Setup, schedule: str, step: int) -> SimResult:
+        key = (name, at, schedule, step)
         if key not in self._sims:
-            cfg = dataclasses.replace(self.config, cp=k, schedule=schedule)
+            cfg = dataclasses.replace(self.config, cp=at.cp, schedule=schedule)
             self._sims[key] = simulate_step(
-                self.plan(name, k, step)[0], self.cost, self.layout, cfg
+                self.plan(name, at, step)[0], self.cost, self.layout, cfg
             )
             self.log.simulations += 1
         return self._sims[key]
@@ -170,32 +282,48 @@ class Evaluator:
         share = float(min(chunk_fractions(self.cost.layers, pp)))
         return self.cost.act_bytes_per_token * most * share / k > self.layout.memory_bytes
 
-    def run(self, name: str, k: int, schedule: str) -> Run | str:
+    def run(self, name: str, at: Setup, schedule: str) -> Run | str:
         """Every step in one configuration, or why it does not fit."""
         plans, sims, ms = [], [], []
-        for step in range(len(self.batches)):
-            plan, t = self.plan(name, k, step)
-            r = self.sim(name, k, schedule, step)
+        for step in range(self.iterations(name, at)):
+            plan, t = self.plan(name, at, step)
+            r = self.sim(name, at, schedule, step)
             if r.over_memory:
                 return f"needs {r.peak_memory_gib:.1f} GiB per device in step {step}"
             plans.append(plan)
             sims.append(r)
             ms.append(t)
-        return Run(k, schedule, plans, sims, ms)
+        n, delay = len(self.batches), self.token_delay(name, at)
+        return Run(at.cp, schedule, plans, sims, ms, n, delay, at.row)
+
+    def rows(self, k: int) -> list[int]:
+        """Packed row lengths to search under static CP ``k`` (module docstring): ``cap / 2``
+        when every document fits it, ``cap``, and ``2 cap``, ``4 cap`` while a DP group's share
+        of the largest batch needs more than one row."""
+        cap = self.layout.token_cap
+        longest = max((d.length for b in self.batches for d in b), default=0)
+        group = -(-max(sum(d.length for d in b) for b in self.batches) // (self.layout.dp // k))
+        out = [cap // 2] if cap // 2 >= max(longest, 128) else []
+        out.append(0)
+        r = 2 * cap
+        while r <= 4 * cap and r // 2 < group:
+            out.append(r)
+            r *= 2
+        return out
 
 
-def _screen(ev: Evaluator, name: str, k: int, schedule: str) -> float | str:
+def _screen(ev: Evaluator, name: str, at: Setup, schedule: str) -> float | str:
     """First-step time of a configuration, or why it does not fit."""
     ev.log.screened += 1
     try:
-        plan, _ = ev.plan(name, k, 0)
+        plan, _ = ev.plan(name, at, 0)
     except PlanError as exc:
         return str(exc)
-    if ev.cannot_fit(plan, k):
+    if ev.cannot_fit(plan, at.cp):
         ev.log.pruned += 1
         return "largest pack over the memory cap (pruned)"
     try:
-        r = ev.sim(name, k, schedule, 0)
+        r = ev.sim(name, at, schedule, 0)
     except PlanError as exc:  # e.g. a schedule that cannot run these micro-batches
         return str(exc)
     if r.over_memory:
@@ -203,8 +331,9 @@ def _screen(ev: Evaluator, name: str, k: int, schedule: str) -> float | str:
     return r.step_time
 
 
-def search(ev: Evaluator, name: str, choice: BaselineConfig) -> Run | str:
-    """The configuration ``choice`` asks for (module docstring), or why none fits."""
+def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False) -> Run | str:
+    """The configuration ``choice`` asks for (module docstring), or why none fits; ``rows``:
+    with ``best``, also search the packed row length (token-packing baselines)."""
     t0 = time.perf_counter()
     lay, cfg = ev.layout, ev.config
     sizes = cp_sizes(lay.dp) if choice.mode != "fixed" else [choice.cp]
@@ -214,19 +343,56 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig) -> Run | str:
     if choice.mode == "smallest":
         out = _smallest(ev, name, sizes)
     else:
-        screened: list[tuple[float, int, str]] = []
+        screened: list[tuple[float, int, int, str]] = []
         why = ""
         for k in sizes:
             for sch in schedules:
-                t = _screen(ev, name, k, sch)
-                ev.log.tried.append({"strategy": name, "cp": k, "schedule": sch, "first_step": t})
-                if isinstance(t, str):
-                    why = why or t
-                else:
-                    screened.append((t, k, sch))
+                fails = _try(ev, name, Setup(k), sch, screened)
+                why = why or fails
+        if rows and choice.mode == "best":
+            for _t, k, _row, sch in sorted(screened)[:ROW_CANDIDATES]:
+                _try_rows(ev, name, k, sch, screened)
         out = _first_that_fits(ev, name, sorted(screened), why, sizes[-1])
     ev.log.seconds += time.perf_counter() - t0
     return out
+
+
+ROW_CANDIDATES = 2
+"""Row lengths are searched at the best ``(k, schedule)`` configurations of the first pass."""
+
+
+def _try(
+    ev: Evaluator, name: str, at: Setup, sch: str, screened: list[tuple[float, int, int, str]]
+) -> str:
+    """Screen one configuration into ``screened``; why it does not fit, or ``""``."""
+    t = _screen(ev, name, at, sch)
+    ev.log.tried.append(
+        {"strategy": name, "cp": at.cp, "row": at.row, "schedule": sch, "first_step": t}
+    )
+    if isinstance(t, str):
+        return t
+    screened.append((t, at.cp, at.row, sch))
+    return ""
+
+
+def _try_rows(
+    ev: Evaluator, name: str, k: int, sch: str, screened: list[tuple[float, int, int, str]]
+) -> None:
+    """The other row lengths at ``(k, sch)``: shorter first; longer ones in increasing order
+    until one does not fit or is slower than the one before (activation memory and the
+    per-device pack grow with the row)."""
+    cap = ev.layout.token_cap
+    prev = next(t for t, kk, row, ss in screened if (kk, row, ss) == (k, 0, sch))
+    for row in ev.rows(k):
+        if row == 0:
+            continue
+        n = len(screened)
+        fails = _try(ev, name, Setup(k, row), sch, screened)
+        if row < cap:
+            continue
+        if fails or screened[n][0] > prev:
+            break
+        prev = screened[n][0]
 
 
 def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
@@ -235,7 +401,7 @@ def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
     for k in sizes:
         ev.log.screened += 1
         try:
-            run = ev.run(name, k, ev.config.schedule)
+            run = ev.run(name, Setup(k), ev.config.schedule)
         except PlanError as exc:
             why = str(exc)
             continue
@@ -246,11 +412,11 @@ def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
 
 
 def _first_that_fits(
-    ev: Evaluator, name: str, ranked: list[tuple[float, int, str]], why: str, largest: int
+    ev: Evaluator, name: str, ranked: list[tuple[float, int, int, str]], why: str, largest: int
 ) -> Run | str:
-    for _t, k, sch in ranked:
+    for _t, k, row, sch in ranked:
         try:
-            run = ev.run(name, k, sch)
+            run = ev.run(name, Setup(k, row), sch)
         except PlanError as exc:
             run = str(exc)
         if isinstance(run, Run):

@@ -12,11 +12,13 @@ from slimdata.solver.batches import OVERSIZE_POLICIES, apply_oversize, make_batc
 from slimdata.solver.config import PlanConfig
 from slimdata.solver.layout import Layout
 from slimdata.solver.memory import plan_peak_memory, rank_memory_trace, rank_peak_memory
-from slimdata.solver.registry import STRATEGIES, solve
+from slimdata.solver.registry import ALL_STRATEGIES, STRATEGIES, STREAMS, solve
 
 __all__ = [
+    "ALL_STRATEGIES",
     "OVERSIZE_POLICIES",
     "STRATEGIES",
+    "STREAMS",
     "Layout",
     "PlanConfig",
     "apply_oversize",

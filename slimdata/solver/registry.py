@@ -3,6 +3,13 @@
 ``STRATEGIES`` maps a name to a pure function ``(batch, layout, seed, cost, *, step, **options)
 -> StepPlan``; every strategy sees the same documents and returns a validated plan whose packs
 carry their predicted seconds and whose ``meta`` carries the seed, options and solve time.
+
+``STREAMS`` maps a name to a strategy that packs the run's *stream* of steps, because it moves
+documents between steps (``wlb``'s outlier delay): a class built as ``(layout, seed, cost, *,
+validate)`` with ``step(batch, step) -> StepPlan`` per step in order and ``flush(step) ->
+list[StepPlan]`` after the last one (extra iterations that train what still waits), and
+``mean_token_delay()``. ``slimdata simulate`` runs both kinds (``ALL_STRATEGIES``); ``solve``
+and ``slimdata plan`` run ``STRATEGIES`` only.
 """
 
 from __future__ import annotations
@@ -20,19 +27,32 @@ from slimdata.solver.strategies.dcp import dcp
 from slimdata.solver.strategies.multipack import multipack
 from slimdata.solver.strategies.slimpack import slimpack
 from slimdata.solver.strategies.sorted import sorted_batches
-from slimdata.solver.strategies.wlb import wlb
+from slimdata.solver.strategies.wlb import wlb_ideal
+from slimdata.solver.strategies.wlb_queue import WlbStream
 
-__all__ = ["STRATEGIES", "solve"]
+__all__ = ["ALL_STRATEGIES", "STRATEGIES", "STREAMS", "solve"]
 
 STRATEGIES: dict[str, Callable[..., StepPlan]] = {
     "concat": concat,
     "bfd": bfd,
     "multipack": multipack,
-    "wlb": wlb,
+    "wlb-ideal": wlb_ideal,
     "sorted": sorted_batches,
     "dcp": dcp,
     "slimpack": slimpack,
 }
+STREAMS: dict[str, Callable[..., WlbStream]] = {"wlb": WlbStream}
+ALL_STRATEGIES: tuple[str, ...] = (
+    "concat",
+    "bfd",
+    "multipack",
+    "wlb",
+    "wlb-ideal",
+    "sorted",
+    "dcp",
+    "slimpack",
+)
+"""Every strategy ``slimdata simulate`` compares, per-step and stream, in table order."""
 
 
 def solve(
@@ -57,6 +77,11 @@ def solve(
     is the cost model's recompute policy, the one the runtime runs.
     """
     fn = STRATEGIES.get(strategy)
+    if strategy in STREAMS:
+        raise ConfigError(
+            f"strategy={strategy!r} delays documents to later steps, so it plans a run, not one "
+            f"step: simulate it (slimdata simulate), or plan its per-step variant {strategy}-ideal"
+        )
     if fn is None:
         raise ConfigError(f"strategy={strategy!r}: use one of {', '.join(STRATEGIES)}")
     plan = fn(batch, layout, seed, cost, step=step, validate=validate, **options)

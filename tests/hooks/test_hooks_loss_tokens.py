@@ -85,10 +85,10 @@ def test_every_cutting_strategy_is_covered():
         plan, _ = solver_case(LENGTHS, strategy, 1, 0, context=128)
         if any(d.offset > 0 for d in plan.docs):
             cutting.add(strategy)
-    assert cutting == {"bfd", "concat", "multipack", "sorted", "wlb"}
+    assert cutting == {"bfd", "concat", "multipack", "sorted", "wlb-ideal"}
 
 
-@pytest.mark.parametrize("strategy", ["concat", "bfd", "wlb"])
+@pytest.mark.parametrize("strategy", ["concat", "bfd", "wlb-ideal"])
 def test_cut_plan_gradients_equal_the_pieces_reference(strategy):
     plan, toks = solver_case(LENGTHS, strategy, 2, 0, context=128)
     assert not plan.merges and any(d.offset > 0 for d in plan.docs)

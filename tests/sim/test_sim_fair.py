@@ -93,8 +93,11 @@ def test_search_finds_better_cp_than_smallest():
     bin0, bin1 = 3 * (512e-3 + 127296e-4), 3 * (312e-3 + 1404e-4)
     assert s.step_time == pytest.approx(bin0)
     assert b.step_time == pytest.approx((bin0 + bin1) / 4)
-    # bfd: cp 1, 2, 4 screened; the Megatron default (concat, smallest CP): cp=1 fits
-    assert best.search["configurations"] == 4 and best.search["simulations"] == 4
+    # bfd: cp 1, 2, 4 screened, and at cp 4 (one DP group of 824 tokens) rows of 1024 too;
+    # the Megatron default (concat, smallest CP): cp=1 fits
+    assert best.search["configurations"] == 5 and best.search["simulations"] == 5
+    tried = [(t["cp"], t["row"]) for t in best.search["tried"]]
+    assert tried == [(1, 0), (2, 0), (4, 0), (4, 1024)]
     fixed = compare_strategies(docs, lay, cost, baseline_config="cp=2", **kw)
     assert fixed.results["bfd"].cp == 2
 
@@ -137,7 +140,7 @@ def test_bound_never_above_any_same_work_strategy(lengths, dp, pp, seed):
         documents_from_lengths(lengths),
         lay,
         cost,
-        strategies=["bfd", "wlb", "sorted", "dcp", "slimpack"],
+        strategies=["bfd", "wlb", "wlb-ideal", "sorted", "dcp", "slimpack"],
         global_batch_tokens=dp * 1024,
         seed=seed,
     )
@@ -147,7 +150,7 @@ def test_bound_never_above_any_same_work_strategy(lengths, dp, pp, seed):
         if r.same_work:
             assert r.bound <= r.step_time * (1 + 1e-9)
             checked += 1
-    assert checked >= 4
+    assert checked >= 5
 
 
 def test_json_contract(tmp_path):
@@ -156,7 +159,7 @@ def test_json_contract(tmp_path):
     out = tmp_path / "r.json"
     args = ["simulate", "--lengths", str(lengths), "--model", "llama-1b", "--context", "4096"]
     args += ["--dp", "4", "--pp", "2", "--global-batch-tokens", "32768", "--steps", "2"]
-    args += ["--strategies", "concat,bfd,slimpack", "--json", str(out)]
+    args += ["--strategies", "concat,bfd,wlb,slimpack", "--json", str(out)]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
@@ -166,16 +169,18 @@ def test_json_contract(tmp_path):
     for k in ("fwd_lin", "bwd_lin", "fwd_att", "bwd_att", "fwd_const", "bwd_const"):
         assert cfg["cost"][k] >= 0
     assert [len(s["lengths"]) > 0 for s in data["steps"]] == [True, True]
-    assert set(data["results"]) == {"concat", "bfd", "slimpack"}
+    assert set(data["results"]) == {"concat", "bfd", "wlb", "slimpack"}
     for r in data["results"].values():
         assert r.get("failed") or 0 < r["bound"] <= r["step_time"] or not r["same_work"]
         for k in ("imbalance", "peak_memory_gib", "attention_pairs", "tokens", "same_work"):
             assert k in r
-        assert set(r["config"]) == {"cp", "micro_batches", "schedule", "merge_groups"}
+        assert set(r["config"]) == {"cp", "micro_batches", "schedule", "merge_groups", "row_tokens"}
+        assert r["steps"] == 2 and r["iterations"] >= 2 and r["token_delay"] >= 0
         assert "speedup_vs_best_baseline" in r and "speedup_vs_megatron_default" in r
     assert data["results"]["concat"]["same_work"] is False
     per_step = [sum(s["lengths"]) for s in data["steps"]]
     assert data["results"]["bfd"]["tokens"] == sum(per_step) / len(per_step)
+    assert data["results"]["wlb"]["tokens"] == sum(per_step) / len(per_step)  # flush included
     assert data["megatron_default"]["config"]["schedule"] == "1f1b"
     assert data["search"]["simulations"] >= 1
 
@@ -194,3 +199,73 @@ def test_dcp_runs_its_faster_schedule():
     each = [run("smallest", s).results["dcp"].step_time for s in ("1f1b", "interleaved")]
     assert best.step_time == min(each)
     assert best.schedule == ("1f1b", "interleaved")[each.index(min(each))]
+
+
+def test_wlb_run_is_compared_on_total_time_over_the_same_documents():
+    """``wlb`` delays documents: its result is its total run time (flush iterations included)
+    over the steps, and it trains exactly the batches' tokens and pairs over the run."""
+    from slimdata.sim import simulate_step
+    from slimdata.solver import PlanConfig
+    from slimdata.solver.strategies.wlb_queue import WlbStream
+
+    cost, steps = mib_cost(), 3
+    docs = documents_from_lengths([n * 4 for n in LENGTHS])
+    lay = Layout(dp=4, context=1024, memory_gib=100)
+    cmp = compare_strategies(
+        docs, lay, cost, strategies=["wlb", "wlb-ideal"], steps=steps, baseline_config="cp=1"
+    )
+    r = cmp.results["wlb"]
+    batches = PlanConfig(layout=lay, global_batch_tokens=4 * 1024, seed=0).batches(docs)[:steps]
+    stream = WlbStream(lay, 0, cost)
+    plans = [stream.step(b, k) for k, b in enumerate(batches)]
+    plans += stream.flush(steps)
+    assert len(plans) > steps  # outliers still waited after the last step: flushed
+    total = sum(simulate_step(p, cost, lay, SimConfig(cp=1)).step_time for p in plans)
+    assert r.iterations == len(plans) and r.steps == steps
+    assert r.step_time == pytest.approx(total / steps, rel=1e-12)
+    assert r.token_delay == pytest.approx(stream.mean_token_delay()) and r.token_delay > 0
+    work = [batch_work(b) for b in batches]
+    assert r.tokens * steps == sum(w.tokens for w in work) == sum(map(sum, cmp.steps))
+    assert r.attention_pairs * steps == pytest.approx(sum(w.attention_pairs for w in work))
+    assert r.same_work
+    ideal = cmp.results["wlb-ideal"]
+    assert ideal.iterations == ideal.steps == steps and ideal.token_delay == 0
+    assert cmp.speedups()["wlb"][1] == pytest.approx(ideal.step_time / r.step_time)
+    out = cmp.to_dict()["results"]["wlb"]
+    assert (out["steps"], out["iterations"]) == (steps, len(plans))
+
+
+def test_row_lengths_searched():
+    from slimdata.sim.search import Evaluator
+    from slimdata.solver import solve
+
+    # dp 4, cap 1024, one step of 4096 tokens, longest document 300 tokens
+    batch = documents_from_lengths([300, 280, 260, 184] * 4)
+    assert sum(d.length for d in batch) == 4096
+    ev = Evaluator([batch], Layout(dp=4, context=1024), linear_cost(), SimConfig(), 0, solve)
+    # cp 1: 1024 tokens per DP group -> cap / 2 (every document fits it) and cap only
+    assert ev.rows(1) == [512, 0]
+    # cp 4: one group of 4096 tokens -> also 2 cap and 4 cap (fewer, larger micro-batches)
+    assert ev.rows(4) == [512, 0, 2048, 4096]
+    longer = documents_from_lengths([600, 424])
+    assert Evaluator(
+        [longer], Layout(dp=1, context=1024), linear_cost(), SimConfig(), 0, solve
+    ).rows(1) == [0]  # 600 > 512: a shorter row would cut a document
+
+
+def test_search_finds_more_micro_batches_than_the_default_row():
+    """pp 2, dp 1 (no CP to search), one context of short documents: rows of the full context
+    give the pipeline a single micro-batch (it idles half the time); rows of half the context
+    give two, and the search takes them."""
+    lengths = [128] * 16  # two steps of 8 documents
+    docs = documents_from_lengths(lengths)
+    lay = Layout(dp=1, pp=2, context=1024, memory_gib=100, mode="lockstep")
+    kw = dict(strategies=["bfd"], global_batch_tokens=1024, config=SimConfig(schedule="1f1b"))
+    best = compare_strategies(docs, lay, linear_cost(layers=2), **kw).results["bfd"]
+    fixed = compare_strategies(
+        docs, lay, linear_cost(layers=2), baseline_config="cp=1", **kw
+    ).results["bfd"]
+    assert (fixed.row_tokens, fixed.micro_batches) == (1024, 1)
+    assert (best.row_tokens, best.micro_batches) == (512, 2)
+    assert best.step_time < fixed.step_time
+    assert best.same_work and best.tokens == fixed.tokens == 1024

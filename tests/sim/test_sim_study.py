@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slimdata.solver import STRATEGIES
+from slimdata.solver import ALL_STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "fixtures" / "lengths"  # copies of the shared samples
@@ -21,7 +21,7 @@ def test_strategy_study_small(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     rows = mod.run(False, tmp_path, DATA)
-    assert len(rows) == 2 * 3 * 2 * len(STRATEGIES)  # datasets x contexts x pp x strategies
+    assert len(rows) == 2 * 3 * 2 * len(ALL_STRATEGIES)  # datasets x contexts x pp x strategies
     for name in ("strategy_study.csv", "strategy_study.md", "strategy_study.png", "targets.md"):
         assert (tmp_path / name).stat().st_size > 100
     ok = [r for r in rows if not r["error"]]

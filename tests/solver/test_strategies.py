@@ -3,7 +3,7 @@ import pytest
 
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan.types import Slice
-from slimdata.solver import STRATEGIES, Layout, plan_peak_memory, solve
+from slimdata.solver import ALL_STRATEGIES, STRATEGIES, STREAMS, Layout, plan_peak_memory, solve
 from slimdata.solver.common import BatchView
 from slimdata.solver.micropack import pack_rank
 from slimdata.solver.strategies.bfd import best_fit_decreasing
@@ -21,7 +21,17 @@ def rank_tokens(plan):
 
 
 def test_registry_names_and_unknown():
-    assert list(STRATEGIES) == ["concat", "bfd", "multipack", "wlb", "sorted", "dcp", "slimpack"]
+    assert list(STRATEGIES) == [
+        "concat",
+        "bfd",
+        "multipack",
+        "wlb-ideal",
+        "sorted",
+        "dcp",
+        "slimpack",
+    ]
+    assert list(STREAMS) == ["wlb"]
+    assert set(ALL_STRATEGIES) == {*STRATEGIES, *STREAMS}
     with pytest.raises(ConfigError, match="strategy='nope'"):
         solve(docs_of([10]), Layout(dp=1), "nope")
 
