@@ -14,7 +14,7 @@ Each shape is predicted twice: with the analytic activation bytes per token, and
 bytes ``slimdata profile`` measures (:func:`~slimdata.hooks.profile.measure_activation_bytes`
 on a few packs of whole documents, not the plans' packs).
 
-    python benchmarks/bench_memory.py [--plans 8] [--seed 0] [--recompute none|full]
+    python benchmarks/bench_memory.py [--plans 8] [--seed 0] [--recompute none|selective|full]
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--recompute", choices=["none", "full"], default="none")
+    ap.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name, shape in SHAPES.items():

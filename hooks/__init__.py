@@ -33,6 +33,7 @@ from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.payload import StepPayload, make_payload
 from slimdata.hooks.recompute import checkpoint_layers, pack_checkpoint, recompute_layer
+from slimdata.hooks.selective import selective_norm, swiglu_down
 from slimdata.hooks.telemetry import StepTelemetry
 
 __all__ = [
@@ -59,8 +60,10 @@ __all__ = [
     "pack_checkpoint",
     "packed_loss",
     "recompute_layer",
+    "selective_norm",
     "reduce_gradients",
     "run_step",
     "slice_attention",
+    "swiglu_down",
     "slice_labels",
 ]

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from slimdata.hooks.attention.base import VarlenBatch, register_backend
 
-__all__ = ["BLOCK", "sdpa_varlen", "varlen_mask"]
+__all__ = ["BLOCK", "sdpa_pieces", "sdpa_varlen", "varlen_mask"]
 
 BLOCK = 128
 """Query rows per SDPA call (the slicing alignment, and a common flash-attn tile height)."""
@@ -96,3 +96,45 @@ def _tiles(
 
 
 register_backend("sdpa", sdpa_varlen)
+
+
+class _PieceAttention(torch.autograd.Function):
+    """:func:`sdpa_varlen` over keys/values given as pieces, saving ``q`` and the pieces only.
+
+    The concatenated keys/values, their GQA repeat and the masks SDPA converts are never held
+    for backward: the backward rebuilds them and recomputes the attention (flash-attn's
+    backward recomputes the scores the same way). A prefix piece is a leaf of the per-step
+    K/V store, whose storage its producing pack holds anyway, so a document's keys/values
+    are held once, however many packs read them."""
+
+    @staticmethod
+    def forward(ctx, batch, scale, n, q, *pieces):
+        ctx.batch, ctx.scale, ctx.n = batch, scale, n
+        ctx.save_for_backward(q, *pieces)
+        return sdpa_varlen(q, torch.cat(pieces[:n]), torch.cat(pieces[n:]), batch, scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, *pieces = (t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            n = ctx.n
+            out = sdpa_varlen(q, torch.cat(pieces[:n]), torch.cat(pieces[n:]), ctx.batch, ctx.scale)
+            inputs = [t for t in (q, *pieces) if t.requires_grad]
+            got = iter(torch.autograd.grad(out, inputs, grad))
+        grads = [next(got) if t.requires_grad else None for t in (q, *pieces)]
+        return None, None, None, *grads
+
+
+def sdpa_pieces(
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    batch: VarlenBatch,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`sdpa_varlen` on ``torch.cat(ks), torch.cat(vs)``, holding for backward only
+    ``q`` and the pieces (:class:`_PieceAttention`): what flash-attn holds, less its
+    per-head softmax statistics."""
+    if not torch.is_grad_enabled():
+        return sdpa_varlen(q, torch.cat(ks), torch.cat(vs), batch, scale)
+    return _PieceAttention.apply(batch, scale, len(ks), q, *ks, *vs)
