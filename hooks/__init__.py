@@ -60,10 +60,10 @@ __all__ = [
     "pack_checkpoint",
     "packed_loss",
     "recompute_layer",
-    "selective_norm",
     "reduce_gradients",
     "run_step",
+    "selective_norm",
     "slice_attention",
-    "swiglu_down",
     "slice_labels",
+    "swiglu_down",
 ]

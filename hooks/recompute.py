@@ -107,7 +107,9 @@ class _Hold(torch.autograd.Function):
     def forward(ctx, *xs):
         ctx.save_for_backward(*xs)
         out = tuple(x.view_as(x) for x in xs)
-        ctx.mark_non_differentiable(*(o for x, o in zip(xs, out, strict=True) if not x.requires_grad))
+        ctx.mark_non_differentiable(
+            *(o for x, o in zip(xs, out, strict=True) if not x.requires_grad)
+        )
         return out
 
     @staticmethod

@@ -122,7 +122,7 @@ def _norm_forward(forward: Callable[..., Any], x: torch.Tensor) -> torch.Tensor:
     return selective_norm(forward, x)
 
 
-def _swiglu_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _swiglu_forward(mlp: Any, x: torch.Tensor) -> torch.Tensor:
     return swiglu_down(mlp.gate_proj(x), mlp.up_proj(x), mlp.down_proj, mlp.act_fn)
 
 

@@ -10,7 +10,6 @@ import copy
 import hooks_helpers as H
 import hooks_workers as W
 import pytest
-import torch
 from slimdata.hooks import Callback, hf, hf_forward, make_payload, run_step
 from slimdata.hooks import selective as sel_mod
 from slimdata.hooks.distributed import run_distributed

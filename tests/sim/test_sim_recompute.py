@@ -32,7 +32,15 @@ def sliced_plan() -> StepPlan:
 
 @pytest.mark.parametrize(
     ("policy", "act", "peak"),
-    [("none", 36.0, 120.0), ("selective", 20.0, 72.0), ("full", 2.0, 18.0)],
+    # BYTE (slimdata.cost.activations, d=1, h=2, head_dim 2, ffn 4, 1 layer): a norm holds
+    # (4 + 1) * 2 + 4 = 14; per layer none 2 * 14 + (4 * 2 + 4 * 4) = 52, selective
+    # 6 * 2 + 2 * 4 = 20, full 2; once: ids+labels 16, cos/sin 2 * 2 = 4, LM-head input 2,
+    # final norm 14 (selective: its input, 2), full's position inputs 16
+    [
+        ("none", 52.0 + 16 + 4 + 2 + 14, 3 * (88.0 + 4)),
+        ("selective", 20.0 + 16 + 4 + 2 + 2, 3 * (44.0 + 4)),
+        ("full", 2.0 + 16 + 4 + 2 + 14 + 16, 3 * (54.0 + 4)),
+    ],
 )
 def test_kv_counted_once_by_solver_and_simulator(policy, act, peak):
     cost = CostModel.analytic(BYTE, "h100", policy)
