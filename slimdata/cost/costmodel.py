@@ -27,9 +27,12 @@ fraction of the layers takes that fraction. Assumptions of :meth:`CostModel.anal
   only); plus, once per token, the token ids and labels, rotary ``cos``/``sin``, the final
   norm and the LM head's input;
 - keys and values, ``dtype * 2 kv_dim`` per token per layer
-  (:attr:`CostModel.kv_bytes_per_token`), are held under every policy (the per-step K/V store that slice continuation reads, which
-  autograd saves too) and counted once, apart from the activations: the memory of a
-  slice is ``(act_bytes_per_token + kv_bytes_per_token) * tokens`` whatever the policy;
+  (:attr:`CostModel.kv_bytes_per_token`), are held under every policy and counted once,
+  apart from the activations: autograd saves them (the ``sdpa`` backend holds a prefix as
+  the store's tensor, not a copy), and under full recompute the runtime keeps them (the
+  per-step K/V store that slice continuation reads, and each pack's in-graph keys/values,
+  which receive their gradient). The memory of a slice is ``(act_bytes_per_token +
+  kv_bytes_per_token) * tokens`` whatever the policy;
 - logits are not held: the loss is assumed chunked or fused (logits recomputed per chunk in
   backward, as in Liger/Megatron fused cross-entropy), so their memory is transient and
   bounded by one chunk, not by the slice length (:func:`loss_chunk_tokens` sizes that
