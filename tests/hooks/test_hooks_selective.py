@@ -114,11 +114,23 @@ HAND = {
 }
 
 
+WHOLE = ([30, 20], [[(0, 0, 30), (1, 0, 20)]], [[(1, 0, 20), (0, 0, 30)]])
+
+
 @pytest.mark.parametrize("policy", ["none", "selective", "full"])
-def test_bytes_held_after_a_forward_match_the_hand_count(policy):
+@pytest.mark.parametrize(
+    ("case", "after_forward"),
+    [
+        (WHOLE, [50]),  # one pack of two whole documents
+        # a document over three packs: each pack holds its own tokens, and a slice that reads
+        # its prefix holds the store's keys/values, not a copy (keys/values counted once)
+        (LONG, [10, 25, 40]),
+    ],
+)
+def test_bytes_held_after_a_forward_match_the_hand_count(policy, case, after_forward):
     assert HAND == {"none": 4324, "selective": 2896, "full": 996}
-    lengths = [30, 20]
-    plan = H.make_plan(lengths, [([[(0, 0, 30), (1, 0, 20)]], [[(1, 0, 20), (0, 0, 30)]])])
+    lengths, fwd, bwd = case
+    plan = H.make_plan(lengths, [(fwd, bwd)])
     model = H.tiny_llama(hf.register())
     meter = SavedTensorMeter(model.parameters())
     seen: list[int] = []
@@ -136,7 +148,7 @@ def test_bytes_held_after_a_forward_match_the_hand_count(policy):
             recompute=policy,
         )
     assert meter.live == 0  # everything released by the backward
-    assert seen == [50 * HAND[policy]]
+    assert seen == [tokens * HAND[policy] for tokens in after_forward]
     cost = CostModel.analytic(ModelConfig.from_hf(model), "h100", policy)
     assert cost.act_bytes_per_token + cost.kv_bytes_per_token == HAND[policy]
 
