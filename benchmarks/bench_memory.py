@@ -1,9 +1,10 @@
-"""Memory fidelity: bytes saved for backward, measured on CPU, against the memory model.
+"""Memory fidelity: bytes held from forward to backward, measured on CPU, against the memory model.
 
 For each model shape (Llama-style, ``attn_implementation="slimdata"``, fp32) and each random
 one-rank ``slimpack`` plan (several packs, sliced documents), ``run_step`` runs under
-``torch.autograd.graph.saved_tensors_hooks`` that track the distinct storages autograd holds
-for backward, parameters excluded (model states are outside the budget). After every forward
+a :class:`~slimdata.hooks.memory.SavedTensorMeter`: the distinct storages autograd holds for
+backward and the keys/values the runtime keeps outside them (K/V store, in-graph keys/values),
+parameters excluded (model states are outside the budget). After every forward
 pack the live bytes are compared with ``slimdata.solver.rank_memory_trace`` of the cost model
 derived from the same model (``LoaderConfig(model=...)``'s rule: analytic, with ``--recompute``,
 default ``none``; the plan carries the policy and ``run_step`` runs it):

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 from slimdata.hooks.continuation import active_context, checkpointed_layer
-from slimdata.hooks.selective import selective_patches
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
@@ -228,6 +227,8 @@ def step_recompute(module: nn.Module, policy: str) -> Iterator[StepRecompute]:
             patched.append((layer, attr, layer.__dict__.get(attr, _MISSING)))
             object.__setattr__(layer, attr, new)
     elif policy == "selective":
+        from slimdata.hooks.selective import selective_patches  # it builds on this module
+
         for mod, forward in selective_patches(module):
             patched.append((mod, "forward", mod.__dict__.get("forward", _MISSING)))
             object.__setattr__(mod, "forward", forward)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from slimdata.hooks.recompute import active_policy, count_checkpoint, pack_checkpoint
 from torch import nn
 
 __all__ = ["norm_modules", "selective_active", "selective_norm", "swiglu_down", "swiglu_modules"]
@@ -35,23 +36,13 @@ __all__ = ["norm_modules", "selective_active", "selective_norm", "swiglu_down", 
 
 def selective_active() -> bool:
     """True while :func:`~slimdata.hooks.run_step` runs a step under ``selective``."""
-    from slimdata.hooks.recompute import active_policy
-
     return active_policy() == "selective"
-
-
-def _count() -> None:
-    from slimdata.hooks.recompute import count_checkpoint
-
-    count_checkpoint()
 
 
 def selective_norm(norm: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """``norm(x)``, checkpointed inside its pack under ``selective`` (holds ``x`` only)."""
-    patched = isinstance(getattr(norm, "__dict__", {}).get("forward"), functools.partial)
-    if selective_active() and not patched:  # a found norm module checkpoints itself
-        from slimdata.hooks.recompute import pack_checkpoint
-
+    own = getattr(getattr(norm, "__dict__", {}).get("forward"), "func", None)
+    if selective_active() and own is not _norm_forward:  # a found norm checkpoints itself
         return pack_checkpoint(norm, x)
     return norm(x)
 
@@ -94,7 +85,7 @@ def swiglu_down(
     """
     if not (selective_active() and torch.is_grad_enabled()):
         return down(act(gate) * up)
-    _count()
+    count_checkpoint()
     return _SwiGLUDown.apply(gate, up, down.weight, down.bias, act)
 
 
@@ -119,7 +110,7 @@ def swiglu_modules(module: nn.Module) -> tuple[nn.Module, ...]:
 
 
 def _norm_forward(forward: Callable[..., Any], x: torch.Tensor) -> torch.Tensor:
-    return selective_norm(forward, x)
+    return pack_checkpoint(forward, x) if selective_active() else forward(x)
 
 
 def _swiglu_forward(mlp: Any, x: torch.Tensor) -> torch.Tensor:

@@ -10,11 +10,22 @@ import copy
 import hooks_helpers as H
 import hooks_workers as W
 import pytest
-from slimdata.hooks import Callback, hf, hf_forward, make_payload, run_step
+import torch
+from slimdata.hooks import (
+    Callback,
+    hf,
+    hf_forward,
+    make_payload,
+    run_step,
+    selective_norm,
+    slice_attention,
+    swiglu_down,
+)
 from slimdata.hooks import selective as sel_mod
 from slimdata.hooks.distributed import run_distributed
 from slimdata.hooks.memory import SavedTensorMeter
 from test_hooks_recompute import ASYM, LONG, TOL, check, replays  # noqa: F401 (fixture)
+from torch import nn
 
 from slimdata.cost import CostModel, ModelConfig
 from slimdata.errors import ConfigError
@@ -160,3 +171,41 @@ def test_selective_under_fsdp_is_refused_before_any_collective(monkeypatch):
     plan, toks = H.solver_case([30, 50], "bfd", 1, 0)
     with pytest.raises(ConfigError, match=r"recompute='selective'.*under FSDP.*'none'"):
         run_step(H.TinyLM(), make_payload(plan, 0, toks), recompute="selective")
+
+
+class MyNorm(nn.Module):
+    """An RMSNorm that selective recompute does not find by class."""
+
+    def __init__(self, norm: nn.RMSNorm):
+        super().__init__()
+        self.weight = norm.weight
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class CustomNormLM(H.TinyLM):
+    """TinyLM whose first norms are :class:`MyNorm` through ``selective_norm``; its second
+    norms (``nn.RMSNorm``, found by class) go through ``selective_norm`` too."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        for b in self.blocks:
+            b["n1"] = MyNorm(b["n1"])
+
+    def block(self, i, x, pos):
+        b, T = self.blocks[i], x.shape[0]
+        h = selective_norm(b["n1"], x)
+        q = self.rope(b["q"](h).view(T, self.heads, self.hd), pos)
+        k = self.rope(b["k"](h).view(T, self.kv_heads, self.hd), pos)
+        v = b["v"](h).view(T, self.kv_heads, self.hd)
+        x = x + b["o"](slice_attention(q, k, v, layer=i).reshape(T, -1))
+        a, c = b["up"](selective_norm(b["n2"], x)).chunk(2, dim=-1)
+        return x + swiglu_down(a, c, b["down"])
+
+
+def test_selective_norm_for_custom_norms(replays):  # noqa: F811
+    assert check(LONG, CustomNormLM(seed=4), recompute="selective") <= TOL
+    # per pack: MyNorm x 2 through selective_norm, nn.RMSNorm x 2 found by class (not
+    # checkpointed twice), the final nn.RMSNorm: 5 replays in each of the 3 packs
+    assert replays[0] == 3 * 5
