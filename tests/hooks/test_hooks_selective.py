@@ -9,6 +9,7 @@ import copy
 
 import hooks_helpers as H
 import hooks_workers as W
+import numpy as np
 import pytest
 import torch
 from slimdata.hooks import (
@@ -125,6 +126,16 @@ HAND = {
 }
 
 
+# The same model in bf16: a norm holds its fp32 input 4 * 32, fp32 statistic 4 and bf16
+# output 2 * 32 = 196; other tensors 2 bytes per element:
+#   none, per layer: 2 * 196 + 2 * (4 * 32 + 4 * 48) = 1032; selective 2 * (6 * 32 + 2 * 48)
+#   = 576; full 2 * 32 = 64; keys and values 2 * 2 * 16 * 2 = 128
+#   once: 16 + cos/sin 2 * 8 * 2 + LM-head input 64 + final norm 196 (selective: 64) + full 16
+HAND_BF16 = {
+    "none": 2 * 1032 + 128 + 16 + 32 + 64 + 196,
+    "selective": 2 * 576 + 128 + 16 + 32 + 64 + 64,
+    "full": 2 * 64 + 128 + 16 + 32 + 64 + 196 + 16,
+}
 WHOLE = ([30, 20], [[(0, 0, 30), (1, 0, 20)]], [[(1, 0, 20), (0, 0, 30)]])
 
 
@@ -140,9 +151,24 @@ WHOLE = ([30, 20], [[(0, 0, 30), (1, 0, 20)]], [[(1, 0, 20), (0, 0, 30)]])
 )
 def test_bytes_held_after_a_forward_match_the_hand_count(policy, case, after_forward):
     assert HAND == {"none": 4324, "selective": 2896, "full": 996}
+    assert held_after_forwards(case, policy, torch.float32) == [
+        t * HAND[policy] for t in after_forward
+    ]
+
+
+@pytest.mark.parametrize("policy", ["none", "selective", "full"])
+def test_bf16_bytes_held_match_the_hand_count(policy):
+    assert HAND_BF16 == {"none": 2500, "selective": 1456, "full": 580}
+    held = held_after_forwards(LONG, policy, torch.bfloat16)
+    assert held == [t * HAND_BF16[policy] for t in (10, 25, 40)]
+
+
+def held_after_forwards(case, policy: str, dtype: torch.dtype) -> list[int]:
+    """Bytes the meter counts after each forward pack of ``case`` on the tiny Llama in
+    ``dtype``; checks that the analytic cost model predicts the same per token."""
     lengths, fwd, bwd = case
     plan = H.make_plan(lengths, [(fwd, bwd)])
-    model = H.tiny_llama(hf.register())
+    model = H.tiny_llama(hf.register()).to(dtype)
     meter = SavedTensorMeter(model.parameters())
     seen: list[int] = []
 
@@ -159,9 +185,10 @@ def test_bytes_held_after_a_forward_match_the_hand_count(policy, case, after_for
             recompute=policy,
         )
     assert meter.live == 0  # everything released by the backward
-    assert seen == [tokens * HAND[policy] for tokens in after_forward]
     cost = CostModel.analytic(ModelConfig.from_hf(model), "h100", policy)
-    assert cost.act_bytes_per_token + cost.kv_bytes_per_token == HAND[policy]
+    per_token = cost.act_bytes_per_token + cost.kv_bytes_per_token
+    assert seen == [t * per_token for t in np.cumsum([sum(e - b for _, b, e in p) for p in fwd])]
+    return seen
 
 
 def test_selective_under_fsdp_is_refused_before_any_collective(monkeypatch):
