@@ -1,9 +1,10 @@
 """Selective recompute: the norms and the SwiGLU product recomputed in the backward.
 
 What a decoder layer holds for backward under ``recompute="selective"`` is the cost model's
-``dtype * (6 h + 2 ffn)`` bytes per token (:mod:`slimdata.cost.activations`): the inputs of
-its two norms, the norms' outputs (the inputs of the q/k/v and gate/up projections), the
-queries, the attention output, and the gate and up projections. Recomputed, at the cost of
+``dtype * (6 h + 2 ffn) + 4 heads`` bytes per token (:mod:`slimdata.cost.activations`): the
+inputs of its two norms, the norms' outputs (the inputs of the q/k/v and gate/up
+projections), the queries, the attention output and its fp32 softmax statistics, and the
+gate and up projections. Recomputed, at the cost of
 elementwise work only (no GEMM runs twice):
 
 - every norm module is checkpointed (:func:`selective_norm`): it holds its input, not its

@@ -10,11 +10,13 @@ normalised tensor in the model dtype: ``norm = (4 + d) h + 4`` (in fp32 the inpu
 copied: ``8 h + 4``). Per decoder layer, keys and values excluded:
 
 - ``none``: two norms, their outputs (inputs of the q/k/v and gate/up GEMMs), the queries,
-  the attention output (input of the o GEMM), and the MLP's gate, ``act(gate)``, up and their
-  product (input of the down GEMM): ``2 norm + d (4 h + 4 f)``;
+  the attention output (input of the o GEMM) and its fp32 softmax log-sum-exp per query
+  head (``4 heads``, what flash-attn and the CPU ``sdpa`` backend hold), and the MLP's gate,
+  ``act(gate)``, up and their product (input of the down GEMM):
+  ``2 norm + d (4 h + 4 f) + 4 heads``;
 - ``selective`` (:mod:`slimdata.hooks.selective`: norms checkpointed, the product and
   ``act(gate)`` rebuilt in the backward): the norms' inputs instead of the norms,
-  ``d (6 h + 2 f)``;
+  ``d (6 h + 2 f) + 4 heads``;
 - ``full`` (every layer checkpointed): its input, ``d h``.
 
 Once per token, whatever the layer count: the int64 token ids (embedding) and labels (loss),
@@ -26,12 +28,12 @@ position inputs (position ids and cache positions in Hugging Face Llama), ``16``
 Keys and values, ``2 d kv_dim`` per token per layer, are :attr:`CostModel.kv_bytes_per_token`
 under every policy: without recompute autograd saves them; under ``full`` the runtime keeps
 them for slice continuation and for their gradient (the K/V store, the pack's in-graph
-keys/values). Not counted: the attention kernel's softmax statistics (flash-attn holds
-``4 * heads`` bytes per token per layer; the CPU ``sdpa`` backend recomputes them) and
-transient buffers (one loss chunk's logits, one layer's recomputation).
+keys/values). Not counted: transient buffers (one loss chunk's logits, one layer's
+recomputation, the attention kernel's workspace).
 
 ``activation_bytes_per_token(tiny, "none")`` for 2 layers, hidden 32, 4 heads, 2 kv heads,
-ffn 48, fp32: per layer ``2 * 260 + 4 * (128 + 192) = 1800``; once ``16 + 64 + 260 + 128``.
+ffn 48, fp32: per layer ``2 * 260 + 4 * (128 + 192) + 16 = 1816``; once ``16 + 64 + 260 +
+128``.
 """
 
 from __future__ import annotations
@@ -51,11 +53,12 @@ def norm_bytes(m: ModelConfig) -> int:
 def layer_activation_bytes(m: ModelConfig, recompute: str) -> int:
     """Bytes one decoder layer holds per token, keys and values excluded."""
     d, h, f = m.dtype_bytes, m.hidden, m.ffn
+    softmax_stats = 4 * m.heads
     if recompute == "full":
         return d * h
     if recompute == "selective":
-        return d * (6 * h + 2 * f)
-    return 2 * norm_bytes(m) + d * (4 * h + 4 * f)
+        return d * (6 * h + 2 * f) + softmax_stats
+    return 2 * norm_bytes(m) + d * (4 * h + 4 * f) + softmax_stats
 
 
 def activation_bytes_per_token(m: ModelConfig, recompute: str) -> int:

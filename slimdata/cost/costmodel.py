@@ -20,11 +20,11 @@ fraction of the layers takes that fraction. Assumptions of :meth:`CostModel.anal
 - time = FLOPs / (peak * efficiency) from a :class:`DeviceProfile`, plus a fixed per-layer
   launch overhead per slice;
 - activation bytes per token, keys and values excluded, enumerated tensor by tensor in
-  :mod:`slimdata.cost.activations`: per layer ``2 ((4 + dtype) h + 4) + dtype (4 h + 4 ffn)``
-  without recompute (fp32 norms, inputs of every GEMM, queries, SwiGLU intermediates),
-  ``dtype * (6 h + 2 ffn)`` with selective recompute (norms and the SwiGLU product
-  recomputed; their cost is neglected), ``dtype * h`` with full recompute (the layer input
-  only); plus, once per token, the token ids and labels, rotary ``cos``/``sin``, the final
+  :mod:`slimdata.cost.activations`: per layer ``2 ((4 + dtype) h + 4) + dtype (4 h + 4 ffn)
+  + 4 heads`` without recompute (fp32 norms, inputs of every GEMM, queries, softmax
+  statistics, SwiGLU intermediates), ``dtype * (6 h + 2 ffn) + 4 heads`` with selective
+  recompute (norms and the SwiGLU product recomputed; their cost is neglected), ``dtype * h``
+  with full recompute (the layer input only); plus, once per token, the token ids and labels, rotary ``cos``/``sin``, the final
   norm and the LM head's input;
 - keys and values, ``dtype * 2 kv_dim`` per token per layer
   (:attr:`CostModel.kv_bytes_per_token`), are held under every policy and counted once,

@@ -52,9 +52,10 @@ def test_analytic_coefficients_by_hand():
     assert cm.kv_bytes_per_token == 2 * 2 * kv * 2  # layers * (K+V) * kv_dim * bf16
     # K/V are kv_bytes_per_token, not activations (slimdata.cost.activations, bf16, h=8,
     # head_dim 4, ffn 16): a norm holds its fp32 input, fp32 statistic and bf16 output,
-    # 4 * 8 + 4 + 2 * 8 = 52; per layer 2 norms + bf16 * (4 h + 4 ffn) = 104 + 192 = 296;
-    # once: ids and labels 2 * 8, cos/sin 2 * 2 * 4, final norm 52, LM-head input 2 * 8
-    assert cm.act_bytes_per_token == 2 * 296 + 16 + 16 + 52 + 16 == 692
+    # 4 * 8 + 4 + 2 * 8 = 52; per layer 2 norms + bf16 * (4 h + 4 ffn) + fp32 softmax stats
+    # of 2 heads = 104 + 192 + 8 = 304; once: ids and labels 2 * 8, cos/sin 2 * 2 * 4, final
+    # norm 52, LM-head input 2 * 8
+    assert cm.act_bytes_per_token == 2 * 304 + 16 + 16 + 52 + 16 == 708
     # slice [4, 6): s=2, pairs=11
     assert cm.forward(4, 6) == pytest.approx(2 * cm.fwd_lin + 11 * cm.fwd_att + cm.fwd_const)
     assert cm.backward(4, 6) == pytest.approx(2 * cm.bwd_lin + 11 * cm.bwd_att + cm.bwd_const)

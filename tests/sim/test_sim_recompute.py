@@ -2,7 +2,7 @@
 
 Tiny model for hand-counted bytes: 1 layer, hidden 2, 1 head of 2 (kv_dim 2), ffn 4,
 1 byte per element. Per token: K/V ``2 * kv_dim = 4`` bytes; activations without K/V
-(``slimdata.cost.activations``, derived in the parametrisation below) 88 (none), 44
+(``slimdata.cost.activations``, derived in the parametrisation below) 92 (none), 48
 (selective), 54 (full).
 """
 
@@ -34,12 +34,13 @@ def sliced_plan() -> StepPlan:
 @pytest.mark.parametrize(
     ("policy", "act", "peak"),
     # BYTE (slimdata.cost.activations, d=1, h=2, head_dim 2, ffn 4, 1 layer): a norm holds
-    # (4 + 1) * 2 + 4 = 14; per layer none 2 * 14 + (4 * 2 + 4 * 4) = 52, selective
-    # 6 * 2 + 2 * 4 = 20, full 2; once: ids+labels 16, cos/sin 2 * 2 = 4, LM-head input 2,
-    # final norm 14 (selective: its input, 2), full's position inputs 16
+    # (4 + 1) * 2 + 4 = 14; per layer none 2 * 14 + (4 * 2 + 4 * 4) + fp32 softmax stats
+    # 4 * 1 head = 56, selective 6 * 2 + 2 * 4 + 4 = 24, full 2; once: ids+labels 16,
+    # cos/sin 2 * 2 = 4, LM-head input 2, final norm 14 (selective: its input, 2), full's
+    # position inputs 16
     [
-        ("none", 52.0 + 16 + 4 + 2 + 14, 3 * (88.0 + 4)),
-        ("selective", 20.0 + 16 + 4 + 2 + 2, 3 * (44.0 + 4)),
+        ("none", 56.0 + 16 + 4 + 2 + 14, 3 * (92.0 + 4)),
+        ("selective", 24.0 + 16 + 4 + 2 + 2, 3 * (48.0 + 4)),
         ("full", 2.0 + 16 + 4 + 2 + 14 + 16, 3 * (54.0 + 4)),
     ],
 )
