@@ -123,7 +123,7 @@ class _PieceAttention(torch.autograd.Function):
                 *_heads_first(q[a:b], k[c0:c1], v[c0:c1]),
                 0.0,
                 False,
-                attn_mask=_additive(m, q.dtype),
+                attn_mask=_additive(batch, m, q.dtype),
                 scale=scale,
             )
             outs.append(o[0].transpose(0, 1))
@@ -144,7 +144,7 @@ class _PieceAttention(torch.autograd.Function):
                 lse[None, :, a:b].contiguous(),
                 0.0,
                 False,
-                attn_mask=_additive(m, q.dtype),
+                attn_mask=_additive(ctx.batch, m, q.dtype),
                 scale=ctx.scale,
             )
             dq[a:b] = gq[0].transpose(0, 1)
@@ -172,13 +172,18 @@ def _unrepeat(g: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def _heads_first(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``(T, H, D)`` -> contiguous ``(1, H, T, D)``, the kernel's layout."""
-    return tuple(x.transpose(0, 1)[None].contiguous() for x in xs)
+    """``(T, H, D)`` -> ``(1, H, T, D)`` views, the kernel's layout."""
+    return tuple(x.transpose(0, 1)[None] for x in xs)
 
 
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean mask (True = attend) as the additive float mask the kernel takes."""
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))[None, None]
+def _additive(batch: VarlenBatch, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A call's boolean mask (True = attend, a view of the pack's template) as the additive
+    ``dtype`` mask the kernel takes: the same view of one additive template per pack."""
+    key = ("additive", dtype)
+    if key not in batch.cache:
+        base = mask if mask._base is None else mask._base
+        batch.cache[key] = torch.zeros(base.shape, dtype=dtype).masked_fill_(~base, float("-inf"))
+    return batch.cache[key].as_strided(mask.shape, mask.stride(), mask.storage_offset())[None, None]
 
 
 def _calls(batch: VarlenBatch, device: torch.device) -> list:
