@@ -1,9 +1,10 @@
-"""Memory fidelity: bytes saved for backward, measured on CPU, against the memory model.
+"""Memory fidelity: bytes held from forward to backward, measured on CPU, against the memory model.
 
 For each model shape (Llama-style, ``attn_implementation="slimdata"``, fp32) and each random
 one-rank ``slimpack`` plan (several packs, sliced documents), ``run_step`` runs under
-``torch.autograd.graph.saved_tensors_hooks`` that track the distinct storages autograd holds
-for backward, parameters excluded (model states are outside the budget). After every forward
+a :class:`~slimdata.hooks.memory.SavedTensorMeter`: the distinct storages autograd holds for
+backward and the keys/values the runtime keeps outside them (K/V store, in-graph keys/values),
+parameters excluded (model states are outside the budget). After every forward
 pack the live bytes are compared with ``slimdata.solver.rank_memory_trace`` of the cost model
 derived from the same model (``LoaderConfig(model=...)``'s rule: analytic, with ``--recompute``,
 default ``none``; the plan carries the policy and ``run_step`` runs it):
@@ -14,7 +15,7 @@ Each shape is predicted twice: with the analytic activation bytes per token, and
 bytes ``slimdata profile`` measures (:func:`~slimdata.hooks.profile.measure_activation_bytes`
 on a few packs of whole documents, not the plans' packs).
 
-    python benchmarks/bench_memory.py [--plans 8] [--seed 0] [--recompute none|full]
+    python benchmarks/bench_memory.py [--plans 8] [--seed 0] [--recompute none|selective|full]
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--recompute", choices=["none", "full"], default="none")
+    ap.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name, shape in SHAPES.items():

@@ -33,6 +33,7 @@ from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.payload import StepPayload, make_payload
 from slimdata.hooks.recompute import checkpoint_layers, pack_checkpoint, recompute_layer
+from slimdata.hooks.selective import selective_norm, swiglu_down
 from slimdata.hooks.telemetry import StepTelemetry
 
 __all__ = [
@@ -61,6 +62,8 @@ __all__ = [
     "recompute_layer",
     "reduce_gradients",
     "run_step",
+    "selective_norm",
     "slice_attention",
     "slice_labels",
+    "swiglu_down",
 ]

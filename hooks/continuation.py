@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from slimdata.hooks.attention import VarlenBatch, get_backend
+from slimdata.hooks.attention import VarlenBatch, get_backend, resolve_backend
+from slimdata.hooks.attention.sdpa import sdpa_pieces
 from slimdata.hooks.kvstore import KVStore
+from slimdata.hooks.memory import hold_for_meter
 from slimdata.hooks.merge import MergeRuntime
 from torch.utils.checkpoint import checkpoint
 
@@ -78,6 +80,8 @@ class PackContext:
     """(layer, slice) -> in-graph keys/values this pack produced (for the backward)."""
     _batch: VarlenBatch | None = None
     _replay: bool = False
+    _held: list = field(default_factory=list)
+    """What an active :class:`~slimdata.hooks.memory.SavedTensorMeter` counts for ``live``."""
 
     def __enter__(self) -> PackContext:
         self._token = _ACTIVE.set(self)
@@ -122,6 +126,7 @@ class PackContext:
             # the backward runs through the forward's graph, to which they belong
             if not self._replay:
                 self.live[(layer, s)] = own[s]
+                self._held.append(hold_for_meter(*own[s]))
                 if self.doc_slices[s.doc][-1] != s:  # a later slice of the doc reads it
                     self.store.put(layer, s, *own[s])
             for p in self.doc_slices[s.doc]:
@@ -135,8 +140,8 @@ class PackContext:
             vs.append(own[s][1])
             k_lens.append(s.end)
         if not prefixes:  # every slice reads its own keys only: no copy
-            return self._varlen(q, k, v, k_lens, scale)
-        return self._varlen(q, torch.cat(ks), torch.cat(vs), k_lens, scale)
+            ks, vs = [k], [v]
+        return self._varlen(q, ks, vs, k_lens, scale)
 
     def _merged_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -147,7 +152,7 @@ class PackContext:
         full = self.merge.gather(self._per_slice(k, v))
         ks = [full[s.doc][0][: s.end] for s in self.slices]
         vs = [full[s.doc][1][: s.end] for s in self.slices]
-        return self._varlen(q, torch.cat(ks), torch.cat(vs), [s.end for s in self.slices], scale)
+        return self._varlen(q, ks, vs, [s.end for s in self.slices], scale)
 
     def _per_slice(
         self, k: torch.Tensor, v: torch.Tensor
@@ -159,11 +164,18 @@ class PackContext:
             off += s.tokens
         return own
 
-    def _varlen(self, q, k, v, k_lens: list[int], scale: float) -> torch.Tensor:
+    def _varlen(self, q, ks: list, vs: list, k_lens: list[int], scale: float) -> torch.Tensor:
+        """Varlen attention over the keys/values ``torch.cat(ks)``, ``torch.cat(vs)``. The
+        ``sdpa`` backend holds the pieces for backward, not their concatenation
+        (:func:`~slimdata.hooks.attention.sdpa.sdpa_pieces`); kernels that take one key
+        tensor get the concatenation."""
         if self._batch is None:  # same for every layer of the pack (masks cached inside)
             self._batch = VarlenBatch.from_lengths(
                 [s.tokens for s in self.slices], k_lens, device=q.device
             )
+        if resolve_backend(self.backend, q.device, q.dtype) == "sdpa":
+            return sdpa_pieces(q, ks, vs, self._batch, scale)
+        k, v = (ks[0], vs[0]) if len(ks) == 1 else (torch.cat(ks), torch.cat(vs))
         return get_backend(self.backend)(q, k, v, self._batch, scale)
 
 

@@ -185,12 +185,8 @@ class _Step:
             logits = self.forward(self.module, ids, pos)
             loss = packed_loss(logits, labels, self.norm, self.chunk)
         rc = self.recompute
-        if rc is not None and rc.policy == "full" and mode != "nograd" and not rc.calls:
-            raise ConfigError(
-                "recompute='full' but the pack's forward checkpointed no decoder layer: name the "
-                "model's layers with slimdata.hooks.checkpoint_layers(model, layers), or run each "
-                "layer body through slimdata.hooks.recompute_layer (see docs/hooks.md)"
-            )
+        if rc is not None and rc.policy != "none" and mode != "nograd" and not rc.calls:
+            raise ConfigError(_NOTHING_RECOMPUTED[rc.policy])
         return loss, ctx
 
     def dummy(self, grad: bool) -> tuple[torch.Tensor, None]:
@@ -209,6 +205,17 @@ class _Step:
                 outs.append(v)
                 grads.append(gv)
         torch.autograd.backward(outs, grads)
+
+
+_NOTHING_RECOMPUTED = {
+    "full": "recompute='full' but the pack's forward checkpointed no decoder layer: name the "
+    "model's layers with slimdata.hooks.checkpoint_layers(model, layers), or run each "
+    "layer body through slimdata.hooks.recompute_layer (see docs/hooks.md)",
+    "selective": "recompute='selective' but the pack's forward recomputed no norm and no MLP: "
+    "the model has no torch.nn.RMSNorm/LayerNorm or *RMSNorm module and no Llama-style MLP "
+    "(gate_proj, up_proj, down_proj, act_fn); call slimdata.hooks.selective_norm and "
+    "slimdata.hooks.swiglu_down in its forward (see docs/hooks.md), or plan with another policy",
+}
 
 
 def _sync(device) -> None:
@@ -257,11 +264,12 @@ def run_step(
     chunks of ``loss_chunk_tokens`` tokens (default: :func:`slimdata.cost.loss_chunk_tokens`
     for the model's vocabulary), so no pack holds all its logits (:mod:`slimdata.hooks.loss`).
 
-    ``recompute``: the activation recompute policy, ``"none"`` or ``"full"`` (every decoder
+    ``recompute``: the activation recompute policy, ``"none"``, ``"selective"`` (norms and the
+    SwiGLU product recomputed: :mod:`slimdata.hooks.selective`) or ``"full"`` (every decoder
     layer checkpointed, recomputed inside its pack in the backward:
     :mod:`slimdata.hooks.recompute`); default: the policy of the cost model the plan was solved
-    with (``plan.meta["recompute"]``), else ``"none"``. ``"selective"`` is refused
-    (:class:`~slimdata.errors.ConfigError`), and so is ``"full"`` under FSDP.
+    with (``plan.meta["recompute"]``), else ``"none"``. Under FSDP only ``"none"`` runs
+    (:class:`~slimdata.errors.ConfigError` otherwise).
     """
     t_step = time.perf_counter()
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -284,10 +292,15 @@ def run_step(
     if forward is None:
         forward = hf_forward if fsdp else hf_hidden_forward
     policy = resolve_policy(recompute, payload.plan)
-    if fsdp and (policy == "full" or getattr(module, "is_gradient_checkpointing", False)):
+    if fsdp and (policy != "none" or getattr(module, "is_gradient_checkpointing", False)):
+        # a recomputation runs module forwards again inside the backward, on parameters FSDP
+        # resharded after the forward and re-gathers only through its own module hooks: the
+        # collectives would no longer be the lockstep schedule's (design §9), untested here
         raise ConfigError(
-            "recompute='full' (gradient checkpointing) under FSDP is not supported by run_step: "
-            "use recompute='none' with FSDP, or DDP / a bare module with recompute='full'"
+            f"recompute={policy!r} (gradient checkpointing) under FSDP is not supported by "
+            "run_step: plan and run with recompute='none' under FSDP (LoaderConfig(recompute="
+            "'none'), run_step(recompute='none')), or use DDP / a bare module with 'full' or "
+            "'selective'"
         )
     with step_recompute(module, policy) as rc:
         st = _Step(module, payload, forward, backend, device, loss_chunk_tokens, rc)

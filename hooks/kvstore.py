@@ -16,6 +16,7 @@ runs ``[0,4)`` with the sum.
 from __future__ import annotations
 
 import torch
+from slimdata.hooks.memory import hold_for_meter
 
 from slimdata.plan import Slice
 
@@ -27,6 +28,7 @@ class KVStore:
 
     def __init__(self) -> None:
         self._kv: dict[Slice, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._held: dict[Slice, list[tuple]] = {}  # what a SavedTensorMeter counts
 
     def put(self, layer: int, sl: Slice, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep ``k, v`` (``(tokens, kv_heads, head_dim)``) of ``sl`` as leaves; a slice already
@@ -34,6 +36,7 @@ class KVStore:
         layers = self._kv.setdefault(sl, {})
         if layer not in layers:
             layers[layer] = (k.detach().requires_grad_(True), v.detach().requires_grad_(True))
+            self._held.setdefault(sl, []).append(hold_for_meter(*layers[layer]))
 
     def get(self, layer: int, sl: Slice) -> tuple[torch.Tensor, torch.Tensor]:
         try:
@@ -54,6 +57,7 @@ class KVStore:
     def drop(self, sl: Slice) -> None:
         """Forget a slice once its backward has run (no reader is left)."""
         self._kv.pop(sl, None)
+        self._held.pop(sl, None)
 
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for layers in self._kv.values() for k, v in layers.values())
@@ -64,3 +68,4 @@ class KVStore:
 
     def clear(self) -> None:
         self._kv.clear()
+        self._held.clear()

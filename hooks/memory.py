@@ -1,18 +1,35 @@
-"""Bytes autograd holds for backward, measured: what the memory model's activation term is.
+"""Bytes a step holds from forward to backward, measured: what the memory model predicts.
 
 :class:`SavedTensorMeter` counts the distinct storages that ``saved_tensors_hooks`` see packed
-and not yet released, parameters excluded (model states are outside the memory budget), so it
+and not yet released, plus the keys/values the runtime keeps outside autograd's saved tensors
+(the per-step K/V store, and the in-graph keys/values a pack keeps to receive their gradient,
+:func:`hold_for_meter`), parameters excluded (model states are outside the memory budget). It
 works on any device, CPU included (on CUDA, ``torch.cuda.memory_allocated`` sees the same
 bytes plus whatever else is allocated)."""
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterable
 from contextlib import contextmanager
 
 import torch
 
-__all__ = ["SavedTensorMeter"]
+__all__ = ["SavedTensorMeter", "hold_for_meter"]
+
+_METER: contextvars.ContextVar[SavedTensorMeter | None] = contextvars.ContextVar(
+    "slimdata_meter", default=None
+)
+
+
+def hold_for_meter(*tensors: torch.Tensor) -> tuple:
+    """Count ``tensors`` as held, while the returned handles live, by the meter watching now
+    (none: an empty tuple). The runtime calls it for the keys/values it keeps outside
+    autograd's saved tensors; under ``recompute="full"`` autograd saves none of them."""
+    meter = _METER.get()
+    if meter is None:
+        return ()
+    return tuple(meter._pack(t) for t in tensors)
 
 
 class SavedTensorMeter:
@@ -27,8 +44,12 @@ class SavedTensorMeter:
 
     @contextmanager
     def watch(self):
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            yield self
+        token = _METER.set(self)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield self
+        finally:
+            _METER.reset(token)
 
     def _pack(self, t: torch.Tensor):
         st = t.untyped_storage()

@@ -17,8 +17,10 @@ Which modules are decoder layers, first that applies:
   swapped for :func:`pack_checkpoint` for the step;
 - calls a custom model makes to :func:`recompute_layer` (a layer body that is no module).
 
-``recompute="selective"`` -- the cost model's norms-and-SwiGLU recompute -- is model-specific
-and not run: :func:`resolve_policy` refuses it and names the policies that run.
+``recompute="selective"`` -- the cost model's norms-and-SwiGLU recompute -- checkpoints every
+norm module and runs every Llama-style MLP through :func:`~slimdata.hooks.selective.swiglu_down`
+for the step (:mod:`slimdata.hooks.selective`); a norm's recomputation re-enters its pack the
+same way (it reads no keys/values).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 from slimdata.hooks.continuation import active_context, checkpointed_layer
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
 from slimdata.errors import ConfigError
@@ -41,7 +44,9 @@ from slimdata.plan import StepPlan
 __all__ = [
     "RUNTIME_POLICIES",
     "StepRecompute",
+    "active_policy",
     "checkpoint_layers",
+    "count_checkpoint",
     "decoder_layers",
     "pack_checkpoint",
     "recompute_layer",
@@ -49,7 +54,7 @@ __all__ = [
     "step_recompute",
 ]
 
-RUNTIME_POLICIES = ("none", "full")
+RUNTIME_POLICIES = ("none", "selective", "full")
 """Recompute policies :func:`~slimdata.hooks.run_step` runs."""
 
 _LAYERS_ATTR = "_slimdata_checkpoint_layers"
@@ -70,32 +75,41 @@ _ACTIVE: contextvars.ContextVar[StepRecompute | None] = contextvars.ContextVar(
 
 def resolve_policy(recompute: str | None, plan: StepPlan) -> str:
     """``recompute``, else the policy of the cost model the plan was solved with
-    (``plan.meta["recompute"]``), else ``none``; refuse what the runtime does not run."""
+    (``plan.meta["recompute"]``), else ``none``; refuse an unknown policy."""
     policy = recompute if recompute is not None else plan.meta.get("recompute", "none")
     where = "run_step(recompute=...)" if recompute is not None else "the plan's cost model"
-    if policy == "selective":
-        raise ConfigError(
-            f"recompute='selective' ({where}): the runtime does not run selective recompute "
-            "(the cost model's norms-and-SwiGLU recompute is model-specific); plan with "
-            "recompute 'full' or 'none' (LoaderConfig(recompute=...), --recompute), or "
-            "override with run_step(recompute='full') (less activation memory than planned, "
-            "one more forward per layer) or run_step(recompute='none') (more activation "
-            "memory than planned)"
-        )
     if policy not in RUNTIME_POLICIES:
         raise ConfigError(f"recompute={policy!r} ({where}): use one of {RUNTIME_POLICIES}")
     return policy
 
 
+def active_policy() -> str | None:
+    """The recompute policy of the step being run (None outside :func:`~slimdata.hooks.run_step`)."""
+    state = _ACTIVE.get()
+    return state.policy if state is not None else None
+
+
+def count_checkpoint() -> None:
+    """Record one recomputed call (a layer, a norm, an MLP) of the step being run."""
+    state = _ACTIVE.get()
+    if state is not None:
+        state.calls += 1
+
+
 class _Hold(torch.autograd.Function):
     """Identity that saves its inputs: a checkpoint keeps its layer's inputs alive for the
     recomputation outside ``saved_tensors_hooks``; this shows those bytes to the hooks
-    (:class:`~slimdata.hooks.SavedTensorMeter`) without copying them."""
+    (:class:`~slimdata.hooks.SavedTensorMeter`) without copying them. Inputs that need no
+    gradient (rotary ``cos``/``sin``) come out non-differentiable, as they went in."""
 
     @staticmethod
     def forward(ctx, *xs):
         ctx.save_for_backward(*xs)
-        return tuple(x.view_as(x) for x in xs)
+        out = tuple(x.view_as(x) for x in xs)
+        ctx.mark_non_differentiable(
+            *(o for x, o in zip(xs, out, strict=True) if not x.requires_grad)
+        )
+        return out
 
     @staticmethod
     def backward(ctx, *grads):
@@ -103,14 +117,16 @@ class _Hold(torch.autograd.Function):
 
 
 def _hold(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """``args, kwargs`` with every tensor that requires grad passed through :class:`_Hold`."""
-    flat = list(args) + list(kwargs.values())
-    idx = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if idx:
-        held = _Hold.apply(*(flat[i] for i in idx))
+    """``args, kwargs`` with every tensor in them (nested tuples included, e.g. rotary
+    ``(cos, sin)``) passed through :class:`_Hold`, when one of them requires grad (otherwise
+    the checkpoint saves nothing)."""
+    leaves, spec = tree_flatten((args, kwargs))
+    idx = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
+    if any(leaves[i].requires_grad for i in idx):
+        held = _Hold.apply(*(leaves[i] for i in idx))
         for i, h in zip(idx, held, strict=True):
-            flat[i] = h
-    return tuple(flat[: len(args)]), dict(zip(kwargs, flat[len(args) :], strict=True))
+            leaves[i] = h
+    return tree_unflatten(leaves, spec)
 
 
 def _pack_contexts() -> tuple[Any, Any]:
@@ -125,9 +141,7 @@ def pack_checkpoint(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     recomputed in the backward inside the pack that ran it; a plain call without grad."""
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    state = _ACTIVE.get()
-    if state is not None:
-        state.calls += 1
+    count_checkpoint()
     args, kwargs = _hold(args, kwargs)
     return checkpoint(_marked, fn, *args, use_reentrant=False, context_fn=_pack_contexts, **kwargs)
 
@@ -191,12 +205,14 @@ _MISSING = object()
 @contextmanager
 def step_recompute(module: nn.Module, policy: str) -> Iterator[StepRecompute]:
     """Run a step's packs under ``policy``: for ``full``, every decoder layer of ``module``
-    checkpointed until the step ends. Refuses a model with Hugging Face checkpointing on
-    under ``none`` (its recomputation would run outside the pack, and the plan assumed none)."""
-    if policy == "none" and getattr(module, "is_gradient_checkpointing", False):
+    checkpointed until the step ends; for ``selective``, its norms and MLPs
+    (:func:`~slimdata.hooks.selective.selective_patches`). Refuses a model with Hugging Face
+    checkpointing on under any other policy than ``full`` (its recomputation would run outside
+    the pack, and the plan assumed another policy)."""
+    if policy != "full" and getattr(module, "is_gradient_checkpointing", False):
         raise ConfigError(
-            "the model has gradient checkpointing on but the step's recompute policy is 'none': "
-            "pass run_step(recompute='full') (and plan with it), or call "
+            f"the model has gradient checkpointing on but the step's recompute policy is "
+            f"{policy!r}: pass run_step(recompute='full') (and plan with it), or call "
             "model.gradient_checkpointing_disable()"
         )
     state = StepRecompute(policy)
@@ -210,6 +226,12 @@ def step_recompute(module: nn.Module, policy: str) -> Iterator[StepRecompute]:
                 attr, new = "forward", functools.partial(_layer_forward, layer.forward)
             patched.append((layer, attr, layer.__dict__.get(attr, _MISSING)))
             object.__setattr__(layer, attr, new)
+    elif policy == "selective":
+        from slimdata.hooks.selective import selective_patches  # it builds on this module
+
+        for mod, forward in selective_patches(module):
+            patched.append((mod, "forward", mod.__dict__.get("forward", _MISSING)))
+            object.__setattr__(mod, "forward", forward)
     token = _ACTIVE.set(state)
     try:
         yield state

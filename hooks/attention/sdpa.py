@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from slimdata.hooks.attention.base import VarlenBatch, register_backend
 
-__all__ = ["BLOCK", "sdpa_varlen", "varlen_mask"]
+__all__ = ["BLOCK", "sdpa_pieces", "sdpa_varlen", "varlen_mask"]
 
 BLOCK = 128
 """Query rows per SDPA call (the slicing alignment, and a common flash-attn tile height)."""
@@ -63,11 +63,11 @@ def sdpa_varlen(
         v = v.repeat_interleave(rep, dim=1)
     if mask is not None:
         return _attend(q, k, v, mask, scale)
-    c = batch.cache
-    if "calls" not in c:
-        c["calls"] = _tiles(batch, q.device)
     return torch.cat(
-        [_attend(q[a:b], k[c0:c1], v[c0:c1], m, scale) for a, b, c0, c1, m in c["calls"]]
+        [
+            _attend(q[a:b], k[c0:c1], v[c0:c1], m, scale)
+            for a, b, c0, c1, m in _calls(batch, q.device)
+        ]
     )
 
 
@@ -96,3 +96,113 @@ def _tiles(
 
 
 register_backend("sdpa", sdpa_varlen)
+
+
+_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+"""The CPU kernel ``scaled_dot_product_attention`` dispatches to, and its backward."""
+
+
+class _PieceAttention(torch.autograd.Function):
+    """:func:`sdpa_varlen` on CPU over keys/values given as pieces, holding for backward what
+    flash-attn holds: the queries, the key/value pieces, the output and the per-head softmax
+    log-sum-exp (fp32).
+
+    Not held: the concatenated keys/values, their GQA repeat and the float masks, which the
+    backward rebuilds (copies, no attention recomputed). A prefix piece is a leaf of the
+    per-step K/V store, whose storage its producing pack holds anyway, so a document's
+    keys/values are held once, however many packs read them. The kernel calls are the ones
+    ``scaled_dot_product_attention`` makes, so results are bit-identical to it."""
+
+    @staticmethod
+    def forward(ctx, batch, scale, n, q, *pieces):
+        k, v = _keys(q, pieces, n)
+        outs, lses = [], []
+        for a, b, c0, c1, m in _calls(batch, q.device):
+            o, lse = _FLASH_CPU(
+                *_heads_first(q[a:b], k[c0:c1], v[c0:c1]),
+                0.0,
+                False,
+                attn_mask=_additive(batch, m, q.dtype),
+                scale=scale,
+            )
+            outs.append(o[0].transpose(0, 1))
+            lses.append(lse[0])
+        out, lse = torch.cat(outs), torch.cat(lses, dim=1)
+        ctx.batch, ctx.scale, ctx.n = batch, scale, n
+        ctx.save_for_backward(q, out, lse, *pieces)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, out, lse, *pieces = ctx.saved_tensors
+        k, v = _keys(q, pieces, ctx.n)
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for a, b, c0, c1, m in _calls(ctx.batch, q.device):
+            gq, gk, gv = _FLASH_CPU_BACKWARD(
+                *_heads_first(grad[a:b], q[a:b], k[c0:c1], v[c0:c1], out[a:b]),
+                lse[None, :, a:b].contiguous(),
+                0.0,
+                False,
+                attn_mask=_additive(ctx.batch, m, q.dtype),
+                scale=ctx.scale,
+            )
+            dq[a:b] = gq[0].transpose(0, 1)
+            dk[c0:c1] += gk[0].transpose(0, 1)
+            dv[c0:c1] += gv[0].transpose(0, 1)
+        dks = _unrepeat(dk, pieces[0].shape[1]).split([p.shape[0] for p in pieces[: ctx.n]])
+        dvs = _unrepeat(dv, pieces[0].shape[1]).split([p.shape[0] for p in pieces[ctx.n :]])
+        grads = [g if p.requires_grad else None for p, g in zip(pieces, (*dks, *dvs), strict=True)]
+        return None, None, None, dq, *grads
+
+
+def _keys(q: torch.Tensor, pieces, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The concatenated keys and values, repeated to the query heads (GQA)."""
+    k, v = torch.cat(pieces[:n]), torch.cat(pieces[n:])
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return k, v
+
+
+def _unrepeat(g: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Gradient of :func:`_keys`' repeat: the sum over the query heads of each key head."""
+    t, heads, d = g.shape
+    return g.view(t, kv_heads, heads // kv_heads, d).sum(2) if heads != kv_heads else g
+
+
+def _heads_first(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(T, H, D)`` -> ``(1, H, T, D)`` views, the kernel's layout."""
+    return tuple(x.transpose(0, 1)[None] for x in xs)
+
+
+def _additive(batch: VarlenBatch, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A call's boolean mask (True = attend, a view of the pack's template) as the additive
+    ``dtype`` mask the kernel takes: the same view of one additive template per pack."""
+    key = ("additive", dtype)
+    if key not in batch.cache:
+        base = mask if mask._base is None else mask._base
+        batch.cache[key] = torch.zeros(base.shape, dtype=dtype).masked_fill_(~base, float("-inf"))
+    return batch.cache[key].as_strided(mask.shape, mask.stride(), mask.storage_offset())[None, None]
+
+
+def _calls(batch: VarlenBatch, device: torch.device) -> list:
+    """:func:`_tiles` of ``batch``, built once per pack (every layer reuses them)."""
+    c = batch.cache
+    if "calls" not in c:
+        c["calls"] = _tiles(batch, device)
+    return c["calls"]
+
+
+def sdpa_pieces(
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    batch: VarlenBatch,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`sdpa_varlen` on ``torch.cat(ks), torch.cat(vs)``; on CPU with grad, holding
+    for backward only what flash-attn holds (:class:`_PieceAttention`)."""
+    if not torch.is_grad_enabled() or q.device.type != "cpu":
+        return sdpa_varlen(q, torch.cat(ks), torch.cat(vs), batch, scale)
+    return _PieceAttention.apply(batch, scale, len(ks), q, *ks, *vs)

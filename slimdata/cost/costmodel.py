@@ -19,15 +19,20 @@ fraction of the layers takes that fraction. Assumptions of :meth:`CostModel.anal
   QK^T); ``recompute="full"`` adds one more forward to every backward;
 - time = FLOPs / (peak * efficiency) from a :class:`DeviceProfile`, plus a fixed per-layer
   launch overhead per slice;
-- activation bytes per token per layer, keys and values excluded: ``dtype * (8 h + 5 ffn)``
-  without recompute (inputs of every GEMM, norms, queries, attention output and softmax
-  stats, SwiGLU intermediates), ``dtype * (6 h + 2 ffn)`` with selective recompute (norms and
-  the SwiGLU activation recomputed; their cost is neglected), ``dtype * h`` with full
-  recompute (the layer input only);
+- activation bytes per token, keys and values excluded, enumerated tensor by tensor in
+  :mod:`slimdata.cost.activations`: per layer ``2 ((4 + dtype) h + 4) + dtype (4 h + 4 ffn)
+  + 4 heads`` without recompute (fp32 norms, inputs of every GEMM, queries, softmax
+  statistics, SwiGLU intermediates), ``dtype * (6 h + 2 ffn) + 4 heads`` with selective
+  recompute (norms and the SwiGLU product recomputed; their cost is neglected), ``dtype * h``
+  with full recompute (the layer input only); plus, once per token, the token ids and labels, rotary ``cos``/``sin``, the final
+  norm and the LM head's input;
 - keys and values, ``dtype * 2 kv_dim`` per token per layer
-  (:attr:`CostModel.kv_bytes_per_token`), are held under every policy (the per-step K/V store that slice continuation reads, which
-  autograd saves too) and counted once, apart from the activations: the memory of a
-  slice is ``(act_bytes_per_token + kv_bytes_per_token) * tokens`` whatever the policy;
+  (:attr:`CostModel.kv_bytes_per_token`), are held under every policy and counted once,
+  apart from the activations: autograd saves them (the ``sdpa`` backend holds a prefix as
+  the store's tensor, not a copy), and under full recompute the runtime keeps them (the
+  per-step K/V store that slice continuation reads, and each pack's in-graph keys/values,
+  which receive their gradient). The memory of a slice is ``(act_bytes_per_token +
+  kv_bytes_per_token) * tokens`` whatever the policy;
 - logits are not held: the loss is assumed chunked or fused (logits recomputed per chunk in
   backward, as in Liger/Megatron fused cross-entropy), so their memory is transient and
   bounded by one chunk, not by the slice length (:func:`loss_chunk_tokens` sizes that
@@ -47,6 +52,7 @@ from typing import Literal, cast
 
 import numpy as np
 
+from slimdata.cost.activations import activation_bytes_per_token
 from slimdata.cost.device import DeviceProfile, load_device
 from slimdata.cost.model import ModelConfig, load_model_config
 from slimdata.errors import ConfigError
@@ -260,12 +266,7 @@ class CostModel:
         const = L * d.launch_overhead_s
         if recompute == "full":
             bwd_lin, bwd_att = bwd_lin + fwd_lin, bwd_att + fwd_att
-            per_layer = m.dtype_bytes * h
-        elif recompute == "selective":
-            per_layer = m.dtype_bytes * (6 * h + 2 * f)
-        else:
-            per_layer = m.dtype_bytes * (8 * h + 5 * f)
-        act = L * per_layer
+        act = activation_bytes_per_token(m, recompute)
         return cls(
             fwd_lin=fwd_lin,
             fwd_att=fwd_att,

@@ -50,8 +50,12 @@ def test_analytic_coefficients_by_hand():
     assert cm.bwd_att == pytest.approx(2.5 * 2 * 4 * 8 / 0.5e12)
     assert cm.fwd_const == pytest.approx(2e-6) and cm.bwd_const == pytest.approx(4e-6)
     assert cm.kv_bytes_per_token == 2 * 2 * kv * 2  # layers * (K+V) * kv_dim * bf16
-    # layers * bf16 * (8 h + 5 ffn): K/V are kv_bytes_per_token, not activations
-    assert cm.act_bytes_per_token == 2 * 2 * (8 * 8 + 5 * 16) == 576
+    # K/V are kv_bytes_per_token, not activations (slimdata.cost.activations, bf16, h=8,
+    # head_dim 4, ffn 16): a norm holds its fp32 input, fp32 statistic and bf16 output,
+    # 4 * 8 + 4 + 2 * 8 = 52; per layer 2 norms + bf16 * (4 h + 4 ffn) + fp32 softmax stats
+    # of 2 heads = 104 + 192 + 8 = 304; once: ids and labels 2 * 8, cos/sin 2 * 2 * 4, final
+    # norm 52, LM-head input 2 * 8
+    assert cm.act_bytes_per_token == 2 * 304 + 16 + 16 + 52 + 16 == 708
     # slice [4, 6): s=2, pairs=11
     assert cm.forward(4, 6) == pytest.approx(2 * cm.fwd_lin + 11 * cm.fwd_att + cm.fwd_const)
     assert cm.backward(4, 6) == pytest.approx(2 * cm.bwd_lin + 11 * cm.bwd_att + cm.bwd_const)

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import torch
-from slimdata.hooks import recompute_layer, slice_attention
+from slimdata.hooks import recompute_layer, slice_attention, swiglu_down
 from torch import nn
 
 from slimdata.plan import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
@@ -62,7 +62,7 @@ class TinyLM(nn.Module):
         v = b["v"](h).view(T, self.kv_heads, self.hd)
         x = x + b["o"](slice_attention(q, k, v, layer=i).reshape(T, -1))
         a, c = b["up"](b["n2"](x)).chunk(2, dim=-1)
-        return x + b["down"](nn.functional.silu(a) * c)
+        return x + swiglu_down(a, c, b["down"])  # recomputed under recompute="selective"
 
     def forward(self, ids, pos):
         x = self.emb(ids)

@@ -195,15 +195,20 @@ def two_rank_suite(rank: int, world: int) -> tuple[list, tuple, list]:
     )
 
 
-def recompute_suite(rank: int, world: int) -> tuple[list, list, list]:
-    """2-rank bodies with ``recompute="full"``: DP-Merge plans (bare and DDP), and the merge
-    exchanges with ``full`` and with ``none``."""
+def recompute_suite(rank: int, world: int, policy: str = "full") -> tuple[list, list, list]:
+    """2-rank bodies with ``recompute=policy``: DP-Merge plans (bare and DDP), and the merge
+    exchanges with ``policy`` and with ``none``."""
     return (
-        equivalence(rank, world, ["merge2", "solver2"], False, "full")
-        + equivalence(rank, world, ["merge2"], True, "full"),
-        merge_exchanges(rank, world, "full"),
+        equivalence(rank, world, ["merge2", "solver2"], False, policy)
+        + equivalence(rank, world, ["merge2"], True, policy),
+        merge_exchanges(rank, world, policy),
         merge_exchanges(rank, world, "none"),
     )
+
+
+def selective_suite(rank: int, world: int) -> tuple[list, list, list]:
+    """:func:`recompute_suite` under ``recompute="selective"``."""
+    return recompute_suite(rank, world, "selective")
 
 
 # --- FSDP2 (fully_shard) on lockstep plans --------------------------------------------------
