@@ -52,8 +52,9 @@ import numpy as np
 
 from slimdata.cost import CostModel, Interconnect, causal_pairs
 from slimdata.cost.attention import attention_curve
+from slimdata.execution.merge import merge_collectives, merge_layer_tokens
+from slimdata.execution.program import padded
 from slimdata.plan import StepPlan
-from slimdata.plan.pipeline import merge_exchange_tokens
 from slimdata.sim.packs import PackTimes
 
 __all__ = [
@@ -98,12 +99,6 @@ def real_devices(devices: list[int] | tuple[int, ...], groups: int, cp: int) -> 
         base = s * groups * cp + g * cp
         out.extend(range(base, base + cp))
     return out
-
-
-def padded(tokens: np.ndarray, k: int) -> np.ndarray:
-    """Tokens padded to a multiple of ``2 k`` (``k > 1``): ``padded(1000, 3) == 1002``."""
-    t = np.asarray(tokens, dtype=np.float64)
-    return t if k == 1 else np.ceil(t / (2 * k)) * (2 * k)
 
 
 def exchange_exposed(
@@ -202,38 +197,6 @@ def merge_attention_scale(
         num = np.bincount(pack, weights=pairs * fac, minlength=n)
         out.append(_ratio(num, np.bincount(pack, weights=pairs, minlength=n)))
     return out[0], out[1]
-
-
-def merge_layer_tokens(plan: StepPlan, group: int) -> int:
-    """Tokens of one layer's gathered K/V of merge group ``group``, as the runtime exchanges
-    them (:func:`slimdata.plan.pipeline.merge_exchange_tokens` of the members' shares in
-    their merge packs)."""
-    m = plan.merges[group]
-    docs = set(m.docs)
-    shares = [
-        sum(
-            s.tokens
-            for p in plan.ranks[r].forward
-            if p.merge is not None
-            for s in p.slices
-            if s.doc in docs
-        )
-        for r in m.ranks
-    ]
-    return merge_exchange_tokens(shares)
-
-
-def merge_collectives(kind: str, cost: CostModel, recomputed: bool = False) -> int:
-    """Ring collectives per layer of a merge pack, each over :func:`merge_layer_tokens`'s
-    keys/values, as the runtime issues them (:mod:`slimdata.hooks.merge`): the forward
-    all-gathers the members' keys/values (1); the backward gathers them again (its attention
-    is checkpointed, so a member holds one layer's gathered K/V at a time) and
-    reduce-scatters their gradient, each member receiving the summed gradient of its own rows
-    (2); a backward that re-runs the forward first gathers once more (3): a merge pack
-    ``recomputed`` by the executor (lockstep FSDP rules), or any with ``recompute="full"``."""
-    if kind == "F":
-        return 1
-    return 3 if recomputed or cost.recompute == "full" else 2
 
 
 def cp_peak_memory(plan: StepPlan, cost: CostModel, cp: int) -> np.ndarray:

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
+from slimdata.execution import build_programs
 from slimdata.plan import StepPlan
 from slimdata.sim.config import SimConfig
 from slimdata.sim.dag import Durations, build_dag
 from slimdata.sim.engine import evaluate
 from slimdata.sim.memory import memory_profile
-from slimdata.sim.packs import pack_times
 from slimdata.sim.results import SimResult, summarize
 from slimdata.solver.layout import Layout
 
@@ -62,11 +62,11 @@ def simulate_step(
             f"plan has {plan.dp} DP ranks x cp={config.cp} but the layout has dp={layout.dp}; "
             f"solve the plan for dp={layout.dp // config.cp} DP groups of this layout"
         )
+    programs = build_programs(plan, cost, config.execution(layout.pp))
     dag = build_dag(
         plan,
         cost,
-        pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split),
-        pp=layout.pp,
+        programs,
         ranks_per_node=layout.ranks_per_node,
         config=config,
         durations=durations,
