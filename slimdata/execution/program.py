@@ -253,8 +253,8 @@ class _Builder:
         return out
 
     def merge_exchange(self, kind: str, c: int, r: int, i: int) -> list[Collective]:
-        """A merge pack's per-layer K/V collectives over its group, layer by layer (the
-        backward: last layer first, each re-gathered, then its gradient reduce-scattered)."""
+        """A merge pack's per-layer K/V collectives over its group, in the runtime's order
+        (:mod:`slimdata.hooks.merge`)."""
         pack = (self.plan.ranks[r].forward if kind == "F" else self.plan.ranks[r].backward)[i]
         if pack.merge is None:
             return []
@@ -265,12 +265,18 @@ class _Builder:
         if kind == "F":
             return [Collective("merge_kv_all_gather", group, nbytes, kind, c, i, x) for x in layers]
         recomputed = bool(self.pt.b_recomputed[self.flat(r, kind, i)])
-        gathers = merge_collectives(kind, self.cost, recomputed) - 1
-        out = []
+        # a recomputed pack re-runs its whole forward first (one gather per layer); then
+        # per layer, last first: gathers (one more inside a checkpointed layer under
+        # recompute="full") and the K/V-gradient reduce-scatter
+        out = [
+            Collective("merge_kv_all_gather", group, nbytes, kind, c, i, x)
+            for x in (layers if recomputed else ())
+        ]
+        per_layer = merge_collectives(kind, self.cost, recomputed) - 1 - int(recomputed)
         for x in reversed(layers):
             out.extend(
                 Collective("merge_kv_all_gather", group, nbytes, kind, c, i, x)
-                for _ in range(gathers)
+                for _ in range(per_layer)
             )
             out.append(Collective("merge_kv_reduce_scatter", group, nbytes, kind, c, i, x))
         return out
