@@ -36,7 +36,8 @@ __all__ = ["compute_levels", "levels", "peak"]
 def levels(program: Program) -> np.ndarray:
     """Bytes held while each compute of ``program`` runs (its allocations made, the frees
     after it not yet)."""
-    held, out = 0.0, []
+    held = 0.0
+    out: list[float] = []
     for op in program.ops:
         if isinstance(op, Alloc):
             held += op.bytes
@@ -50,7 +51,8 @@ def levels(program: Program) -> np.ndarray:
 def compute_levels(program: Program) -> np.ndarray:
     """Bytes held after each compute of ``program`` and the frees that follow it (what
     stays between passes)."""
-    held, out = 0.0, []
+    held = 0.0
+    out: list[float] = []
     for op in program.ops:
         if isinstance(op, Alloc):
             held += op.bytes

@@ -33,6 +33,7 @@ from slimdata.plan import StepPlan
 from slimdata.sim.comm import p2p_time, spans_nodes
 from slimdata.sim.config import SimConfig
 from slimdata.sim.cp import (
+    CpPacks,
     cp_packs,
     exchange_exposed,
     merge_attention_scale,
@@ -98,8 +99,9 @@ def build_dag(
     becomes a task placed in program order, then the edges."""
     if config.parallelism == "fsdp":
         _check_merge_alignment(plan)
-    fwork, bwork = _chunk_work(plan, cost, programs, config, durations)
-    tasks = _Tasks(plan, cost, programs, config, ranks_per_node, fwork, bwork)
+    cp_model = _cp_model(plan, cost, programs, config)
+    fwork, bwork = _chunk_work(programs, cp_model, config.cp, durations)
+    tasks = _Tasks(plan, cost, programs, config, ranks_per_node, cp_model, (fwork, bwork))
     for prog in programs:
         for op in prog.computes():
             tasks.graph.place(prog.device, tasks.make(op.pass_, op.chunk, prog.rank, op.pack))
@@ -135,21 +137,16 @@ def _check_merge_alignment(plan: StepPlan) -> None:
                 )
 
 
-def _chunk_work(
-    plan: StepPlan,
-    cost: CostModel,
-    programs: Programs,
-    config: SimConfig,
-    durations: Durations | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``[chunk, flat pack] -> seconds`` of every forward and backward task: the program's
-    price with the CP model's member share and chunk efficiency (:mod:`slimdata.sim.cp`),
-    replaced by measured ``durations`` where given."""
-    pt, frac, cp = programs.pt, programs.fractions, config.cp
+def _cp_model(
+    plan: StepPlan, cost: CostModel, programs: Programs, config: SimConfig
+) -> tuple[CpPacks, np.ndarray, np.ndarray]:
+    """Static CP member shares and merged slices' attention efficiency of every pack
+    (:mod:`slimdata.sim.cp`)."""
+    pt = programs.pt
     cpp = cp_packs(
         pt,
         cost,
-        cp,
+        config.cp,
         config.interconnect,
         recompute_full=cost.recompute == "full",
         overlap=config.cp_overlap,
@@ -158,6 +155,20 @@ def _chunk_work(
     merged = np.zeros(len(plan.docs), dtype=bool)
     merged[[d for m in plan.merges for d in m.docs]] = True
     f_scale, b_scale = merge_attention_scale(pt, doc_len, merged)
+    return cpp, f_scale, b_scale
+
+
+def _chunk_work(
+    programs: Programs,
+    cp_model: tuple[CpPacks, np.ndarray, np.ndarray],
+    cp: int,
+    durations: Durations | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``[chunk, flat pack] -> seconds`` of every forward and backward task: the program's
+    price with the CP model's member share and chunk efficiency (:mod:`slimdata.sim.cp`),
+    replaced by measured ``durations`` where given."""
+    pt, frac = programs.pt, programs.fractions
+    cpp, f_scale, b_scale = cp_model
     fwork = frac[:, None] * (cpp.fwd + pt.f_att * (f_scale - 1) / cp)[None, :]
     bwork = frac[:, None] * (cpp.bwd + pt.b_att * (b_scale - 1) / cp)[None, :]
     if durations:
@@ -177,32 +188,21 @@ class _Tasks:
         programs: Programs,
         config: SimConfig,
         rpn: int,
-        fwork: np.ndarray,
-        bwork: np.ndarray,
+        cp_model: tuple[CpPacks, np.ndarray, np.ndarray],
+        work: tuple[np.ndarray, np.ndarray],
     ) -> None:
         self.plan, self.cost, self.config, self.rpn = plan, cost, config, rpn
         self.programs, self.pt, self.frac = programs, programs.pt, programs.fractions
         self.dp, self.pp, self.cp = plan.dp, programs.pp, config.cp
         self.n_chunks = len(self.frac)
         self.net, self.fsdp = config.interconnect, config.parallelism == "fsdp"
-        self.fwork, self.bwork = fwork, bwork
+        self.fwork, self.bwork = work
         self.graph = TaskGraph(n_devices=self.dp * self.pp)
         self.ftid = np.full((self.n_chunks, len(self.pt.fwd)), -1, dtype=np.int64)
         self.btid = np.full((self.n_chunks, len(self.pt.bwd)), -1, dtype=np.int64)
         self.keyed: dict[tuple, int] = {}
         self.merge_at = _merge_index(plan)
-        doc_len = np.array([d.length for d in plan.docs], dtype=np.float64)
-        merged = np.zeros(len(plan.docs), dtype=bool)
-        merged[[d for m in plan.merges for d in m.docs]] = True
-        self.f_scale, self.b_scale = merge_attention_scale(self.pt, doc_len, merged)
-        self.cpp = cp_packs(
-            self.pt,
-            cost,
-            self.cp,
-            self.net,
-            recompute_full=cost.recompute == "full",
-            overlap=config.cp_overlap,
-        )
+        self.cpp, self.f_scale, self.b_scale = cp_model
         # [stage, group] -> does the CP group span nodes (row of CpPacks.*_comm)
         self.cp_row = np.array(
             [
