@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from slimdata.cost import CostModel
@@ -70,7 +72,6 @@ def test_kv_freed_per_slice_when_its_backward_pack_ends():
 
 
 def test_ddp_all_reduce_ends_the_step_on_every_rank():
-    import dataclasses
 
     cost = dataclasses.replace(COST, param_count=100)
     plan = _plan([([[(0, 0, 3)]], [[(0, 0, 3)]]), ([[(1, 0, 2)]], [[(1, 0, 2)]])], [3, 2])
@@ -83,7 +84,6 @@ def test_ddp_all_reduce_ends_the_step_on_every_rank():
 def test_merge_pack_gathers_one_layer_at_a_time():
     # doc 0 (8 tokens) merged over ranks 0 and 1, shares 5 and 3 (padded to 5: 10 tokens per
     # layer); 2 layers, K/V 2 bytes per token over all layers -> 1 byte per token per layer
-    import dataclasses
 
     cost = dataclasses.replace(COST, layers=2, kv_bytes_per_token=2.0)
     docs = (Document(0, 8),)
@@ -108,7 +108,6 @@ def test_merge_pack_gathers_one_layer_at_a_time():
 
 
 def test_pipeline_sends_and_receives_hidden_states():
-    import dataclasses
 
     cost = dataclasses.replace(COST, layers=2, hidden=4, dtype_bytes=2)
     plan = _plan([([[(0, 0, 3)]], [[(0, 0, 3)]])], [3])
@@ -142,3 +141,19 @@ def test_graph_free_forward_holds_activations_only_while_it_runs():
     assert levels(prog).tolist() == [4.0, 10.0, 7.0, 10.0]
     assert compute_levels(prog).tolist() == [2.0, 6.0, 5.0, 0.0]
     assert [op for op in prog.ops if isinstance(op, Alloc | Free)]  # guard: memory was listed
+
+
+def test_critical_path_of_a_two_stage_pipeline():
+    # estimate.py's example: forward packs of 1 s, backward 2 s, order F0 B0 F1 B1, pp = 2,
+    # each op half its pack: stage 0 F0 0.5, F1 1.0; stage 1 F0 1.0, B0 2.0, F1 2.5, B1 3.5;
+    # stage 0 B0 3.0, B1 4.5
+    from slimdata.execution.estimate import critical_path
+
+    one = dataclasses.replace(COST, layers=2, act_bytes_per_token=0.0, kv_bytes_per_token=0.0)
+    plan = _plan([([[(0, 0, 1)], [(1, 0, 1)]], [[(0, 0, 1)], [(1, 0, 1)]])], [1, 1])
+    assert plan.ranks[0].order == (("F", 0), ("B", 0), ("F", 1), ("B", 1))
+    progs = build_programs(plan, one, ExecutionConfig(pp=2))
+    assert [(c.pass_, c.pack) for c in progs[(0, 0)].computes()] == [
+        ("F", 0), ("F", 1), ("B", 0), ("B", 1)
+    ]  # fmt: skip
+    assert critical_path(progs).tolist() == [4.5]
