@@ -1,4 +1,6 @@
-"""The planner's step-time estimate of a plan: the critical path of its programs' computes.
+"""The step-time estimate of a plan from its programs: the critical path of their computes.
+The planner's fast path (:func:`slimdata.solver.pipeline.plan_pipeline_time`, over the same
+stage orders and the packs' ``MicroPack.cost``) is checked against it.
 
 Every rank's programs (one per pipeline stage) run their computes in program order; a
 forward on chunk ``c`` starts after the same pack's forward on chunk ``c - 1`` and a backward

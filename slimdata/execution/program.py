@@ -100,9 +100,14 @@ def padded(tokens, k: int) -> np.ndarray:
 
 
 def build_programs(
-    plan: StepPlan, cost: CostModel, config: ExecutionConfig | None = None
+    plan: StepPlan,
+    cost: CostModel,
+    config: ExecutionConfig | None = None,
+    *,
+    compute_only: bool = False,
 ) -> Programs:
-    """The program of every (rank, stage) of ``plan`` (module docstring)."""
+    """The program of every (rank, stage) of ``plan`` (module docstring). ``compute_only``:
+    list the computes alone (what the planner's estimate reads; much faster)."""
     config = config or ExecutionConfig()
     fsdp = config.parallelism == "fsdp"
     pt = pack_times(plan, cost, lockstep=fsdp, split=config.split)
@@ -114,10 +119,69 @@ def build_programs(
         for s in range(config.pp):
             ops: list[Operation] = []
             for kind, c, i in stage_ops(config.schedule, order, s, config.pp, b.v):
-                ops.extend(b.pass_ops(kind, c, r, i))
-            ops.extend(b.step_end(s))
+                if compute_only:
+                    if i < b.side[kind].n_packs[r]:
+                        ops.append(b.compute(kind, c, r, i))
+                else:
+                    ops.extend(b.pass_ops(kind, c, r, i))
+            if not compute_only:
+                ops.extend(b.step_end(s))
             programs[(r, s)] = Program(r, s, b.device(s, r), tuple(ops))
     return Programs(programs, pt, b.frac, plan.dp, config.pp)
+
+
+@dataclass(frozen=True)
+class _Side:
+    """Per flat pack of one pass (forward or backward), as plain lists for fast lookup."""
+
+    offset: list[int]
+    n_packs: list[int]
+    seconds: list[float]
+    tokens: list[int]
+    pairs: list[float]
+    calls: list[int]
+    flag: list[bool]
+    """Forward: graph-free; backward: recomputed."""
+    merge: list[int | None]
+    slices: list[list[tuple[tuple[int, int], float, float, bool]]]
+    """Per pack: ``((doc, start), activation bytes, K/V bytes, forward graph-free)``."""
+    cp_kv: list[float]
+    """Static CP: one layer's gathered K/V (padded tokens)."""
+
+    @staticmethod
+    def build(plan: StepPlan, pt: PackTimes, cost: CostModel, kind: str, cp: int) -> _Side:
+        fwd = kind == "F"
+        pack_of = pt.s_fpack if fwd else pt.s_bpack
+        n = len(pt.fwd if fwd else pt.bwd)
+        pairs = causal_pairs(pt.s_start, pt.s_end)
+        free = pt.f_graph_free[pt.s_fpack].tolist()
+        rows = list(
+            zip(
+                pt.s_doc.tolist(),
+                pt.s_start.tolist(),
+                pt.s_act.tolist(),
+                pt.s_kv.tolist(),
+                free,
+                strict=True,
+            )
+        )
+        slices: list[list] = [[] for _ in range(n)]
+        for k in np.argsort(pack_of, kind="stable").tolist():
+            d, a, act, kv, gf = rows[k]
+            slices[int(pack_of[k])].append(((d, a), act, kv, gf))
+        sp = padded(pt.s_end - pt.s_start, cp)
+        return _Side(
+            offset=(pt.f_offset if fwd else pt.b_offset).tolist(),
+            n_packs=[len(rs.forward if fwd else rs.backward) for rs in plan.ranks],
+            seconds=(pt.fwd if fwd else pt.bwd).tolist(),
+            tokens=np.rint(pt.f_tokens if fwd else pt.b_tokens).astype(int).tolist(),
+            pairs=np.bincount(pack_of, pairs, n).tolist(),
+            calls=(pt.f_calls if fwd else pt.b_calls).tolist(),
+            flag=(pt.f_graph_free if fwd else pt.b_recomputed).tolist(),
+            merge=[p.merge for rs in plan.ranks for p in (rs.forward if fwd else rs.backward)],
+            slices=slices,
+            cp_kv=cost.gathered_kv_bytes(np.bincount(pack_of, sp, n)).tolist(),
+        )
 
 
 class _Builder:
@@ -125,146 +189,120 @@ class _Builder:
 
     def __init__(self, plan: StepPlan, cost: CostModel, config: ExecutionConfig, pt: PackTimes):
         self.plan, self.cost, self.config, self.pt = plan, cost, config, pt
-        self.v = config.chunks_per_device
+        self.dp, self.pp, self.v = plan.dp, config.pp, config.chunks_per_device
         self.n_chunks = config.pp * self.v
         self.frac = chunk_fractions(cost.layers, self.n_chunks)
+        self.frac_list = self.frac.tolist()
         self.fsdp = config.parallelism == "fsdp"
-        cp = config.cp
-        self.s_pairs = causal_pairs(pt.s_start, pt.s_end)
-        # slices of every flat pack, in plan order
-        self.f_slices = _group(pt.s_fpack, len(pt.fwd))
-        self.b_slices = _group(pt.s_bpack, len(pt.bwd))
-        self.s_free = pt.f_graph_free[pt.s_fpack]
-        # static CP: one layer's gathered K/V of every pack (padded tokens)
-        sp = padded(pt.s_end - pt.s_start, cp)
-        self.cp_kv_f = cost.gathered_kv_bytes(np.bincount(pt.s_fpack, sp, len(pt.fwd)))
-        self.cp_kv_b = cost.gathered_kv_bytes(np.bincount(pt.s_bpack, sp, len(pt.bwd)))
+        self.side = {k: _Side.build(plan, pt, cost, k, config.cp) for k in "FB"}
         self.merge_kv = [
             float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g)))
             for g in range(len(plan.merges))
         ]
-        layers = max(cost.layers, 1)
-        counts = np.rint(self.frac * layers).astype(int)
-        self.first_layer = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        self.layer_count = counts
+        counts = np.rint(self.frac * max(cost.layers, 1)).astype(int)
+        self.first_layer = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+        self.layer_count = counts.tolist()
         self.calls_anywhere = {
             kind: {
                 i
-                for rs in plan.ranks
-                for i in range(len(rs.forward if kind == "F" else rs.backward))
-                if self.calls(rs.rank, kind, i)
+                for r in range(self.dp)
+                for i in range(self.side[kind].n_packs[r])
+                if self.side[kind].calls[self.side[kind].offset[r] + i]
             }
             for kind in "FB"
         }
+        self.stage_groups = [
+            tuple(self.device(s, r) for r in range(self.dp)) for s in range(self.pp)
+        ]
 
     def device(self, stage: int, rank: int) -> int:
-        return stage * self.plan.dp + rank
-
-    def flat(self, r: int, kind: str, i: int) -> int:
-        return int((self.pt.f_offset if kind == "F" else self.pt.b_offset)[r] + i)
-
-    def n_packs(self, r: int, kind: str) -> int:
-        rs = self.plan.ranks[r]
-        return len(rs.forward if kind == "F" else rs.backward)
-
-    def calls(self, r: int, kind: str, i: int) -> int:
-        if i >= self.n_packs(r, kind):
-            return 0
-        return int((self.pt.f_calls if kind == "F" else self.pt.b_calls)[self.flat(r, kind, i)])
+        return stage * self.dp + rank
 
     def pass_ops(self, kind: str, c: int, r: int, i: int) -> list[Operation]:
         """Receive, gather, allocate, compute, free, scatter, send: one pass of pack ``i``."""
-        if i >= self.n_packs(r, kind):  # FSDP: a slot of the common order this rank lacks
+        if i >= self.side[kind].n_packs[r]:  # FSDP: a slot of the common order this rank lacks
             return [Compute(kind, c, i, 0.0, 0, 0.0, 0)] if self.fsdp else []
-        dev = self.device(c % self.config.pp, r)
+        dev = self.device(c % self.pp, r)
+        k = self.side[kind].offset[r] + i
         before: list[Operation] = [
-            *self.receive(kind, c, r, i, dev),
+            *self.receive(kind, c, r, k, dev),
             *self.param_gather(kind, c, i),
         ]
         after: list[Operation] = []
-        for alloc in self.transient(kind, r, i):
+        for alloc in self.transient(kind, k):
             before.append(alloc)
             after.append(Free(alloc.what, alloc.bytes, alloc.owner))
-        before.extend(self.merge_exchange(kind, c, r, i))
-        before.extend(self.slice_allocs(kind, c, r, i))
-        after.extend(self.slice_frees(kind, c, r, i))
+        before.extend(self.merge_exchange(kind, c, i, k))
+        before.extend(self.slice_allocs(kind, c, k))
+        after.extend(self.slice_frees(kind, c, k))
         after.extend(self.param_scatter(kind, c, i))
-        after.extend(self.send(kind, c, r, i, dev))
+        after.extend(self.send(kind, c, r, k, dev))
         return [*before, self.compute(kind, c, r, i), *after]
 
     def compute(self, kind: str, c: int, r: int, i: int) -> Compute:
-        pt, k = self.pt, self.flat(r, kind, i)
-        sl = (self.f_slices if kind == "F" else self.b_slices)[k]
-        pack = (self.plan.ranks[r].forward if kind == "F" else self.plan.ranks[r].backward)[i]
+        side = self.side[kind]
+        k = side.offset[r] + i
         return Compute(
             pass_=kind,
             chunk=c,
             pack=i,
-            seconds=float(self.frac[c] * (pt.fwd if kind == "F" else pt.bwd)[k]),
-            tokens=int((pt.f_tokens if kind == "F" else pt.b_tokens)[k]),
-            pairs=float(self.s_pairs[sl].sum()),
-            calls=self.calls(r, kind, i),
-            graph_free=bool(kind == "F" and pt.f_graph_free[k]),
-            recompute=bool(kind == "B" and pt.b_recomputed[k]),
-            merge=pack.merge,
+            seconds=self.frac_list[c] * side.seconds[k],
+            tokens=side.tokens[k],
+            pairs=side.pairs[k],
+            calls=side.calls[k],
+            graph_free=kind == "F" and side.flag[k],
+            recompute=kind == "B" and side.flag[k],
+            merge=side.merge[k],
         )
 
-    def slice_allocs(self, kind: str, c: int, r: int, i: int) -> list[Operation]:
+    def slice_allocs(self, kind: str, c: int, k: int) -> list[Operation]:
         """Forward: every slice's activations and K/V; backward: the activations of slices
         whose forward ran graph-free (the recompute rebuilds them)."""
-        pt, k, share = self.pt, self.flat(r, kind, i), self.frac[c] / self.config.cp
+        share = self.frac_list[c] / self.config.cp
         out: list[Operation] = []
-        for s in (self.f_slices if kind == "F" else self.b_slices)[k]:
-            owner = (int(pt.s_doc[s]), int(pt.s_start[s]))
+        for owner, act, kv, free in self.side[kind].slices[k]:
             if kind == "F":
-                out.append(Alloc("activations", float(pt.s_act[s] * share), owner))
-                out.append(Alloc("kv", float(pt.s_kv[s] * share), owner))
-            elif self.s_free[s]:
-                out.append(Alloc("activations", float(pt.s_act[s] * share), owner))
+                out.append(Alloc("activations", act * share, owner))
+                out.append(Alloc("kv", kv * share, owner))
+            elif free:
+                out.append(Alloc("activations", act * share, owner))
         return out
 
-    def slice_frees(self, kind: str, c: int, r: int, i: int) -> list[Operation]:
+    def slice_frees(self, kind: str, c: int, k: int) -> list[Operation]:
         """Forward: a graph-free pass drops its activations; backward: every slice's
         activations and K/V go."""
-        pt, k, share = self.pt, self.flat(r, kind, i), self.frac[c] / self.config.cp
+        share = self.frac_list[c] / self.config.cp
         out: list[Operation] = []
-        for s in (self.f_slices if kind == "F" else self.b_slices)[k]:
-            owner = (int(pt.s_doc[s]), int(pt.s_start[s]))
-            if kind == "B" or self.s_free[s]:
-                out.append(Free("activations", float(pt.s_act[s] * share), owner))
+        for owner, act, kv, free in self.side[kind].slices[k]:
+            if kind == "B" or free:
+                out.append(Free("activations", act * share, owner))
             if kind == "B":
-                out.append(Free("kv", float(pt.s_kv[s] * share), owner))
+                out.append(Free("kv", kv * share, owner))
         return out
 
-    def transient(self, kind: str, r: int, i: int) -> list[Alloc]:
+    def transient(self, kind: str, k: int) -> list[Alloc]:
         """One layer's gathered K/V while the pass runs (twice in the backward)."""
         times = 1 if kind == "F" else 2
+        side = self.side[kind]
         out = []
-        pack = (self.plan.ranks[r].forward if kind == "F" else self.plan.ranks[r].backward)[i]
-        if pack.merge is not None:
-            out.append(Alloc("gathered_kv", times * self.merge_kv[pack.merge]))
-        if self.config.cp > 1 and pack.slices:
-            k = self.flat(r, kind, i)
-            out.append(
-                Alloc(
-                    "gathered_kv", times * float((self.cp_kv_f if kind == "F" else self.cp_kv_b)[k])
-                )
-            )
+        if side.merge[k] is not None:
+            out.append(Alloc("gathered_kv", times * self.merge_kv[side.merge[k]]))
+        if self.config.cp > 1 and side.slices[k]:
+            out.append(Alloc("gathered_kv", times * side.cp_kv[k]))
         return out
 
-    def merge_exchange(self, kind: str, c: int, r: int, i: int) -> list[Collective]:
+    def merge_exchange(self, kind: str, c: int, i: int, k: int) -> list[Collective]:
         """A merge pack's per-layer K/V collectives over its group, in the runtime's order
         (:mod:`slimdata.hooks.merge`)."""
-        pack = (self.plan.ranks[r].forward if kind == "F" else self.plan.ranks[r].backward)[i]
-        if pack.merge is None:
+        g = self.side[kind].merge[k]
+        if g is None:
             return []
-        g = pack.merge
-        group = tuple(self.device(c % self.config.pp, m) for m in sorted(self.plan.merges[g].ranks))
+        group = tuple(self.device(c % self.pp, m) for m in sorted(self.plan.merges[g].ranks))
         nbytes = self.merge_kv[g]
         layers = range(self.first_layer[c], self.first_layer[c] + self.layer_count[c])
         if kind == "F":
             return [Collective("merge_kv_all_gather", group, nbytes, kind, c, i, x) for x in layers]
-        recomputed = bool(self.pt.b_recomputed[self.flat(r, kind, i)])
+        recomputed = self.side[kind].flag[k]
         # a recomputed pack re-runs its whole forward first (one gather per layer); then
         # per layer, last first: gathers (one more inside a checkpointed layer under
         # recompute="full") and the K/V-gradient reduce-scatter
@@ -282,26 +320,23 @@ class _Builder:
         return out
 
     def param_bytes(self, c: int) -> float:
-        return float(self.cost.param_count * self.frac[c] * self.config.grad_bytes)
-
-    def stage_group(self, stage: int) -> tuple[int, ...]:
-        return tuple(self.device(stage, r) for r in range(self.plan.dp))
+        return float(self.cost.param_count * self.frac_list[c] * self.config.grad_bytes)
 
     def param_gather(self, kind: str, c: int, i: int) -> list[Collective]:
         """FSDP: a pack's parameters are gathered on every rank unless no rank calls it."""
         if not self.fsdp or i not in self.calls_anywhere[kind]:
             return []
-        group = self.stage_group(c % self.config.pp)
+        group = self.stage_groups[c % self.pp]
         return [Collective("fsdp_all_gather", group, self.param_bytes(c), kind, c, i)]
 
     def param_scatter(self, kind: str, c: int, i: int) -> list[Collective]:
         if kind == "F" or not self.fsdp or i not in self.calls_anywhere[kind]:
             return []
-        group = self.stage_group(c % self.config.pp)
+        group = self.stage_groups[c % self.pp]
         return [Collective("fsdp_reduce_scatter", group, self.param_bytes(c), kind, c, i)]
 
-    def hidden_bytes(self, r: int, kind: str, i: int) -> float:
-        tokens = (self.pt.f_tokens if kind == "F" else self.pt.b_tokens)[self.flat(r, kind, i)]
+    def hidden_bytes(self, kind: str, k: int) -> float:
+        tokens = self.side[kind].tokens[k]
         return float(tokens / self.config.cp * self.cost.hidden * self.cost.dtype_bytes)
 
     def neighbour(self, kind: str, c: int, towards: str) -> int | None:
@@ -311,34 +346,26 @@ class _Builder:
         n = c + step
         return n if 0 <= n < self.n_chunks else None
 
-    def receive(self, kind: str, c: int, r: int, i: int, dev: int) -> list[Collective]:
+    def receive(self, kind: str, c: int, r: int, k: int, dev: int) -> list[Collective]:
         src = self.neighbour(kind, c, "in")
         if src is None:
             return []
-        pair = (self.device(src % self.config.pp, r), dev)
-        return [Collective("recv", pair, self.hidden_bytes(r, kind, i), kind, c, i)]
+        pair = (self.device(src % self.pp, r), dev)
+        i = k - self.side[kind].offset[r]
+        return [Collective("recv", pair, self.hidden_bytes(kind, k), kind, c, i)]
 
-    def send(self, kind: str, c: int, r: int, i: int, dev: int) -> list[Collective]:
+    def send(self, kind: str, c: int, r: int, k: int, dev: int) -> list[Collective]:
         dst = self.neighbour(kind, c, "out")
         if dst is None:
             return []
-        pair = (dev, self.device(dst % self.config.pp, r))
-        return [Collective("send", pair, self.hidden_bytes(r, kind, i), kind, c, i)]
+        pair = (dev, self.device(dst % self.pp, r))
+        i = k - self.side[kind].offset[r]
+        return [Collective("send", pair, self.hidden_bytes(kind, k), kind, c, i)]
 
     def step_end(self, stage: int) -> list[Collective]:
         """DDP: the stage's gradients all-reduced over every DP rank (and CP member)."""
-        dp_total = self.plan.dp * self.config.cp
-        if self.fsdp or dp_total == 1 or self.cost.param_count <= 0:
+        if self.fsdp or self.dp * self.config.cp == 1 or self.cost.param_count <= 0:
             return []
-        share = float(
-            self.frac[[c for c in range(self.n_chunks) if c % self.config.pp == stage]].sum()
-        )
+        share = sum(self.frac_list[c] for c in range(self.n_chunks) if c % self.pp == stage)
         nbytes = float(self.cost.param_count * share * self.config.grad_bytes)
-        return [Collective("ddp_all_reduce", self.stage_group(stage), nbytes)]
-
-
-def _group(pack_of_slice: np.ndarray, n: int) -> list[np.ndarray]:
-    """Slice indices of every pack, in slice order: ``_group([1, 0, 1], 2) -> [[1], [0, 2]]``."""
-    order = np.argsort(pack_of_slice, kind="stable")
-    bounds = np.searchsorted(pack_of_slice[order], np.arange(n + 1))
-    return [order[bounds[k] : bounds[k + 1]] for k in range(n)]
+        return [Collective("ddp_all_reduce", self.stage_groups[stage], nbytes)]

@@ -21,9 +21,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from slimdata.cost import CostModel
-from slimdata.execution import ExecutionConfig, build_programs
-from slimdata.execution.estimate import critical_path
 from slimdata.plan.pipeline import one_f_one_b
 from slimdata.plan.types import StepPlan
 
@@ -60,12 +57,27 @@ def pipeline_times(
     return clock.max(axis=0)
 
 
-def plan_pipeline_time(plan: StepPlan, pp: int, cost: CostModel) -> float:
-    """The planner's step-time estimate of ``plan``: the critical path of its programs on
-    ``pp`` stages (:func:`slimdata.execution.estimate.critical_path`: the execution model's
-    op order and pack prices, no communication), the slowest rank."""
-    programs = build_programs(plan, cost, ExecutionConfig(pp=pp))
-    return float(critical_path(programs).max(initial=0.0))
+def plan_pipeline_time(plan: StepPlan, pp: int) -> float:
+    """The planner's step-time estimate of a lockstep ``plan``: every rank's packs (their
+    ``MicroPack.cost``) through its own order on ``pp`` stages under 1F1B
+    (:func:`~slimdata.solver.pipeline.pipeline_times`), the slowest rank; no communication.
+    A fast path of the execution model's critical path
+    (:func:`slimdata.execution.critical_path` of the plan's programs), which it equals where
+    the packs' ``cost`` is the execution model's price (tests/execution)."""
+    return max(
+        (
+            float(
+                pipeline_times(
+                    np.array([p.cost for p in rs.forward]),
+                    np.array([p.cost for p in rs.backward]),
+                    rs.order,
+                    pp,
+                )[0]
+            )
+            for rs in plan.ranks
+        ),
+        default=0.0,
+    )
 
 
 @lru_cache(maxsize=256)

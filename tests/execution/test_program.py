@@ -157,3 +157,31 @@ def test_critical_path_of_a_two_stage_pipeline():
         ("F", 0), ("F", 1), ("B", 0), ("B", 1)
     ]  # fmt: skip
     assert critical_path(progs).tolist() == [4.5]
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_planner_fast_estimate_is_the_programs_critical_path(pp):
+    # equivalence against the reference: the solver's estimate of a lockstep plan (packs'
+    # MicroPack.cost through its stage orders) equals the critical path of the programs
+    import numpy as np
+
+    from slimdata.docsource import documents_from_lengths
+    from slimdata.execution import critical_path
+    from slimdata.solver import Layout, solve
+    from slimdata.solver.pipeline import plan_pipeline_time
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    rng = np.random.default_rng(pp)
+    checked = 0
+    for seed in range(3):
+        lengths = rng.integers(200, 20000, size=40).tolist()
+        layout = Layout(dp=4, pp=pp, mode="lockstep", context=32768, memory_gib=20)
+        plan = solve(documents_from_lengths(lengths, 2048), layout, "slimpack", seed, cost)
+        assert not plan.merges  # merged slices: the solver prices CP chunk efficiency apart
+        progs = build_programs(plan, cost, ExecutionConfig(pp=pp), compute_only=True)
+        full = build_programs(plan, cost, ExecutionConfig(pp=pp))
+        assert [p.computes() for p in full] == [list(p.ops) for p in progs]  # same computes
+        want = float(critical_path(progs).max())
+        assert plan_pipeline_time(plan, pp) == pytest.approx(want, rel=1e-9)
+        checked += want > 0
+    assert checked == 3

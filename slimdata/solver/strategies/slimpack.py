@@ -417,7 +417,7 @@ def slimpack(
     )
     _check_pack_cap(plan, cap)
     if layout.mode != "free":  # the estimate of the plan as assembled (fused slices priced)
-        plan.meta["pipeline_estimate"] = round(plan_pipeline_time(plan, layout.pp, cost), 6)
+        plan.meta["pipeline_estimate"] = round(plan_pipeline_time(plan, layout.pp), 6)
     return plan
 
 
