@@ -285,8 +285,9 @@ class _Builder:
         times = 1 if kind == "F" else 2
         side = self.side[kind]
         out = []
-        if side.merge[k] is not None:
-            out.append(Alloc("gathered_kv", times * self.merge_kv[side.merge[k]]))
+        g = side.merge[k]
+        if g is not None:
+            out.append(Alloc("gathered_kv", times * self.merge_kv[g]))
         if self.config.cp > 1 and side.slices[k]:
             out.append(Alloc("gathered_kv", times * side.cp_kv[k]))
         return out
