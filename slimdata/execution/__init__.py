@@ -11,8 +11,8 @@ lists, per DP rank and pipeline stage, a :class:`Program`: the ordered operation
 - ``Collective(kind, group, bytes)``: DDP gradient all-reduce, FSDP parameter all-gather /
   gradient reduce-scatter per pack pass, DP-Merge K/V all-gather / gradient reduce-scatter
   per layer, pipeline send / recv (:data:`~slimdata.execution.ops.COLLECTIVES`);
-- ``Alloc(what, bytes, owner)`` / ``Free(...)``: activations and retained K/V per slice,
-  gathered K/V of a context-parallel pass (:mod:`slimdata.execution.memory`, the one memory
+- ``Alloc(what, bytes)`` / ``Free(what, bytes)``: activations and retained K/V of a pass's
+  slices, gathered K/V of a context-parallel pass (:mod:`slimdata.execution.memory`, the one memory
   rule). An allocation takes effect when the next compute starts, a free when the previous
   one ends.
 
@@ -25,7 +25,7 @@ pack, 1 byte of activations and 1 of K/V per token, no parameters::
 
     Alloc(activations, 4) Alloc(kv, 4) Compute(F, pack 0)
     Alloc(activations, 2) Alloc(kv, 2) Compute(F, pack 1)
-    Compute(B, pack 0) Free(activations, 4) Free(kv, 4) Free(activations, 2) Free(kv, 2)
+    Compute(B, pack 0) Free(activations, 6) Free(kv, 6)
 
 held while each compute runs: 8, 12, 12 bytes; peak 12.
 """

@@ -1,6 +1,7 @@
 """The operations of a :class:`Program`: what one device does, in order, during one step.
 
-Four kinds, all plain frozen values (no tensors):
+Four kinds, all plain values (no tensors; slotted dataclasses that nobody mutates, not
+frozen because a step lists tens of thousands of them and frozen construction is 5x slower):
 
 - :class:`Compute`: one pass of one pack on one model chunk, with its price in seconds;
 - :class:`Collective`: a communication call, with the devices taking part and its bytes;
@@ -40,12 +41,14 @@ pass); DP-Merge's per-layer K/V all-gather and K/V-gradient reduce-scatter (merg
 pipeline point-to-point hidden states (``send`` / ``recv`` between neighbouring chunks)."""
 
 MEMORY = ("activations", "kv", "gathered_kv")
-"""What an allocation holds: a slice's activations, a slice's retained keys/values (the
-per-step K/V store), one layer's gathered keys/values of a context-parallel group (DP-Merge,
-static CP; with their gradients in the backward)."""
+"""What an allocation holds: the activations of a pass's slices, their retained keys/values
+(the per-step K/V store, held per slice until the slice's backward pack ends), one layer's
+gathered keys/values of a context-parallel group (DP-Merge, static CP; with their gradients
+in the backward). Slice memory is listed per pass: the slices of one pack start (forward)
+and stop (backward pack) holding it together."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Compute:
     """One pass of one pack on one model chunk."""
 
@@ -70,7 +73,7 @@ class Compute:
     """The merge group this pack runs with (DP-Merge), else None."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Collective:
     """A communication call; every device of ``group`` issues the same one."""
 
@@ -89,24 +92,21 @@ class Collective:
     """Per-layer collectives (DP-Merge K/V): the global layer index."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Alloc:
     """Memory held from the start of the next compute."""
 
     what: str
     """One of :data:`MEMORY`."""
     bytes: float
-    owner: tuple[int, int] = (-1, -1)
-    """``(doc, start)`` of the slice it belongs to, or ``(-1, -1)`` for a pass's buffer."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Free:
     """Memory released at the end of the previous compute."""
 
     what: str
     bytes: float
-    owner: tuple[int, int] = (-1, -1)
 
 
 Operation = Compute | Collective | Alloc | Free

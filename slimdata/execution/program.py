@@ -143,8 +143,13 @@ class _Side:
     flag: list[bool]
     """Forward: graph-free; backward: recomputed."""
     merge: list[int | None]
-    slices: list[list[tuple[tuple[int, int], float, float, bool]]]
-    """Per pack: ``((doc, start), activation bytes, K/V bytes, forward graph-free)``."""
+    slices: list[int]
+    act: list[float]
+    """Activation bytes of the pack's slices (full model)."""
+    kv: list[float]
+    """Retained K/V bytes of the pack's slices (full model)."""
+    act_rebuilt: list[float]
+    """Backward: activation bytes of its slices whose forward ran graph-free."""
     cp_kv: list[float]
     """Static CP: one layer's gathered K/V (padded tokens)."""
 
@@ -154,21 +159,7 @@ class _Side:
         pack_of = pt.s_fpack if fwd else pt.s_bpack
         n = len(pt.fwd if fwd else pt.bwd)
         pairs = causal_pairs(pt.s_start, pt.s_end)
-        free = pt.f_graph_free[pt.s_fpack].tolist()
-        rows = list(
-            zip(
-                pt.s_doc.tolist(),
-                pt.s_start.tolist(),
-                pt.s_act.tolist(),
-                pt.s_kv.tolist(),
-                free,
-                strict=True,
-            )
-        )
-        slices: list[list] = [[] for _ in range(n)]
-        for k in np.argsort(pack_of, kind="stable").tolist():
-            d, a, act, kv, gf = rows[k]
-            slices[int(pack_of[k])].append(((d, a), act, kv, gf))
+        free = pt.f_graph_free[pt.s_fpack]
         sp = padded(pt.s_end - pt.s_start, cp)
         return _Side(
             offset=(pt.f_offset if fwd else pt.b_offset).tolist(),
@@ -179,7 +170,10 @@ class _Side:
             calls=(pt.f_calls if fwd else pt.b_calls).tolist(),
             flag=(pt.f_graph_free if fwd else pt.b_recomputed).tolist(),
             merge=[p.merge for rs in plan.ranks for p in (rs.forward if fwd else rs.backward)],
-            slices=slices,
+            slices=np.bincount(pack_of, minlength=n).tolist(),
+            act=np.bincount(pack_of, pt.s_act, n).tolist(),
+            kv=np.bincount(pack_of, pt.s_kv, n).tolist(),
+            act_rebuilt=np.bincount(pack_of, np.where(free, pt.s_act, 0.0), n).tolist(),
             cp_kv=cost.gathered_kv_bytes(np.bincount(pack_of, sp, n)).tolist(),
         )
 
@@ -231,7 +225,7 @@ class _Builder:
         after: list[Operation] = []
         for alloc in self.transient(kind, k):
             before.append(alloc)
-            after.append(Free(alloc.what, alloc.bytes, alloc.owner))
+            after.append(Free(alloc.what, alloc.bytes))
         before.extend(self.merge_exchange(kind, c, i, k))
         before.extend(self.slice_allocs(kind, c, k))
         after.extend(self.slice_frees(kind, c, k))
@@ -256,29 +250,25 @@ class _Builder:
         )
 
     def slice_allocs(self, kind: str, c: int, k: int) -> list[Operation]:
-        """Forward: every slice's activations and K/V; backward: the activations of slices
-        whose forward ran graph-free (the recompute rebuilds them)."""
-        share = self.frac_list[c] / self.config.cp
-        out: list[Operation] = []
-        for owner, act, kv, free in self.side[kind].slices[k]:
-            if kind == "F":
-                out.append(Alloc("activations", act * share, owner))
-                out.append(Alloc("kv", kv * share, owner))
-            elif free:
-                out.append(Alloc("activations", act * share, owner))
-        return out
+        """Forward: the activations and K/V of the pack's slices; backward: the activations
+        of its slices whose forward ran graph-free (the recompute rebuilds them)."""
+        side, share = self.side[kind], self.frac_list[c] / self.config.cp
+        if not side.slices[k]:
+            return []
+        if kind == "F":
+            return [Alloc("activations", side.act[k] * share), Alloc("kv", side.kv[k] * share)]
+        rebuilt = side.act_rebuilt[k] * share
+        return [Alloc("activations", rebuilt)] if rebuilt else []
 
     def slice_frees(self, kind: str, c: int, k: int) -> list[Operation]:
-        """Forward: a graph-free pass drops its activations; backward: every slice's
-        activations and K/V go."""
-        share = self.frac_list[c] / self.config.cp
-        out: list[Operation] = []
-        for owner, act, kv, free in self.side[kind].slices[k]:
-            if kind == "B" or free:
-                out.append(Free("activations", act * share, owner))
-            if kind == "B":
-                out.append(Free("kv", kv * share, owner))
-        return out
+        """Forward: a graph-free pass drops its activations; backward: the activations and
+        K/V of the pack's slices go."""
+        side, share = self.side[kind], self.frac_list[c] / self.config.cp
+        if not side.slices[k]:
+            return []
+        if kind == "B":
+            return [Free("activations", side.act[k] * share), Free("kv", side.kv[k] * share)]
+        return [Free("activations", side.act[k] * share)] if side.flag[k] else []
 
     def transient(self, kind: str, k: int) -> list[Alloc]:
         """One layer's gathered K/V while the pass runs (twice in the backward)."""

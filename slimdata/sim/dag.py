@@ -202,6 +202,11 @@ class _Tasks:
         self.btid = np.full((self.n_chunks, len(self.pt.bwd)), -1, dtype=np.int64)
         self.keyed: dict[tuple, int] = {}
         self.merge_at = _merge_index(plan)
+        self.merge_kv = [
+            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g)))
+            for g in range(len(plan.merges))
+        ]
+        self.group_of = [plan.merge_of_rank(r) for r in range(plan.dp)]
         self.cpp, self.f_scale, self.b_scale = cp_model
         # [stage, group] -> does the CP group span nodes (row of CpPacks.*_comm)
         self.cp_row = np.array(
@@ -261,7 +266,7 @@ class _Tasks:
         )
         t = exchange_exposed(
             self.net,
-            np.array([float(self.cost.gathered_kv_bytes(merge_layer_tokens(self.plan, gi)))]),
+            np.array([self.merge_kv[gi]]),
             merge_collectives(kind, self.cost, bool(kind == "B" and pt.b_recomputed[off])),
             np.array([att]),
             len(grp.ranks),
@@ -309,7 +314,7 @@ class _Tasks:
         for m in members:
             j = self.merge_at[(m, kind)] if merged else i
             work.append(self.pack_work(c, m, kind, j))
-            mg = self.plan.merge_of_rank(m)
+            mg = self.group_of[m]
             tagged = (
                 j < self.n_packs(m, kind) and self.merge_at.get((m, kind)) == j and mg is not None
             )

@@ -39,23 +39,30 @@ def memory_profile(dag: StepDag, timing: Timing) -> MemoryProfile:
     devs: list[int] = []
     times: list[float] = []
     deltas: list[float] = []
-    start, end = timing.start, timing.end
+    start, end = timing.start.tolist(), timing.end.tolist()
+    task_of = _TaskOf(dag)
+
+    def event(device: int, t: float, delta: float) -> None:
+        devs.append(device)
+        times.append(t)
+        deltas.append(delta)
+
     for prog in dag.programs:
-        task = -1
-        pending: list[float] = []
+        task, alloc, freed = -1, 0.0, 0.0  # bytes allocated before / freed after a compute
         for op in prog.ops:
             if isinstance(op, Alloc):
-                pending.append(op.bytes)
+                alloc += op.bytes
             elif isinstance(op, Free):
-                devs.append(prog.device)
-                times.append(float(end[task]))
-                deltas.append(-op.bytes)
+                freed += op.bytes
             elif isinstance(op, Compute):
-                task = _task(dag, prog.rank, op)
-                devs.extend([prog.device] * len(pending))
-                times.extend([float(start[task])] * len(pending))
-                deltas.extend(pending)
-                pending = []
+                if freed:
+                    event(prog.device, end[task], -freed)
+                task, freed = task_of(prog.rank, op), 0.0
+                if alloc:
+                    event(prog.device, start[task], alloc)
+                alloc = 0.0
+        if freed:
+            event(prog.device, end[task], -freed)
     n_dev = dag.dp * dag.pp
     if not devs:
         z = np.zeros(0)
@@ -73,12 +80,19 @@ def memory_profile(dag: StepDag, timing: Timing) -> MemoryProfile:
     return MemoryProfile(dev_a, time_a, level, np.maximum(peak, 0.0))
 
 
-def _task(dag: StepDag, rank: int, op: Compute) -> int:
-    """The graph task of a program's compute; -1 for a lockstep slot this rank lacks (it
+class _TaskOf:
+    """The graph task of a program's compute; -1 for a lockstep slot the rank lacks (it
     allocates nothing)."""
-    tid = dag.ftid if op.pass_ == "F" else dag.btid
-    offs = dag.pt.f_offset if op.pass_ == "F" else dag.pt.b_offset
-    bounds = np.r_[offs, tid.shape[1]]
-    if op.pack >= bounds[rank + 1] - bounds[rank]:
-        return -1
-    return int(tid[op.chunk, offs[rank] + op.pack])
+
+    def __init__(self, dag: StepDag) -> None:
+        self.tid = {"F": dag.ftid, "B": dag.btid}
+        self.offset = {"F": dag.pt.f_offset.tolist(), "B": dag.pt.b_offset.tolist()}
+        self.count = {
+            k: np.diff(np.r_[offs, tid.shape[1]]).tolist()
+            for k, offs, tid in (("F", dag.pt.f_offset, dag.ftid), ("B", dag.pt.b_offset, dag.btid))
+        }
+
+    def __call__(self, rank: int, op: Compute) -> int:
+        if op.pack >= self.count[op.pass_][rank]:
+            return -1
+        return int(self.tid[op.pass_][op.chunk, self.offset[op.pass_][rank] + op.pack])
