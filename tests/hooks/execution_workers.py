@@ -65,7 +65,14 @@ def record(model, payload, fsdp: bool) -> tuple[list[Pack], list]:
     rec = _Recorder()
     saved = {
         n: getattr(dist, n)
-        for n in ("all_gather", "reduce_scatter_tensor", "all_reduce", "all_gather_into_tensor")
+        for n in (
+            "all_gather",
+            "reduce_scatter_tensor",
+            "all_reduce",
+            "all_gather_into_tensor",
+            "all_gather_single",  # FSDP2's parameter all-gather
+            "reduce_scatter_single",  # FSDP2's gradient reduce-scatter
+        )
     }
 
     def log(kind, group, t):
@@ -90,6 +97,14 @@ def record(model, payload, fsdp: bool) -> tuple[list[Pack], list]:
         log(_kind(group, "merge_kv_reduce_scatter", "fsdp_reduce_scatter"), group, t)
         return saved["reduce_scatter_tensor"](out, t, op=op, group=group, **kw)
 
+    def all_gather_single(output_tensor, input_tensor, group=None, **kw):
+        log("fsdp_all_gather", group, output_tensor)
+        return saved["all_gather_single"](output_tensor, input_tensor, group=group, **kw)
+
+    def reduce_scatter_single(output, input, group=None, **kw):
+        log("fsdp_reduce_scatter", group, input)
+        return saved["reduce_scatter_single"](output=output, input=input, group=group, **kw)
+
     def all_reduce(t, op=dist.ReduceOp.SUM, group=None, **kw):
         if t.is_floating_point():
             log("ddp_all_reduce", group, t)
@@ -104,6 +119,8 @@ def record(model, payload, fsdp: bool) -> tuple[list[Pack], list]:
         "reduce_scatter_tensor": reduce_scatter_tensor,
         "all_reduce": all_reduce,
         "all_gather_into_tensor": all_gather_into_tensor,
+        "all_gather_single": all_gather_single,
+        "reduce_scatter_single": reduce_scatter_single,
     }
     for n, f in patched.items():
         setattr(dist, n, f)
@@ -150,13 +167,16 @@ def _model_tokens(op: Compute) -> int:
     return 0
 
 
-def _without_param_collectives(packs: list[Pack]) -> list[Pack]:
-    """FSDP2 issues its parameter collectives through its own communication ops, out of
-    reach of a ``torch.distributed`` wrapper: compare FSDP cases without them."""
-    return [
-        (p, i, c, t, tuple(x for x in coll if not x[0].startswith("fsdp")))
-        for p, i, c, t, coll in packs
-    ]
+def _param_collectives_per_pass(packs: list[Pack]) -> list[Pack]:
+    """FSDP2 issues one parameter collective per sharded unit (the model's wrapping) and
+    pads shards; the program lists one per pass for the whole model: compare merge exchanges
+    exactly and, per pass, which parameter collectives run over which group."""
+    out = []
+    for p, i, c, t, coll in packs:
+        merge = tuple(x for x in coll if x[0].startswith("merge"))
+        params = sorted({(x[0], x[1], 0) for x in coll if x[0].startswith("fsdp")})
+        out.append((p, i, c, t, (*merge, *params)))
+    return out
 
 
 def runtime_vs_program(rank: int, world: int, seeds: list[int], named: list[str]) -> list:
@@ -181,7 +201,7 @@ def runtime_vs_program(rank: int, world: int, seeds: list[int], named: list[str]
             model = _fully_shard(model, world)
         got = record(model, make_payload(plan, rank, toks), fsdp)
         if fsdp:
-            got = (_without_param_collectives(got[0]), got[1])
-            want = (_without_param_collectives(want[0]), want[1])
+            got = (_param_collectives_per_pass(got[0]), got[1])
+            want = (_param_collectives_per_pass(want[0]), want[1])
         out.append((name, got, want))
     return out

@@ -1,9 +1,8 @@
 """The runtime executes exactly the execution model's program (design §7): per rank, the
 pack passes in program order with their model calls and tokens, and every floating-point
 collective with its group and bytes, recorded on CPU gloo for random solver plans (slimpack
-with DP-Merge, baselines), hand-built merge plans and FSDP2 lockstep plans (FSDP2's own
-parameter collectives bypass ``torch.distributed``'s Python functions and are not recorded;
-its pack calls and the merge exchanges are)."""
+with DP-Merge, baselines), hand-built merge plans and FSDP2 lockstep plans (FSDP2's parameter
+collectives per pass and group: it issues one per sharded unit, the program one per pass)."""
 
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ def test_runtime_runs_the_program_two_ranks():
     kinds = _assert_equal(res)
     # not vacuous: merge exchanges, DDP's all-reduce and FSDP's collectives were all compared
     assert {"merge_kv_all_gather", "merge_kv_reduce_scatter", "ddp_all_reduce"} <= kinds
+    assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds
 
 
 def test_runtime_runs_the_program_four_ranks():
@@ -39,3 +39,4 @@ def test_runtime_runs_the_program_four_ranks():
     )
     kinds = _assert_equal(res)
     assert {"merge_kv_all_gather", "merge_kv_reduce_scatter", "ddp_all_reduce"} <= kinds
+    assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds
