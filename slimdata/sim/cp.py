@@ -27,9 +27,9 @@ gather when the executor recomputes the merge pack):
 - **Overlap.** Ring/all-gather attention sends the next K/V block while computing attention
   on the current one, so up to ``cp_overlap * (k - 1) / k`` of a member's attention time of
   that layer hides that layer's exchange; the rest is exposed. Linear layers hide none of it.
-- **Memory per device** (static CP). The activations and retained K/V of the plan's rule
-  (design §5, :mod:`slimdata.solver.memory`) divided by ``k``, plus the gathered K/V of one
-  layer while a pack runs (twice that in the backward: K/V and their gradients).
+- **Memory per device** (static CP). The activations and retained K/V of the execution
+  model's rule (:mod:`slimdata.execution.memory`) divided by ``k``, plus the gathered K/V of
+  one layer while a pack runs (twice that in the backward: K/V and their gradients).
 - **Placement and other collectives** (static CP). DP group ``g`` of stage ``s`` is devices
   ``s * dp + g * k .. + k - 1`` (Megatron orders TP-CP-DP-PP), so a CP group is intra-node
   when ``k`` divides ``ranks_per_node``; the ``k`` members run identical schedules and the
@@ -53,7 +53,7 @@ import numpy as np
 from slimdata.cost import CostModel, Interconnect, causal_pairs
 from slimdata.cost.attention import attention_curve
 from slimdata.execution.merge import merge_collectives, merge_layer_tokens
-from slimdata.execution.program import padded
+from slimdata.execution.program import ExecutionConfig, padded
 from slimdata.plan import StepPlan
 from slimdata.sim.packs import PackTimes
 
@@ -200,20 +200,12 @@ def merge_attention_scale(
 
 
 def cp_peak_memory(plan: StepPlan, cost: CostModel, cp: int) -> np.ndarray:
-    """Peak bytes of one device of every DP group of ``plan`` run with static CP ``cp``.
-
-    The solver's memory rule (:func:`slimdata.solver.memory.plan_peak_memory`) divided by
-    ``cp``, plus (``cp > 1``) twice the gathered one-layer K/V of the group's largest pack (a
-    bound: it assumes the backward buffer coincides with the peak). ``cp == 1`` is exactly
-    ``plan_peak_memory``. Shape ``(plan.dp,)``.
+    """Peak bytes of one device of every DP group of ``plan`` run with static CP ``cp``: the
+    execution model's memory rule (:mod:`slimdata.execution.memory`) with ``cp`` members,
+    each holding ``1 / cp`` of every slice's bytes plus one layer's gathered K/V of the pass
+    it runs (twice that in the backward). ``cp == 1`` is exactly
+    :func:`slimdata.solver.memory.plan_peak_memory`. Shape ``(plan.dp,)``.
     """
     from slimdata.solver.memory import plan_peak_memory
 
-    peak = plan_peak_memory(plan, cost) / cp
-    if cp > 1:
-        for rs in plan.ranks:
-            most = max(
-                (sum(s.tokens for s in p.slices) for p in (*rs.forward, *rs.backward)), default=0
-            )
-            peak[rs.rank] += 2 * float(cost.gathered_kv_bytes(most))
-    return peak
+    return plan_peak_memory(plan, cost, ExecutionConfig(cp=cp))
