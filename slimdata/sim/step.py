@@ -5,7 +5,7 @@ Modelling assumptions (the simulator's contract, design §7):
 - Compute: pack times are recomputed from the cost model (sum over the pack's slices, design
   §5), never taken from ``MicroPack.cost``; a pipeline chunk with ``k`` of ``L`` layers takes
   ``k / L`` of the full-model time. Kernels of one device run one at a time; a device's packs
-  run in the order of the pipeline schedule (:mod:`slimdata.sim.schedule`), with ``pp == 1``
+  run in the order of the pipeline schedule (:mod:`slimdata.execution.schedule`), with ``pp == 1``
   exactly ``RankStep.order``.
 - Dependencies: slice continuation (design §4), the pipeline (chunk ``c`` after ``c - 1`` in
   the forward, reversed in the backward) and each device's order. Work never starts early
