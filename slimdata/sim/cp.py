@@ -53,9 +53,9 @@ import numpy as np
 from slimdata.cost import CostModel, Interconnect, causal_pairs
 from slimdata.cost.attention import attention_curve
 from slimdata.execution.merge import merge_collectives, merge_layer_tokens
+from slimdata.execution.pricing import PackTimes
 from slimdata.execution.program import ExecutionConfig, padded
 from slimdata.plan import StepPlan
-from slimdata.sim.packs import PackTimes
 
 __all__ = [
     "CpPacks",

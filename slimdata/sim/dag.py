@@ -3,7 +3,7 @@
 Tasks: one forward and one backward task per (pack, model chunk, DP rank); packs that run
 together become one group task spanning their devices (DP-Merge packs inside their merge
 group; with FSDP, pack ``i`` of every DP rank of a stage). Per-device orders come from the
-pipeline schedule (:mod:`slimdata.sim.schedule`). Edges:
+pipeline schedule (:mod:`slimdata.execution.schedule`). Edges:
 
 - slice continuation (design §4) on every chunk: forward of slice ``j`` after slice
   ``j - 1``; backward of slice ``j`` after slice ``j + 1``; a document's backward after its
