@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slimdata.cost import CostModel, causal_pairs
+from slimdata.errors import ConfigError
 from slimdata.execution.merge import merge_collectives, merge_layer_tokens
 from slimdata.execution.ops import Alloc, Collective, Compute, Free, Operation, Program
 from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
@@ -61,9 +62,9 @@ class ExecutionConfig:
 
     def __post_init__(self) -> None:
         if self.parallelism not in ("ddp", "fsdp"):
-            raise ValueError(f"parallelism={self.parallelism!r}: use 'ddp' or 'fsdp'")
+            raise ConfigError(f"parallelism={self.parallelism!r}: use 'ddp' or 'fsdp'")
         if min(self.pp, self.virtual_stages, self.cp, self.grad_bytes) < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"pp={self.pp}, virtual_stages={self.virtual_stages}, cp={self.cp}, "
                 f"grad_bytes={self.grad_bytes}: each must be at least 1"
             )

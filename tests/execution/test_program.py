@@ -186,3 +186,22 @@ def test_planner_fast_estimate_is_the_programs_critical_path(pp):
         assert plan_pipeline_time(plan, pp) == pytest.approx(want, rel=1e-9)
         checked += want > 0
     assert checked == 3
+
+
+def test_bad_execution_config_names_the_value():
+    from slimdata.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="parallelism='zero3'"):
+        ExecutionConfig(parallelism="zero3")
+    with pytest.raises(ConfigError, match="pp=0"):
+        ExecutionConfig(pp=0)
+
+
+def test_empty_plan_and_idle_rank():
+    # a rank with no packs has an empty program (no collectives without parameters) and
+    # peak 0; the edge of the ladder: an idle rank next to a busy one
+    plan = _plan([([[(0, 0, 3)]], [[(0, 0, 3)]]), ([], [])], [3])
+    progs = build_programs(plan, COST)
+    assert progs[(1, 0)].ops == ()
+    assert peak(progs[(1, 0)]) == 0.0
+    assert peak(progs[(0, 0)]) == 6.0
