@@ -220,7 +220,7 @@ class _Tasks:
         )
         # FSDP parameter collectives of every (rank, pass, chunk, pack), from the programs
         self.param_ops: dict[tuple[int, str, int, int], list[Collective]] = {}
-        for prog in programs:
+        for prog in programs if self.fsdp else ():
             for op in prog.collectives():
                 if op.kind.startswith("fsdp_"):
                     self.param_ops.setdefault((prog.rank, op.pass_, op.chunk, op.pack), []).append(
