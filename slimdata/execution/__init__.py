@@ -30,7 +30,6 @@ pack, 1 byte of activations and 1 of K/V per token, no parameters::
 held while each compute runs: 8, 12, 12 bytes; peak 12.
 """
 
-from slimdata.execution.estimate import critical_path
 from slimdata.execution.memory import compute_levels, levels, peak
 from slimdata.execution.ops import COLLECTIVES, MEMORY, Alloc, Collective, Compute, Free, Program
 from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
@@ -52,7 +51,6 @@ __all__ = [
     "chunk_fractions",
     "common_order",
     "compute_levels",
-    "critical_path",
     "levels",
     "pack_times",
     "padded",
