@@ -108,7 +108,7 @@ def build_programs(
     compute_only: bool = False,
 ) -> Programs:
     """The program of every (rank, stage) of ``plan`` (module docstring). ``compute_only``:
-    list the computes alone (their order and prices, e.g. for a time estimate; 3x faster)."""
+    list the computes alone (their order and prices, e.g. for a time estimate; much faster)."""
     config = config or ExecutionConfig()
     fsdp = config.parallelism == "fsdp"
     pt = pack_times(plan, cost, lockstep=fsdp, split=config.split)
