@@ -8,15 +8,15 @@ chart and ``slimdata simulate`` for the command. Modelling assumptions are state
 
 from __future__ import annotations
 
+from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
+from slimdata.execution.schedule import SCHEDULES, common_order, stage_ops
 from slimdata.sim.bound import StepBound, batch_work, plan_work, step_bound
 from slimdata.sim.config import PARALLELISMS, SCHEDULE_NAMES, SimConfig
 from slimdata.sim.cp import CpPacks, cp_packs, cp_peak_memory
-from slimdata.sim.dag import StepDag, build_dag, common_order
+from slimdata.sim.dag import StepDag, build_dag
 from slimdata.sim.engine import TaskGraph, Timing, evaluate
 from slimdata.sim.memory import MemoryProfile, memory_profile
-from slimdata.sim.packs import PackTimes, chunk_fractions, pack_times
 from slimdata.sim.results import GIB, SimResult, lower_bound
-from slimdata.sim.schedule import SCHEDULES, stage_ops
 from slimdata.sim.step import simulate_step
 
 __all__ = [

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from slimdata.cost import CostModel, causal_pairs
+from slimdata.execution.pricing import chunk_fractions
 from slimdata.plan import Document, StepPlan
-from slimdata.sim.packs import chunk_fractions
 
 __all__ = ["StepBound", "Work", "batch_work", "plan_work", "step_bound"]
 

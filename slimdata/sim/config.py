@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from slimdata.cost import Interconnect
 from slimdata.errors import ConfigError
+from slimdata.execution import ExecutionConfig
 
 __all__ = ["ASYMMETRIC", "PARALLELISMS", "SCHEDULE_NAMES", "SimConfig"]
 
@@ -76,3 +77,15 @@ class SimConfig:
     def chunks_per_device(self) -> int:
         """Model chunks each pipeline device holds (1 unless interleaved)."""
         return self.virtual_stages if self.schedule == "interleaved" else 1
+
+    def execution(self, pp: int) -> ExecutionConfig:
+        """The execution model's view of this configuration on ``pp`` pipeline stages."""
+        return ExecutionConfig(
+            pp=pp,
+            parallelism="fsdp" if self.parallelism == "fsdp" else "ddp",
+            split=self.split,
+            schedule=self.schedule,
+            virtual_stages=self.chunks_per_device,
+            cp=self.cp,
+            grad_bytes=self.grad_bytes,
+        )

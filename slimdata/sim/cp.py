@@ -27,9 +27,9 @@ gather when the executor recomputes the merge pack):
 - **Overlap.** Ring/all-gather attention sends the next K/V block while computing attention
   on the current one, so up to ``cp_overlap * (k - 1) / k`` of a member's attention time of
   that layer hides that layer's exchange; the rest is exposed. Linear layers hide none of it.
-- **Memory per device** (static CP). The activations and retained K/V of the plan's rule
-  (design §5, :mod:`slimdata.solver.memory`) divided by ``k``, plus the gathered K/V of one
-  layer while a pack runs (twice that in the backward: K/V and their gradients).
+- **Memory per device** (static CP). The activations and retained K/V of the execution
+  model's rule (:mod:`slimdata.execution.memory`) divided by ``k``, plus the gathered K/V of
+  one layer while a pack runs (twice that in the backward: K/V and their gradients).
 - **Placement and other collectives** (static CP). DP group ``g`` of stage ``s`` is devices
   ``s * dp + g * k .. + k - 1`` (Megatron orders TP-CP-DP-PP), so a CP group is intra-node
   when ``k`` divides ``ranks_per_node``; the ``k`` members run identical schedules and the
@@ -52,9 +52,10 @@ import numpy as np
 
 from slimdata.cost import CostModel, Interconnect, causal_pairs
 from slimdata.cost.attention import attention_curve
+from slimdata.execution.merge import merge_collectives, merge_layer_tokens
+from slimdata.execution.pricing import PackTimes
+from slimdata.execution.program import ExecutionConfig, padded
 from slimdata.plan import StepPlan
-from slimdata.plan.pipeline import merge_exchange_tokens
-from slimdata.sim.packs import PackTimes
 
 __all__ = [
     "CpPacks",
@@ -98,12 +99,6 @@ def real_devices(devices: list[int] | tuple[int, ...], groups: int, cp: int) -> 
         base = s * groups * cp + g * cp
         out.extend(range(base, base + cp))
     return out
-
-
-def padded(tokens: np.ndarray, k: int) -> np.ndarray:
-    """Tokens padded to a multiple of ``2 k`` (``k > 1``): ``padded(1000, 3) == 1002``."""
-    t = np.asarray(tokens, dtype=np.float64)
-    return t if k == 1 else np.ceil(t / (2 * k)) * (2 * k)
 
 
 def exchange_exposed(
@@ -204,53 +199,13 @@ def merge_attention_scale(
     return out[0], out[1]
 
 
-def merge_layer_tokens(plan: StepPlan, group: int) -> int:
-    """Tokens of one layer's gathered K/V of merge group ``group``, as the runtime exchanges
-    them (:func:`slimdata.plan.pipeline.merge_exchange_tokens` of the members' shares in
-    their merge packs)."""
-    m = plan.merges[group]
-    docs = set(m.docs)
-    shares = [
-        sum(
-            s.tokens
-            for p in plan.ranks[r].forward
-            if p.merge is not None
-            for s in p.slices
-            if s.doc in docs
-        )
-        for r in m.ranks
-    ]
-    return merge_exchange_tokens(shares)
-
-
-def merge_collectives(kind: str, cost: CostModel, recomputed: bool = False) -> int:
-    """Ring collectives per layer of a merge pack, each over :func:`merge_layer_tokens`'s
-    keys/values, as the runtime issues them (:mod:`slimdata.hooks.merge`): the forward
-    all-gathers the members' keys/values (1); the backward gathers them again (its attention
-    is checkpointed, so a member holds one layer's gathered K/V at a time) and
-    reduce-scatters their gradient, each member receiving the summed gradient of its own rows
-    (2); a backward that re-runs the forward first gathers once more (3): a merge pack
-    ``recomputed`` by the executor (lockstep FSDP rules), or any with ``recompute="full"``."""
-    if kind == "F":
-        return 1
-    return 3 if recomputed or cost.recompute == "full" else 2
-
-
 def cp_peak_memory(plan: StepPlan, cost: CostModel, cp: int) -> np.ndarray:
-    """Peak bytes of one device of every DP group of ``plan`` run with static CP ``cp``.
-
-    The solver's memory rule (:func:`slimdata.solver.memory.plan_peak_memory`) divided by
-    ``cp``, plus (``cp > 1``) twice the gathered one-layer K/V of the group's largest pack (a
-    bound: it assumes the backward buffer coincides with the peak). ``cp == 1`` is exactly
-    ``plan_peak_memory``. Shape ``(plan.dp,)``.
+    """Peak bytes of one device of every DP group of ``plan`` run with static CP ``cp``: the
+    execution model's memory rule (:mod:`slimdata.execution.memory`) with ``cp`` members,
+    each holding ``1 / cp`` of every slice's bytes plus one layer's gathered K/V of the pass
+    it runs (twice that in the backward). ``cp == 1`` is exactly
+    :func:`slimdata.solver.memory.plan_peak_memory`. Shape ``(plan.dp,)``.
     """
     from slimdata.solver.memory import plan_peak_memory
 
-    peak = plan_peak_memory(plan, cost) / cp
-    if cp > 1:
-        for rs in plan.ranks:
-            most = max(
-                (sum(s.tokens for s in p.slices) for p in (*rs.forward, *rs.backward)), default=0
-            )
-            peak[rs.rank] += 2 * float(cost.gathered_kv_bytes(most))
-    return peak
+    return plan_peak_memory(plan, cost, ExecutionConfig(cp=cp))

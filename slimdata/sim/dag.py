@@ -3,7 +3,7 @@
 Tasks: one forward and one backward task per (pack, model chunk, DP rank); packs that run
 together become one group task spanning their devices (DP-Merge packs inside their merge
 group; with FSDP, pack ``i`` of every DP rank of a stage). Per-device orders come from the
-pipeline schedule (:mod:`slimdata.sim.schedule`). Edges:
+pipeline schedule (:mod:`slimdata.execution.schedule`). Edges:
 
 - slice continuation (design §4) on every chunk: forward of slice ``j`` after slice
   ``j - 1``; backward of slice ``j`` after slice ``j + 1``; a document's backward after its
@@ -27,11 +27,13 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
+from slimdata.execution import Collective, Programs
+from slimdata.execution.pricing import PackTimes
 from slimdata.plan import StepPlan
-from slimdata.plan.pipeline import interleave
-from slimdata.sim.comm import p2p_time, param_collective_time, spans_nodes
+from slimdata.sim.comm import p2p_time, spans_nodes
 from slimdata.sim.config import SimConfig
 from slimdata.sim.cp import (
+    CpPacks,
     cp_packs,
     exchange_exposed,
     merge_attention_scale,
@@ -40,10 +42,8 @@ from slimdata.sim.cp import (
     real_devices,
 )
 from slimdata.sim.engine import TaskGraph
-from slimdata.sim.packs import PackTimes, chunk_fractions
-from slimdata.sim.schedule import ready_index, stage_ops
 
-__all__ = ["Durations", "StepDag", "build_dag", "common_order"]
+__all__ = ["Durations", "StepDag", "build_dag"]
 
 Durations = dict[tuple[int, int, str, int], float]
 """Measured seconds keyed ``(chunk, rank, pass, pack)`` that replace the cost model's."""
@@ -64,8 +64,8 @@ class StepDag:
     fwork: np.ndarray
     """``[chunk, flat forward pack] -> seconds`` (what the tasks use)."""
     bwork: np.ndarray
-    transient: list[tuple[int, int, float]]
-    """``(task, device, bytes)`` held only while a merge task runs (gathered K/V)."""
+    programs: Programs
+    """The execution model the graph was built from (its allocations give the memory)."""
     p2p: np.ndarray
     """Point-to-point seconds sent by each device."""
     cp: int = 1
@@ -73,24 +73,6 @@ class StepDag:
 
     def device(self, chunk: int, rank: int) -> int:
         return (chunk % self.pp) * self.dp + rank
-
-
-def common_order(plan: StepPlan) -> tuple[tuple[str, int], ...]:
-    """One order every rank can follow in lockstep: the most packs of any rank, and backward
-    pack ``j`` after the latest forward any rank needs before it. Equals the ranks' own order
-    when they all share it."""
-    orders = {rs.order for rs in plan.ranks}
-    if len(orders) == 1:
-        return next(iter(orders))
-    nf = max(len(rs.forward) for rs in plan.ranks)
-    nb = max(len(rs.backward) for rs in plan.ranks)
-    ready = [-1] * nb
-    for rs in plan.ranks:
-        for j, r in enumerate(ready_index(rs.order)):
-            ready[j] = max(ready[j], r)
-    for j in range(1, nb):
-        ready[j] = max(ready[j], ready[j - 1])
-    return interleave(nf, ready)
 
 
 def _merge_index(plan: StepPlan) -> dict[tuple[int, str], int]:
@@ -107,26 +89,65 @@ def _merge_index(plan: StepPlan) -> dict[tuple[int, str], int]:
 def build_dag(
     plan: StepPlan,
     cost: CostModel,
-    pt: PackTimes,
+    programs: Programs,
     *,
-    pp: int,
     ranks_per_node: int,
     config: SimConfig,
     durations: Durations | None = None,
 ) -> StepDag:
-    dp = plan.dp
-    v = config.chunks_per_device if pp > 1 else 1
-    C = pp * v
-    frac = chunk_fractions(cost.layers, C)
-    net, rpn = config.interconnect, ranks_per_node
-    layers = max(cost.layers, 1)
-    fsdp = config.parallelism == "fsdp"
-    cp = config.cp
+    """The task graph of ``programs`` (module docstring): every compute of every program
+    becomes a task placed in program order, then the edges."""
+    if config.parallelism == "fsdp":
+        _check_merge_alignment(plan)
+    cp_model = _cp_model(plan, cost, programs, config)
+    fwork, bwork = _chunk_work(programs, cp_model, config.cp, durations)
+    tasks = _Tasks(plan, cost, programs, config, ranks_per_node, cp_model, (fwork, bwork))
+    for prog in programs:
+        for op in prog.computes():
+            tasks.graph.place(prog.device, tasks.make(op.pass_, op.chunk, prog.rank, op.pack))
+    p2p = _pipeline_edges(tasks)
+    _continuation_edges(tasks)
+    _gradient_all_reduce(tasks)
+    return StepDag(
+        graph=tasks.graph,
+        pt=programs.pt,
+        dp=plan.dp,
+        pp=programs.pp,
+        chunks=tasks.n_chunks,
+        fractions=programs.fractions,
+        ftid=tasks.ftid,
+        btid=tasks.btid,
+        fwork=fwork,
+        bwork=bwork,
+        programs=programs,
+        p2p=p2p,
+        cp=config.cp,
+    )
+
+
+def _check_merge_alignment(plan: StepPlan) -> None:
+    merge_at = _merge_index(plan)
+    for gi, m in enumerate(plan.merges):
+        for kind in ("F", "B"):
+            idx = {merge_at[(r, kind)] for r in m.ranks}
+            if len(idx) != 1:
+                raise PlanError(
+                    f"FSDP lockstep: merge group {gi} runs its {kind} pack at different indices "
+                    f"{sorted(idx)} on its members; align them"
+                )
+
+
+def _cp_model(
+    plan: StepPlan, cost: CostModel, programs: Programs, config: SimConfig
+) -> tuple[CpPacks, np.ndarray, np.ndarray]:
+    """Static CP member shares and merged slices' attention efficiency of every pack
+    (:mod:`slimdata.sim.cp`)."""
+    pt = programs.pt
     cpp = cp_packs(
         pt,
         cost,
-        cp,
-        net,
+        config.cp,
+        config.interconnect,
         recompute_full=cost.recompute == "full",
         overlap=config.cp_overlap,
     )
@@ -134,191 +155,229 @@ def build_dag(
     merged = np.zeros(len(plan.docs), dtype=bool)
     merged[[d for m in plan.merges for d in m.docs]] = True
     f_scale, b_scale = merge_attention_scale(pt, doc_len, merged)
+    return cpp, f_scale, b_scale
+
+
+def _chunk_work(
+    programs: Programs,
+    cp_model: tuple[CpPacks, np.ndarray, np.ndarray],
+    cp: int,
+    durations: Durations | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``[chunk, flat pack] -> seconds`` of every forward and backward task: the program's
+    price with the CP model's member share and chunk efficiency (:mod:`slimdata.sim.cp`),
+    replaced by measured ``durations`` where given."""
+    pt, frac = programs.pt, programs.fractions
+    cpp, f_scale, b_scale = cp_model
     fwork = frac[:, None] * (cpp.fwd + pt.f_att * (f_scale - 1) / cp)[None, :]
     bwork = frac[:, None] * (cpp.bwd + pt.b_att * (b_scale - 1) / cp)[None, :]
     if durations:
         offs = {"F": pt.f_offset, "B": pt.b_offset}
         for (c, r, kind, i), sec in durations.items():
             (fwork if kind == "F" else bwork)[c, offs[kind][r] + i] = sec
-    merge_at = _merge_index(plan)
-    merge_tokens = [merge_layer_tokens(plan, gi) for gi in range(len(plan.merges))]
-    g = TaskGraph(n_devices=dp * pp)
-    ftid = np.full((C, len(pt.fwd)), -1, dtype=np.int64)
-    btid = np.full((C, len(pt.bwd)), -1, dtype=np.int64)
-    transient: list[tuple[int, int, float]] = []
-    keyed: dict[tuple, int] = {}
+    return fwork, bwork
 
-    def dev(c: int, r: int) -> int:
-        return (c % pp) * dp + r
 
-    def real(devs: list[int]) -> list[int]:
-        return real_devices(devs, dp, cp)
+class _Tasks:
+    """The graph under construction and how one pack pass becomes a task."""
 
-    # [stage, group] -> does the CP group span nodes (row of CpPacks.*_comm)
-    cp_row = np.array(
-        [
-            [int(len({d // rpn for d in real([s * dp + r])}) > 1) for r in range(dp)]
-            for s in range(pp)
+    def __init__(
+        self,
+        plan: StepPlan,
+        cost: CostModel,
+        programs: Programs,
+        config: SimConfig,
+        rpn: int,
+        cp_model: tuple[CpPacks, np.ndarray, np.ndarray],
+        work: tuple[np.ndarray, np.ndarray],
+    ) -> None:
+        self.plan, self.cost, self.config, self.rpn = plan, cost, config, rpn
+        self.programs, self.pt, self.frac = programs, programs.pt, programs.fractions
+        self.dp, self.pp, self.cp = plan.dp, programs.pp, config.cp
+        self.n_chunks = len(self.frac)
+        self.net, self.fsdp = config.interconnect, config.parallelism == "fsdp"
+        self.fwork, self.bwork = work
+        self.graph = TaskGraph(n_devices=self.dp * self.pp)
+        self.ftid = np.full((self.n_chunks, len(self.pt.fwd)), -1, dtype=np.int64)
+        self.btid = np.full((self.n_chunks, len(self.pt.bwd)), -1, dtype=np.int64)
+        self.keyed: dict[tuple, int] = {}
+        self.merge_at = _merge_index(plan)
+        self.merge_kv = [
+            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g)))
+            for g in range(len(plan.merges))
         ]
-    )
+        self.group_of = [plan.merge_of_rank(r) for r in range(plan.dp)]
+        self.cpp, self.f_scale, self.b_scale = cp_model
+        # [stage, group] -> does the CP group span nodes (row of CpPacks.*_comm)
+        self.cp_row = np.array(
+            [
+                [
+                    int(len({d // rpn for d in self.real([s * self.dp + r])}) > 1)
+                    for r in range(self.dp)
+                ]
+                for s in range(self.pp)
+            ]
+        )
+        # FSDP parameter collectives of every (rank, pass, chunk, pack), from the programs
+        self.param_ops: dict[tuple[int, str, int, int], list[Collective]] = {}
+        for prog in programs if self.fsdp else ():
+            for op in prog.collectives():
+                if op.kind.startswith("fsdp_"):
+                    self.param_ops.setdefault((prog.rank, op.pass_, op.chunk, op.pack), []).append(
+                        op
+                    )
 
-    def cp_comm(c: int, r: int, kind: str, i: int) -> float:
-        if cp == 1 or i >= n_packs(r, kind):
-            return 0.0
-        off = (pt.f_offset if kind == "F" else pt.b_offset)[r] + i
-        arr = cpp.f_comm if kind == "F" else cpp.b_comm
-        return float(frac[c] * arr[cp_row[c % pp, r], off])
+    def dev(self, c: int, r: int) -> int:
+        return (c % self.pp) * self.dp + r
 
-    def cp_bytes(r: int, kind: str, i: int) -> float:
-        if cp == 1 or i >= n_packs(r, kind):
-            return 0.0
-        off = (pt.f_offset if kind == "F" else pt.b_offset)[r] + i
-        return float(cpp.f_layer_kv[off] if kind == "F" else 2 * cpp.b_layer_kv[off])
+    def real(self, devs: list[int]) -> list[int]:
+        return real_devices(devs, self.dp, self.cp)
 
-    def n_packs(r: int, kind: str) -> int:
-        rs = plan.ranks[r]
+    def n_packs(self, r: int, kind: str) -> int:
+        rs = self.plan.ranks[r]
         return len(rs.forward) if kind == "F" else len(rs.backward)
 
-    def model_calls(r: int, kind: str, i: int) -> int:
-        if i >= n_packs(r, kind):
-            return 0
-        calls = pt.f_calls if kind == "F" else pt.b_calls
-        return int(calls[(pt.f_offset if kind == "F" else pt.b_offset)[r] + i])
+    def offset(self, r: int, kind: str) -> int:
+        return int((self.pt.f_offset if kind == "F" else self.pt.b_offset)[r])
 
-    def pack_work(c: int, r: int, kind: str, i: int) -> float:
-        if i >= n_packs(r, kind):
+    def cp_comm(self, c: int, r: int, kind: str, i: int) -> float:
+        """Exposed static-CP K/V exchange of a pack (:func:`slimdata.sim.cp.cp_packs`)."""
+        if self.cp == 1 or i >= self.n_packs(r, kind):
             return 0.0
-        off = (pt.f_offset if kind == "F" else pt.b_offset)[r] + i
-        return float((fwork if kind == "F" else bwork)[c, off])
+        arr = self.cpp.f_comm if kind == "F" else self.cpp.b_comm
+        return float(self.frac[c] * arr[self.cp_row[c % self.pp, r], self.offset(r, kind) + i])
 
-    def merge_comm(c: int, gi: int, kind: str, m: int, j: int) -> tuple[float, float]:
-        """Member ``m``'s exposed K/V exchange of its merge pack ``j`` (:mod:`slimdata.sim.cp`)
-        and the bytes of one layer's gathered K/V of the group it holds meanwhile (the
-        exchange is per layer, as under static CP)."""
-        grp = plan.merges[gi]
-        k = len(grp.ranks)
-        tokens = float(merge_tokens[gi])
-        devs = real([dev(c, r) for r in grp.ranks])
-        off = (pt.f_offset if kind == "F" else pt.b_offset)[m] + j
-        att = (pt.f_att[off] * f_scale[off]) if kind == "F" else (pt.b_att[off] * b_scale[off])
-        nbytes = float(cost.gathered_kv_bytes(tokens))
+    def pack_work(self, c: int, r: int, kind: str, i: int) -> float:
+        if i >= self.n_packs(r, kind):
+            return 0.0
+        return float((self.fwork if kind == "F" else self.bwork)[c, self.offset(r, kind) + i])
+
+    def merge_comm(self, c: int, gi: int, kind: str, m: int, j: int) -> float:
+        """Member ``m``'s exposed K/V exchange of its merge pack ``j`` (:mod:`slimdata.sim.cp`;
+        the exchange is per layer, as under static CP)."""
+        grp = self.plan.merges[gi]
+        devs = self.real([self.dev(c, r) for r in grp.ranks])
+        off = self.offset(m, kind) + j
+        pt = self.pt
+        att = (
+            (pt.f_att[off] * self.f_scale[off])
+            if kind == "F"
+            else (pt.b_att[off] * self.b_scale[off])
+        )
         t = exchange_exposed(
-            net,
-            np.array([nbytes]),
-            merge_collectives(kind, cost, bool(kind == "B" and pt.b_recomputed[off])),
+            self.net,
+            np.array([self.merge_kv[gi]]),
+            merge_collectives(kind, self.cost, bool(kind == "B" and pt.b_recomputed[off])),
             np.array([att]),
-            k,
-            layers,
-            config.cp_overlap,
-            spans_nodes(devs, rpn),
+            len(grp.ranks),
+            max(self.cost.layers, 1),
+            self.config.cp_overlap,
+            spans_nodes(devs, self.rpn),
         )
-        return float(frac[c] * t[0]), nbytes
+        return float(self.frac[c] * t[0])
 
-    def param_comm(c: int, kind: str) -> float:
-        devs = real([dev(c, r) for r in range(dp)])
-        t = param_collective_time(
-            net, cost, float(frac[c]), config.grad_bytes, devs, rpn, "all_gather"
+    def param_comm(self, c: int, kind: str, i: int) -> float:
+        """FSDP: seconds of the program's parameter collectives of pack pass ``i`` (the same
+        on every rank), over the real devices of the stage."""
+        devs = self.real([self.dev(c, r) for r in range(self.dp)])
+        spans = spans_nodes(devs, self.rpn)
+        ops = next(
+            (self.param_ops[k] for r in range(self.dp) if (k := (r, kind, c, i)) in self.param_ops),
+            [],
         )
-        return (
-            t if kind == "F" else 2 * t
-        )  # backward: re-gather parameters, reduce-scatter gradients
+        return sum(
+            getattr(self.net, op.kind[len("fsdp_") :])(op.bytes, len(devs), spans) for op in ops
+        )
 
-    def make(kind: str, c: int, r: int, i: int) -> int:
+    def members(self, kind: str, r: int, i: int) -> tuple[tuple, list[int]]:
+        """Key of the task a pack pass belongs to and the ranks running it together."""
         merge = (
-            (plan.ranks[r].forward if kind == "F" else plan.ranks[r].backward)[i].merge
-            if i < n_packs(r, kind)
+            (self.plan.ranks[r].forward if kind == "F" else self.plan.ranks[r].backward)[i].merge
+            if i < self.n_packs(r, kind)
             else None
         )
-        if fsdp:
-            key: tuple = ("fsdp", kind, c, i)
-        elif merge is not None:
-            key = ("merge", kind, c, merge)
-        else:
-            key = (kind, c, r, i)
-        if key in keyed:
-            return keyed[key]
-        if fsdp:
-            members = list(range(dp))
-        elif merge is not None:
-            members = list(plan.merges[merge].ranks)
-        else:
-            members = [r]
-        work, comm, extra = [], [], []
+        if self.fsdp:
+            return ("fsdp", kind, i), list(range(self.dp))
+        if merge is not None:
+            return ("merge", kind, merge), list(self.plan.merges[merge].ranks)
+        return (kind, r, i), [r]
+
+    def make(self, kind: str, c: int, r: int, i: int) -> int:
+        """The task of pass ``kind`` of pack ``i`` of rank ``r`` on chunk ``c`` (one per group
+        of ranks running it together), created on first use."""
+        key, members = self.members(kind, r, i)
+        key = (*key, c)
+        if key in self.keyed:
+            return self.keyed[key]
+        merged = key[0] == "merge"
+        work, comm = [], []
         for m in members:
-            j = i if merge is None or fsdp else merge_at[(m, kind)]
-            work.append(pack_work(c, m, kind, j))
-            mg = plan.merge_of_rank(m)
-            tagged = j < n_packs(m, kind) and merge_at.get((m, kind)) == j and mg is not None
-            x = cp_comm(c, m, kind, j)
-            if tagged and mg is not None:
-                t, nbytes = merge_comm(c, mg, kind, m, j)
-                comm.append(t + x)
-                extra.append((dev(c, m), nbytes * (1 if kind == "F" else 2)))  # K/V (+ their grads)
-            else:
-                comm.append(x)
-            if cp_bytes(m, kind, j) > 0:
-                extra.append((dev(c, m), cp_bytes(m, kind, j)))
-            off = (pt.f_offset if kind == "F" else pt.b_offset)[m]
-            if j < n_packs(m, kind):
-                (ftid if kind == "F" else btid)[c, off + j] = len(g)
+            j = self.merge_at[(m, kind)] if merged else i
+            work.append(self.pack_work(c, m, kind, j))
+            mg = self.group_of[m]
+            tagged = (
+                j < self.n_packs(m, kind) and self.merge_at.get((m, kind)) == j and mg is not None
+            )
+            x = self.cp_comm(c, m, kind, j)
+            comm.append(
+                x + (self.merge_comm(c, mg, kind, m, j) if tagged and mg is not None else 0.0)
+            )
+            if j < self.n_packs(m, kind):
+                (self.ftid if kind == "F" else self.btid)[c, self.offset(m, kind) + j] = len(
+                    self.graph
+                )
         overlap = 0.0
-        if fsdp and dp * cp > 1 and any(model_calls(m, kind, i) for m in range(dp)):
-            t = param_comm(c, kind)  # a pack empty on every rank makes no call, no collective
-            if config.overlap_param_comm:
+        if self.fsdp:
+            t = self.param_comm(c, kind, i)  # a pack empty on every rank makes no call, none
+            if self.config.overlap_param_comm:
                 overlap = t
             else:
                 comm = [x + t for x in comm]
-        t_id = g.add(
+        t_id = self.graph.add(
             kind,
             (r if len(members) == 1 else -1, c, i),
-            tuple(dev(c, m) for m in members),
+            tuple(self.dev(c, m) for m in members),
             tuple(work),
             tuple(comm),
             overlap,
         )
-        transient.extend((t_id, d, b) for d, b in extra)
-        keyed[key] = t_id
+        self.keyed[key] = t_id
         return t_id
 
-    order_all = common_order(plan) if fsdp else None
-    if fsdp:
-        for gi, m in enumerate(plan.merges):
-            for kind in ("F", "B"):
-                idx = {merge_at[(r, kind)] for r in m.ranks}
-                if len(idx) != 1:
-                    raise PlanError(
-                        f"FSDP lockstep: merge group {gi} runs its {kind} pack at different indices {sorted(idx)} on its members; align them"
-                    )
-    for r in range(dp):
-        order = order_all or plan.ranks[r].order
-        for s in range(pp):
-            for kind, c, i in stage_ops(config.schedule, order, s, pp, v):
-                g.place(dev(c, r), make(kind, c, r, i))
 
-    # pipeline edges with point-to-point lags
-    p2p = np.zeros(dp * pp)
-    if C > 1:
-        for r in range(dp):
-            fo, bo = int(pt.f_offset[r]), int(pt.b_offset[r])
-            for c in range(1, C):
-                src, dst = dev(c - 1, r), dev(c, r)
-                rs_, rd_ = real([src])[0], real([dst])[0]
-                for i in range(len(plan.ranks[r].forward)):
-                    lag = p2p_time(net, cost, pt.f_tokens[fo + i] / cp, rs_, rd_, rpn)
-                    p2p[src] += lag
-                    g.edge(int(ftid[c - 1, fo + i]), int(ftid[c, fo + i]), lag)
-                for j in range(len(plan.ranks[r].backward)):
-                    lag = p2p_time(net, cost, pt.b_tokens[bo + j] / cp, rd_, rs_, rpn)
-                    p2p[dst] += lag
-                    g.edge(int(btid[c, bo + j]), int(btid[c - 1, bo + j]), lag)
+def _pipeline_edges(tasks: _Tasks) -> np.ndarray:
+    """A pack's forward on chunk ``c`` after chunk ``c - 1``, its backward on ``c`` after
+    ``c + 1``, each lagged by the point-to-point transfer; returns seconds sent per device."""
+    p2p = np.zeros(tasks.dp * tasks.pp)
+    if tasks.n_chunks == 1:
+        return p2p
+    pt, g, net, rpn = tasks.pt, tasks.graph, tasks.net, tasks.rpn
+    for r in range(tasks.dp):
+        fo, bo = tasks.offset(r, "F"), tasks.offset(r, "B")
+        for c in range(1, tasks.n_chunks):
+            src, dst = tasks.dev(c - 1, r), tasks.dev(c, r)
+            rs_, rd_ = tasks.real([src])[0], tasks.real([dst])[0]
+            for i in range(tasks.n_packs(r, "F")):
+                lag = p2p_time(net, tasks.cost, pt.f_tokens[fo + i] / tasks.cp, rs_, rd_, rpn)
+                p2p[src] += lag
+                g.edge(int(tasks.ftid[c - 1, fo + i]), int(tasks.ftid[c, fo + i]), lag)
+            for j in range(tasks.n_packs(r, "B")):
+                lag = p2p_time(net, tasks.cost, pt.b_tokens[bo + j] / tasks.cp, rd_, rs_, rpn)
+                p2p[dst] += lag
+                g.edge(int(tasks.btid[c, bo + j]), int(tasks.btid[c - 1, bo + j]), lag)
+    return p2p
 
-    # slice continuation (design §4) on every chunk
+
+def _continuation_edges(tasks: _Tasks) -> None:
+    """Slice continuation (design §4) on every chunk: forward of slice ``j`` after ``j - 1``,
+    backward of ``j`` after ``j + 1``, a document's first backward after its last forward."""
+    pt = tasks.pt
     o = np.lexsort((pt.s_start, pt.s_doc))
     same = pt.s_doc[o][1:] == pt.s_doc[o][:-1]
     last = np.ones(len(o), dtype=bool)
     last[:-1] = ~same
-    for c in range(C):
-        sf, sb = ftid[c][pt.s_fpack[o]], btid[c][pt.s_bpack[o]]
+    for c in range(tasks.n_chunks):
+        sf, sb = tasks.ftid[c][pt.s_fpack[o]], tasks.btid[c][pt.s_bpack[o]]
         pairs = np.concatenate(
             (
                 np.stack((sf[:-1][same], sf[1:][same]), 1),  # F(j-1) -> F(j)
@@ -328,41 +387,31 @@ def build_dag(
         )
         pairs = pairs[pairs[:, 0] != pairs[:, 1]]
         for a, b in np.unique(pairs, axis=0).tolist():
-            g.edge(a, b)
+            tasks.graph.edge(a, b)
 
-    # DDP: gradient all-reduce closes each stage's step. Overlapped: buckets stream out
-    # during the last backward pack of every rank, so it ends no earlier than the latest
-    # last-pack end + latency and no earlier than the latest last-pack start + the all-reduce.
-    if not fsdp and dp * cp > 1 and cost.param_count > 0:
-        for s in range(pp):
-            devs = [s * dp + r for r in range(dp)]
-            share = float(frac[[c for c in range(C) if c % pp == s]].sum())
-            t = param_collective_time(
-                net, cost, share, config.grad_bytes, real(devs), rpn, "all_reduce"
-            )
-            if config.overlap_param_comm:
-                ar = g.add("AR", (-1, s, -1), tuple(devs), (0.0,) * dp)
-                g.hidden[ar] = t
-                for d in devs:
-                    if g.dev_seq[d]:
-                        g.edge(g.dev_seq[d][-1], ar, net.latency_s)
-                        g.start_edge(g.dev_seq[d][-1], ar, t)
-            else:
-                ar = g.add("AR", (-1, s, -1), tuple(devs), (0.0,) * dp, (t,) * dp)
+
+def _gradient_all_reduce(tasks: _Tasks) -> None:
+    """DDP: the program's gradient all-reduce closes each stage's step. Overlapped: buckets
+    stream out during the last backward pack of every rank, so it ends no earlier than the
+    latest last-pack end + latency and no earlier than the latest last-pack start + the
+    all-reduce."""
+    g, net = tasks.graph, tasks.net
+    for s in range(tasks.pp):
+        ops = [op for op in tasks.programs[(0, s)].collectives() if op.kind == "ddp_all_reduce"]
+        if not ops:
+            continue
+        devs = list(ops[0].group)
+        real = tasks.real(devs)
+        t = net.all_reduce(ops[0].bytes, len(real), spans_nodes(real, tasks.rpn))
+        n = len(devs)
+        if tasks.config.overlap_param_comm:
+            ar = g.add("AR", (-1, s, -1), tuple(devs), (0.0,) * n)
+            g.hidden[ar] = t
             for d in devs:
-                g.place(d, ar)
-    return StepDag(
-        graph=g,
-        pt=pt,
-        dp=dp,
-        pp=pp,
-        chunks=C,
-        fractions=frac,
-        ftid=ftid,
-        btid=btid,
-        fwork=fwork,
-        bwork=bwork,
-        transient=transient,
-        p2p=p2p,
-        cp=cp,
-    )
+                if g.dev_seq[d]:
+                    g.edge(g.dev_seq[d][-1], ar, net.latency_s)
+                    g.start_edge(g.dev_seq[d][-1], ar, t)
+        else:
+            ar = g.add("AR", (-1, s, -1), tuple(devs), (0.0,) * n, (t,) * n)
+        for d in devs:
+            g.place(d, ar)

@@ -29,10 +29,10 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.errors import InputError
+from slimdata.execution.pricing import chunk_fractions, pack_times
 from slimdata.plan import StepPlan
 from slimdata.sim.config import SimConfig
 from slimdata.sim.dag import Durations
-from slimdata.sim.packs import chunk_fractions, pack_times
 from slimdata.sim.step import simulate_step
 from slimdata.solver.layout import Layout
 

@@ -5,7 +5,7 @@ Modelling assumptions (the simulator's contract, design §7):
 - Compute: pack times are recomputed from the cost model (sum over the pack's slices, design
   §5), never taken from ``MicroPack.cost``; a pipeline chunk with ``k`` of ``L`` layers takes
   ``k / L`` of the full-model time. Kernels of one device run one at a time; a device's packs
-  run in the order of the pipeline schedule (:mod:`slimdata.sim.schedule`), with ``pp == 1``
+  run in the order of the pipeline schedule (:mod:`slimdata.execution.schedule`), with ``pp == 1``
   exactly ``RankStep.order``.
 - Dependencies: slice continuation (design §4), the pipeline (chunk ``c`` after ``c - 1`` in
   the forward, reversed in the backward) and each device's order. Work never starts early
@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
+from slimdata.execution import build_programs
 from slimdata.plan import StepPlan
 from slimdata.sim.config import SimConfig
 from slimdata.sim.dag import Durations, build_dag
 from slimdata.sim.engine import evaluate
 from slimdata.sim.memory import memory_profile
-from slimdata.sim.packs import pack_times
 from slimdata.sim.results import SimResult, summarize
 from slimdata.solver.layout import Layout
 
@@ -62,11 +62,11 @@ def simulate_step(
             f"plan has {plan.dp} DP ranks x cp={config.cp} but the layout has dp={layout.dp}; "
             f"solve the plan for dp={layout.dp // config.cp} DP groups of this layout"
         )
+    programs = build_programs(plan, cost, config.execution(layout.pp))
     dag = build_dag(
         plan,
         cost,
-        pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split),
-        pp=layout.pp,
+        programs,
         ranks_per_node=layout.ranks_per_node,
         config=config,
         durations=durations,

@@ -60,7 +60,9 @@ def pipeline_times(
 def plan_pipeline_time(plan: StepPlan, pp: int) -> float:
     """The planner's step-time estimate of a lockstep ``plan``: every rank's packs (their
     ``MicroPack.cost``) through its own order on ``pp`` stages under 1F1B
-    (:func:`~slimdata.solver.pipeline.pipeline_times`), the slowest rank; no communication."""
+    (:func:`~slimdata.solver.pipeline.pipeline_times`), the slowest rank; no communication.
+    Tested equal to the critical path of the plan's programs (:mod:`slimdata.execution`)
+    where the packs' ``cost`` is the execution model's price (tests/execution)."""
     return max(
         (
             float(

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from slimdata.plan.pipeline import Op, one_f_one_b, ready_index
+from slimdata.plan import StepPlan
+from slimdata.plan.pipeline import Op, interleave, one_f_one_b, ready_index
 
-__all__ = ["SCHEDULES", "Op", "ready_index", "stage_ops"]
+__all__ = ["SCHEDULES", "Op", "common_order", "ready_index", "stage_ops"]
 
 
 def _groups(n: int, pp: int) -> list[range]:
@@ -65,3 +66,21 @@ def stage_ops(
     if pp == 1 or (schedule == "interleaved" and v == 1):
         return one_f_one_b(order, stage, pp)
     return SCHEDULES[schedule](order, stage, pp, v)
+
+
+def common_order(plan: StepPlan) -> tuple[tuple[str, int], ...]:
+    """One order every rank can follow in lockstep: the most packs of any rank, and backward
+    pack ``j`` after the latest forward any rank needs before it. Equals the ranks' own order
+    when they all share it."""
+    orders = {rs.order for rs in plan.ranks}
+    if len(orders) == 1:
+        return next(iter(orders))
+    nf = max(len(rs.forward) for rs in plan.ranks)
+    nb = max(len(rs.backward) for rs in plan.ranks)
+    ready = [-1] * nb
+    for rs in plan.ranks:
+        for j, r in enumerate(ready_index(rs.order)):
+            ready[j] = max(ready[j], r)
+    for j in range(1, nb):
+        ready[j] = max(ready[j], ready[j - 1])
+    return interleave(nf, ready)

@@ -1,0 +1,363 @@
+"""Build the :class:`~slimdata.execution.ops.Program` of every device of a step.
+
+Per DP rank and pipeline stage, the operations in the order the device runs them:
+
+- the pack order is the pipeline schedule of the rank's plan order
+  (:func:`slimdata.execution.schedule.stage_ops`; under FSDP every rank follows
+  :func:`~slimdata.execution.schedule.common_order`);
+- how each pack runs (model calls, graph-free forwards, recomputed backwards) is the
+  executor's rule (:func:`slimdata.plan.execution`), and its price is
+  :func:`slimdata.execution.pricing.pack_times` times the chunk's share of the layers;
+- around every compute: pipeline ``recv`` / ``send`` of its hidden states, FSDP's parameter
+  all-gather (and gradient reduce-scatter in the backward), a merge pack's per-layer K/V
+  all-gathers (and K/V-gradient reduce-scatters in the backward,
+  :func:`slimdata.execution.merge.merge_collectives`); DDP's gradient all-reduce ends the
+  step;
+- memory (the one rule, :mod:`slimdata.execution.memory`): a slice's activations and its
+  retained K/V are allocated when its forward starts and freed when its backward pack ends;
+  a graph-free forward holds the activations only while it runs, and its recomputing
+  backward allocates them again; a context-parallel pass (merge pack, static CP) holds one
+  layer's gathered K/V while it runs, twice that in the backward (K/V and their gradients).
+  With static CP (``cp = k``) a device holds ``1 / k`` of every slice's bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from slimdata.cost import CostModel, causal_pairs
+from slimdata.errors import ConfigError
+from slimdata.execution.merge import merge_collectives, merge_layer_tokens
+from slimdata.execution.ops import Alloc, Collective, Compute, Free, Operation, Program
+from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
+from slimdata.execution.schedule import common_order, stage_ops
+from slimdata.plan import StepPlan
+
+__all__ = ["ExecutionConfig", "Programs", "build_programs", "padded"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionConfig:
+    """How a plan is executed: the layout dimensions and runtime rules the program depends on."""
+
+    pp: int = 1
+    """Pipeline stages."""
+    parallelism: str = "ddp"
+    """``"ddp"`` (gradients all-reduced at the end of the step) or ``"fsdp"`` (lockstep
+    rules: parameters gathered per pack pass, gradients reduce-scattered per backward)."""
+    split: bool = True
+    """Outside FSDP: forward packs split by backward pack (``run_step(asymmetric="split")``,
+    its default) instead of recomputing asymmetric backward packs."""
+    schedule: str = "1f1b"
+    """Pipeline schedule (:data:`slimdata.execution.schedule.SCHEDULES`)."""
+    virtual_stages: int = 1
+    """Model chunks per device with ``pp > 1`` (``"interleaved"``)."""
+    cp: int = 1
+    """Static context parallelism: each device stands for ``cp`` members holding 1/cp each."""
+    grad_bytes: int = 2
+    """Bytes per parameter of the gradient / parameter collectives."""
+
+    def __post_init__(self) -> None:
+        if self.parallelism not in ("ddp", "fsdp"):
+            raise ConfigError(f"parallelism={self.parallelism!r}: use 'ddp' or 'fsdp'")
+        if min(self.pp, self.virtual_stages, self.cp, self.grad_bytes) < 1:
+            raise ConfigError(
+                f"pp={self.pp}, virtual_stages={self.virtual_stages}, cp={self.cp}, "
+                f"grad_bytes={self.grad_bytes}: each must be at least 1"
+            )
+
+    @property
+    def chunks_per_device(self) -> int:
+        return self.virtual_stages if self.pp > 1 else 1
+
+
+@dataclass(frozen=True)
+class Programs:
+    """Every device's program of one step, and the pricing they were built from."""
+
+    programs: dict[tuple[int, int], Program]
+    """``(rank, stage) -> Program``."""
+    pt: PackTimes
+    fractions: np.ndarray
+    """Share of the model's layers in every global chunk."""
+    dp: int
+    pp: int
+
+    def __getitem__(self, key: tuple[int, int]) -> Program:
+        return self.programs[key]
+
+    def __iter__(self) -> Iterator[Program]:
+        return iter(self.programs.values())
+
+
+def padded(tokens, k: int) -> np.ndarray:
+    """Tokens padded to a multiple of ``2 k`` under static CP (``k > 1``), Megatron's THD
+    requirement: ``padded(1000, 3) == 1002``."""
+    t = np.asarray(tokens, dtype=np.float64)
+    return t if k == 1 else np.ceil(t / (2 * k)) * (2 * k)
+
+
+def build_programs(
+    plan: StepPlan,
+    cost: CostModel,
+    config: ExecutionConfig | None = None,
+    *,
+    compute_only: bool = False,
+) -> Programs:
+    """The program of every (rank, stage) of ``plan`` (module docstring). ``compute_only``:
+    list the computes alone (their order and prices, e.g. for a time estimate; much faster)."""
+    config = config or ExecutionConfig()
+    fsdp = config.parallelism == "fsdp"
+    pt = pack_times(plan, cost, lockstep=fsdp, split=config.split)
+    b = _Builder(plan, cost, config, pt)
+    order_all = common_order(plan) if fsdp else None
+    programs = {}
+    for r in range(plan.dp):
+        order = order_all or plan.ranks[r].order
+        for s in range(config.pp):
+            ops: list[Operation] = []
+            for kind, c, i in stage_ops(config.schedule, order, s, config.pp, b.v):
+                if compute_only:
+                    if i < b.side[kind].n_packs[r]:
+                        ops.append(b.compute(kind, c, r, i))
+                else:
+                    ops.extend(b.pass_ops(kind, c, r, i))
+            if not compute_only:
+                ops.extend(b.step_end(s))
+            programs[(r, s)] = Program(r, s, b.device(s, r), tuple(ops))
+    return Programs(programs, pt, b.frac, plan.dp, config.pp)
+
+
+@dataclass(frozen=True)
+class _Side:
+    """Per flat pack of one pass (forward or backward), as plain lists for fast lookup."""
+
+    offset: list[int]
+    n_packs: list[int]
+    seconds: list[float]
+    tokens: list[int]
+    pairs: list[float]
+    calls: list[int]
+    flag: list[bool]
+    """Forward: graph-free; backward: recomputed."""
+    merge: list[int | None]
+    slices: list[int]
+    act: list[float]
+    """Activation bytes of the pack's slices (full model)."""
+    kv: list[float]
+    """Retained K/V bytes of the pack's slices (full model)."""
+    act_rebuilt: list[float]
+    """Backward: activation bytes of its slices whose forward ran graph-free."""
+    cp_kv: list[float]
+    """Static CP: one layer's gathered K/V (padded tokens)."""
+
+    @staticmethod
+    def build(plan: StepPlan, pt: PackTimes, cost: CostModel, kind: str, cp: int) -> _Side:
+        fwd = kind == "F"
+        pack_of = pt.s_fpack if fwd else pt.s_bpack
+        n = len(pt.fwd if fwd else pt.bwd)
+        pairs = causal_pairs(pt.s_start, pt.s_end)
+        free = pt.f_graph_free[pt.s_fpack]
+        sp = padded(pt.s_end - pt.s_start, cp)
+        return _Side(
+            offset=(pt.f_offset if fwd else pt.b_offset).tolist(),
+            n_packs=[len(rs.forward if fwd else rs.backward) for rs in plan.ranks],
+            seconds=(pt.fwd if fwd else pt.bwd).tolist(),
+            tokens=np.rint(pt.f_tokens if fwd else pt.b_tokens).astype(int).tolist(),
+            pairs=np.bincount(pack_of, pairs, n).tolist(),
+            calls=(pt.f_calls if fwd else pt.b_calls).tolist(),
+            flag=(pt.f_graph_free if fwd else pt.b_recomputed).tolist(),
+            merge=[p.merge for rs in plan.ranks for p in (rs.forward if fwd else rs.backward)],
+            slices=np.bincount(pack_of, minlength=n).tolist(),
+            act=np.bincount(pack_of, pt.s_act, n).tolist(),
+            kv=np.bincount(pack_of, pt.s_kv, n).tolist(),
+            act_rebuilt=np.bincount(pack_of, np.where(free, pt.s_act, 0.0), n).tolist(),
+            cp_kv=cost.gathered_kv_bytes(np.bincount(pack_of, sp, n)).tolist(),
+        )
+
+
+class _Builder:
+    """The per-pass operations of one plan (shared lookups of :func:`build_programs`)."""
+
+    def __init__(self, plan: StepPlan, cost: CostModel, config: ExecutionConfig, pt: PackTimes):
+        self.plan, self.cost, self.config, self.pt = plan, cost, config, pt
+        self.dp, self.pp, self.v = plan.dp, config.pp, config.chunks_per_device
+        self.n_chunks = config.pp * self.v
+        self.frac = chunk_fractions(cost.layers, self.n_chunks)
+        self.frac_list = self.frac.tolist()
+        self.fsdp = config.parallelism == "fsdp"
+        self.side = {k: _Side.build(plan, pt, cost, k, config.cp) for k in "FB"}
+        self.merge_kv = [
+            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g)))
+            for g in range(len(plan.merges))
+        ]
+        counts = np.rint(self.frac * max(cost.layers, 1)).astype(int)
+        self.first_layer = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+        self.layer_count = counts.tolist()
+        self.calls_anywhere = {
+            kind: {
+                i
+                for r in range(self.dp)
+                for i in range(self.side[kind].n_packs[r])
+                if self.side[kind].calls[self.side[kind].offset[r] + i]
+            }
+            for kind in "FB"
+        }
+        self.stage_groups = [
+            tuple(self.device(s, r) for r in range(self.dp)) for s in range(self.pp)
+        ]
+
+    def device(self, stage: int, rank: int) -> int:
+        return stage * self.dp + rank
+
+    def pass_ops(self, kind: str, c: int, r: int, i: int) -> list[Operation]:
+        """Receive, gather, allocate, compute, free, scatter, send: one pass of pack ``i``."""
+        if i >= self.side[kind].n_packs[r]:  # FSDP: a slot of the common order this rank lacks
+            return [Compute(kind, c, i, 0.0, 0, 0.0, 0)] if self.fsdp else []
+        dev = self.device(c % self.pp, r)
+        k = self.side[kind].offset[r] + i
+        before: list[Operation] = [
+            *self.receive(kind, c, r, k, dev),
+            *self.param_gather(kind, c, i),
+        ]
+        after: list[Operation] = []
+        for alloc in self.transient(kind, k):
+            before.append(alloc)
+            after.append(Free(alloc.what, alloc.bytes))
+        before.extend(self.merge_exchange(kind, c, i, k))
+        before.extend(self.slice_allocs(kind, c, k))
+        after.extend(self.slice_frees(kind, c, k))
+        after.extend(self.param_scatter(kind, c, i))
+        after.extend(self.send(kind, c, r, k, dev))
+        return [*before, self.compute(kind, c, r, i), *after]
+
+    def compute(self, kind: str, c: int, r: int, i: int) -> Compute:
+        side = self.side[kind]
+        k = side.offset[r] + i
+        return Compute(
+            pass_=kind,
+            chunk=c,
+            pack=i,
+            seconds=self.frac_list[c] * side.seconds[k],
+            tokens=side.tokens[k],
+            pairs=side.pairs[k],
+            calls=side.calls[k],
+            graph_free=kind == "F" and side.flag[k],
+            recompute=kind == "B" and side.flag[k],
+            merge=side.merge[k],
+        )
+
+    def slice_allocs(self, kind: str, c: int, k: int) -> list[Operation]:
+        """Forward: the activations and K/V of the pack's slices; backward: the activations
+        of its slices whose forward ran graph-free (the recompute rebuilds them)."""
+        side, share = self.side[kind], self.frac_list[c] / self.config.cp
+        if not side.slices[k]:
+            return []
+        if kind == "F":
+            return [Alloc("activations", side.act[k] * share), Alloc("kv", side.kv[k] * share)]
+        rebuilt = side.act_rebuilt[k] * share
+        return [Alloc("activations", rebuilt)] if rebuilt else []
+
+    def slice_frees(self, kind: str, c: int, k: int) -> list[Operation]:
+        """Forward: a graph-free pass drops its activations; backward: the activations and
+        K/V of the pack's slices go."""
+        side, share = self.side[kind], self.frac_list[c] / self.config.cp
+        if not side.slices[k]:
+            return []
+        if kind == "B":
+            return [Free("activations", side.act[k] * share), Free("kv", side.kv[k] * share)]
+        return [Free("activations", side.act[k] * share)] if side.flag[k] else []
+
+    def transient(self, kind: str, k: int) -> list[Alloc]:
+        """One layer's gathered K/V while the pass runs (twice in the backward)."""
+        times = 1 if kind == "F" else 2
+        side = self.side[kind]
+        out = []
+        g = side.merge[k]
+        if g is not None:
+            out.append(Alloc("gathered_kv", times * self.merge_kv[g]))
+        if self.config.cp > 1 and side.slices[k]:
+            out.append(Alloc("gathered_kv", times * side.cp_kv[k]))
+        return out
+
+    def merge_exchange(self, kind: str, c: int, i: int, k: int) -> list[Collective]:
+        """A merge pack's per-layer K/V collectives over its group, in the runtime's order
+        (:mod:`slimdata.hooks.merge`)."""
+        g = self.side[kind].merge[k]
+        if g is None:
+            return []
+        group = tuple(self.device(c % self.pp, m) for m in sorted(self.plan.merges[g].ranks))
+        nbytes = self.merge_kv[g]
+        layers = range(self.first_layer[c], self.first_layer[c] + self.layer_count[c])
+        if kind == "F":
+            return [Collective("merge_kv_all_gather", group, nbytes, kind, c, i, x) for x in layers]
+        recomputed = self.side[kind].flag[k]
+        # a recomputed pack re-runs its whole forward first (one gather per layer); then
+        # per layer, last first: gathers (one more inside a checkpointed layer under
+        # recompute="full") and the K/V-gradient reduce-scatter
+        out = [
+            Collective("merge_kv_all_gather", group, nbytes, kind, c, i, x)
+            for x in (layers if recomputed else ())
+        ]
+        per_layer = merge_collectives(kind, self.cost, recomputed) - 1 - int(recomputed)
+        for x in reversed(layers):
+            out.extend(
+                Collective("merge_kv_all_gather", group, nbytes, kind, c, i, x)
+                for _ in range(per_layer)
+            )
+            out.append(Collective("merge_kv_reduce_scatter", group, nbytes, kind, c, i, x))
+        return out
+
+    def param_bytes(self, c: int) -> float:
+        return float(self.cost.param_count * self.frac_list[c] * self.config.grad_bytes)
+
+    def param_gather(self, kind: str, c: int, i: int) -> list[Collective]:
+        """FSDP: a pack's parameters are gathered on every rank unless no rank calls it."""
+        if not self.fsdp or i not in self.calls_anywhere[kind]:
+            return []
+        group = self.stage_groups[c % self.pp]
+        return [Collective("fsdp_all_gather", group, self.param_bytes(c), kind, c, i)]
+
+    def param_scatter(self, kind: str, c: int, i: int) -> list[Collective]:
+        if kind == "F" or not self.fsdp or i not in self.calls_anywhere[kind]:
+            return []
+        group = self.stage_groups[c % self.pp]
+        return [Collective("fsdp_reduce_scatter", group, self.param_bytes(c), kind, c, i)]
+
+    def hidden_bytes(self, kind: str, k: int) -> float:
+        tokens = self.side[kind].tokens[k]
+        return float(tokens / self.config.cp * self.cost.hidden * self.cost.dtype_bytes)
+
+    def neighbour(self, kind: str, c: int, towards: str) -> int | None:
+        """Chunk a pass receives from (``"in"``) or sends to (``"out"``): forward flows up
+        the chunks, backward down."""
+        step = 1 if (kind == "F") == (towards == "out") else -1
+        n = c + step
+        return n if 0 <= n < self.n_chunks else None
+
+    def receive(self, kind: str, c: int, r: int, k: int, dev: int) -> list[Collective]:
+        src = self.neighbour(kind, c, "in")
+        if src is None:
+            return []
+        pair = (self.device(src % self.pp, r), dev)
+        i = k - self.side[kind].offset[r]
+        return [Collective("recv", pair, self.hidden_bytes(kind, k), kind, c, i)]
+
+    def send(self, kind: str, c: int, r: int, k: int, dev: int) -> list[Collective]:
+        dst = self.neighbour(kind, c, "out")
+        if dst is None:
+            return []
+        pair = (dev, self.device(dst % self.pp, r))
+        i = k - self.side[kind].offset[r]
+        return [Collective("send", pair, self.hidden_bytes(kind, k), kind, c, i)]
+
+    def step_end(self, stage: int) -> list[Collective]:
+        """DDP: the stage's gradients all-reduced over every DP rank (and CP member)."""
+        if self.fsdp or self.dp * self.config.cp == 1 or self.cost.param_count <= 0:
+            return []
+        share = sum(self.frac_list[c] for c in range(self.n_chunks) if c % self.pp == stage)
+        nbytes = float(self.cost.param_count * share * self.config.grad_bytes)
+        return [Collective("ddp_all_reduce", self.stage_groups[stage], nbytes)]

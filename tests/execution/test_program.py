@@ -1,0 +1,229 @@
+"""The execution model on hand-computable plans: operation order, collectives, the memory rule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slimdata.cost import CostModel
+from slimdata.execution import (
+    Alloc,
+    Collective,
+    ExecutionConfig,
+    Free,
+    build_programs,
+    compute_levels,
+    levels,
+    peak,
+)
+from slimdata.plan import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
+
+# 1 s per token forward, 2 s backward, 1 byte of activations and 1 of K/V per token
+COST = CostModel(
+    fwd_lin=1.0,
+    fwd_att=0.0,
+    fwd_const=0.0,
+    bwd_lin=2.0,
+    bwd_att=0.0,
+    bwd_const=0.0,
+    act_bytes_per_token=1.0,
+    kv_bytes_per_token=1.0,
+)
+
+
+def _plan(ranks, lengths, merges=()):
+    docs = tuple(Document(i, n) for i, n in enumerate(lengths))
+    steps = tuple(
+        RankStep(
+            r,
+            tuple(MicroPack(tuple(Slice(*s) for s in p)) for p in fwd),
+            tuple(MicroPack(tuple(Slice(*s) for s in p)) for p in bwd),
+        )
+        for r, (fwd, bwd) in enumerate(ranks)
+    )
+    return StepPlan(0, "test", docs, steps, merges)
+
+
+def test_docstring_example_order_and_memory():
+    # a 6-token doc as forward packs [0,4) [4,6) and one backward pack
+    plan = _plan([([[(0, 0, 4)], [(0, 4, 6)]], [[(0, 4, 6), (0, 0, 4)]])], [6])
+    prog = build_programs(plan, COST)[(0, 0)]
+    assert [type(op).__name__ for op in prog.ops] == [
+        "Alloc", "Alloc", "Compute", "Alloc", "Alloc", "Compute",
+        "Compute", "Free", "Free",
+    ]  # fmt: skip
+    assert prog.ops[-2:] == (Free("activations", 6.0), Free("kv", 6.0))
+    f0, f1, b0 = prog.computes()
+    assert (f0.pass_, f0.pack, f0.seconds, f0.tokens, f0.pairs) == ("F", 0, 4.0, 4, 10.0)
+    assert (f1.seconds, f1.pairs) == (2.0, 4 * 2 + 3.0)  # 2 queries x 4 prefix + causal 3
+    assert (b0.pass_, b0.seconds, b0.tokens) == ("B", 12.0, 6)
+    assert levels(prog).tolist() == [8.0, 12.0, 12.0]  # held while each compute runs
+    assert compute_levels(prog).tolist() == [8.0, 12.0, 0.0]  # after each compute
+    assert peak(prog) == 12.0
+    assert prog.collectives() == []  # one rank, no parameters: nothing to exchange
+
+
+def test_kv_freed_per_slice_when_its_backward_pack_ends():
+    # backward packs [4,6) then [0,4): B0 frees the last slice's activations (2) and K/V (2),
+    # so 12 - 4 = 8 bytes stay until B1 (a per-document rule would keep all 6 K/V: 10)
+    plan = _plan([([[(0, 0, 4)], [(0, 4, 6)]], [[(0, 4, 6)], [(0, 0, 4)]])], [6])
+    prog = build_programs(plan, COST)[(0, 0)]
+    assert compute_levels(prog).tolist() == [8.0, 12.0, 8.0, 0.0]
+
+
+def test_ddp_all_reduce_ends_the_step_on_every_rank():
+
+    cost = dataclasses.replace(COST, param_count=100)
+    plan = _plan([([[(0, 0, 3)]], [[(0, 0, 3)]]), ([[(1, 0, 2)]], [[(1, 0, 2)]])], [3, 2])
+    progs = build_programs(plan, cost, ExecutionConfig(grad_bytes=4))
+    for r in (0, 1):
+        assert progs[(r, 0)].collectives() == [Collective("ddp_all_reduce", (0, 1), 400.0)]
+        assert isinstance(progs[(r, 0)].ops[-1], Collective)
+
+
+def test_merge_pack_gathers_one_layer_at_a_time():
+    # doc 0 (8 tokens) merged over ranks 0 and 1, shares 5 and 3 (padded to 5: 10 tokens per
+    # layer); 2 layers, K/V 2 bytes per token over all layers -> 1 byte per token per layer
+
+    cost = dataclasses.replace(COST, layers=2, kv_bytes_per_token=2.0)
+    docs = (Document(0, 8),)
+    r0 = RankStep(
+        0, (MicroPack((Slice(0, 0, 5),), merge=0),), (MicroPack((Slice(0, 0, 5),), merge=0),)
+    )
+    r1 = RankStep(
+        1, (MicroPack((Slice(0, 5, 8),), merge=0),), (MicroPack((Slice(0, 5, 8),), merge=0),)
+    )
+    plan = StepPlan(0, "test", docs, (r0, r1), (MergeGroup((0, 1), (0,)),))
+    prog = build_programs(plan, cost)[(1, 0)]
+    merge = [(c.kind, c.layer, c.bytes) for c in prog.collectives() if c.kind.startswith("merge")]
+    assert merge == [
+        ("merge_kv_all_gather", 0, 10.0), ("merge_kv_all_gather", 1, 10.0),  # forward
+        ("merge_kv_all_gather", 1, 10.0), ("merge_kv_reduce_scatter", 1, 10.0),  # backward
+        ("merge_kv_all_gather", 0, 10.0), ("merge_kv_reduce_scatter", 0, 10.0),
+    ]  # fmt: skip
+    # rank 1 (3 tokens): F holds act 3 + K/V 6 + one layer's gathered K/V 10 = 19;
+    # B holds 9 + twice the gathered K/V (K/V and their gradients) = 29
+    assert levels(prog).tolist() == [19.0, 29.0]
+    assert compute_levels(prog).tolist() == [9.0, 0.0]
+
+
+def test_pipeline_sends_and_receives_hidden_states():
+
+    cost = dataclasses.replace(COST, layers=2, hidden=4, dtype_bytes=2)
+    plan = _plan([([[(0, 0, 3)]], [[(0, 0, 3)]])], [3])
+    progs = build_programs(plan, cost, ExecutionConfig(pp=2))
+    # 3 tokens x 4 hidden x 2 bytes = 24 bytes each way; device = stage * dp + rank
+    assert progs[(0, 0)].collectives() == [
+        Collective("send", (0, 1), 24.0, "F", 0, 0),
+        Collective("recv", (1, 0), 24.0, "B", 0, 0),
+    ]
+    assert progs[(0, 1)].collectives() == [
+        Collective("recv", (0, 1), 24.0, "F", 1, 0),
+        Collective("send", (1, 0), 24.0, "B", 1, 0),
+    ]
+    # each stage holds half of the layers: 1.5 + 1.5 bytes of the 3 tokens
+    assert peak(progs[(0, 0)]) == pytest.approx(3.0)
+    assert [c.seconds for c in progs[(0, 1)].computes()] == [1.5, 3.0]
+
+
+def test_graph_free_forward_holds_activations_only_while_it_runs():
+    # FSDP lockstep; a = doc 0 [0,2), b = doc 1 [0,3), c = doc 2 [0,1); forward [a], [b, c],
+    # backward [c], [a, b]: no backward pack is a union, so both forward packs run graph-free
+    # and both backward packs recompute; K/V stays from forward to backward
+    plan = _plan(
+        [([[(0, 0, 2)], [(1, 0, 3), (2, 0, 1)]], [[(2, 0, 1)], [(0, 0, 2), (1, 0, 3)]])], [2, 3, 1]
+    )
+    prog = build_programs(plan, COST, ExecutionConfig(parallelism="fsdp"))[(0, 0)]
+    f0, f1, b0, b1 = prog.computes()
+    assert f0.graph_free and f1.graph_free and b0.recompute and b1.recompute
+    # F0: act 2 + kv 2 = 4, keeps kv 2; F1: 2 + act 4 + kv 4 = 10, keeps kv 6;
+    # B0 re-runs c: 6 + act 1 = 7, frees c (kv 1): 5; B1 re-runs a, b: 5 + act 5 = 10, frees all
+    assert levels(prog).tolist() == [4.0, 10.0, 7.0, 10.0]
+    assert compute_levels(prog).tolist() == [2.0, 6.0, 5.0, 0.0]
+    assert [op for op in prog.ops if isinstance(op, Alloc | Free)]  # guard: memory was listed
+
+
+def critical_path(programs) -> list[float]:
+    """Reference: every rank's programs run their computes in program order, a forward on
+    chunk c after the same pack's forward on c - 1, a backward on c after c + 1; no
+    communication; the makespan per rank."""
+    n_chunks = len(programs.fractions)
+    out = []
+    for r in range(programs.dp):
+        stages = [programs[(r, s)].computes() for s in range(programs.pp)]
+        end: dict = {}
+        clock, pos = [0.0] * len(stages), [0] * len(stages)
+        while any(p < len(ops) for p, ops in zip(pos, stages, strict=True)):
+            for s, ops in enumerate(stages):
+                while pos[s] < len(ops):
+                    op = ops[pos[s]]
+                    up = op.chunk - 1 if op.pass_ == "F" else op.chunk + 1
+                    dep = (op.pass_, up, op.pack)
+                    if 0 <= up < n_chunks and dep not in end:
+                        break
+                    clock[s] = max(clock[s], end.get(dep, 0.0)) + op.seconds
+                    end[(op.pass_, op.chunk, op.pack)] = clock[s]
+                    pos[s] += 1
+        out.append(max(clock, default=0.0))
+    return out
+
+
+def test_critical_path_of_a_two_stage_pipeline():
+    # forward packs of 1 s, backward 2 s, order F0 B0 F1 B1, pp = 2,
+    # each op half its pack: stage 0 F0 0.5, F1 1.0; stage 1 F0 1.0, B0 2.0, F1 2.5, B1 3.5;
+    # stage 0 B0 3.0, B1 4.5
+    one = dataclasses.replace(COST, layers=2, act_bytes_per_token=0.0, kv_bytes_per_token=0.0)
+    plan = _plan([([[(0, 0, 1)], [(1, 0, 1)]], [[(0, 0, 1)], [(1, 0, 1)]])], [1, 1])
+    assert plan.ranks[0].order == (("F", 0), ("B", 0), ("F", 1), ("B", 1))
+    progs = build_programs(plan, one, ExecutionConfig(pp=2))
+    assert [(c.pass_, c.pack) for c in progs[(0, 0)].computes()] == [
+        ("F", 0), ("F", 1), ("B", 0), ("B", 1)
+    ]  # fmt: skip
+    assert critical_path(progs) == [4.5]
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_planner_fast_estimate_is_the_programs_critical_path(pp):
+    # equivalence against the reference: the solver's estimate of a lockstep plan (packs'
+    # MicroPack.cost through its stage orders) equals the critical path of the programs
+    import numpy as np
+
+    from slimdata.docsource import documents_from_lengths
+    from slimdata.solver import Layout, solve
+    from slimdata.solver.pipeline import plan_pipeline_time
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    rng = np.random.default_rng(pp)
+    checked = 0
+    for seed in range(3):
+        lengths = rng.integers(200, 20000, size=40).tolist()
+        layout = Layout(dp=4, pp=pp, mode="lockstep", context=32768, memory_gib=20)
+        plan = solve(documents_from_lengths(lengths, 2048), layout, "slimpack", seed, cost)
+        assert not plan.merges  # merged slices: the solver prices CP chunk efficiency apart
+        progs = build_programs(plan, cost, ExecutionConfig(pp=pp), compute_only=True)
+        full = build_programs(plan, cost, ExecutionConfig(pp=pp))
+        assert [p.computes() for p in full] == [list(p.ops) for p in progs]  # same computes
+        want = max(critical_path(progs))
+        assert plan_pipeline_time(plan, pp) == pytest.approx(want, rel=1e-9)
+        checked += want > 0
+    assert checked == 3
+
+
+def test_bad_execution_config_names_the_value():
+    from slimdata.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="parallelism='zero3'"):
+        ExecutionConfig(parallelism="zero3")
+    with pytest.raises(ConfigError, match="pp=0"):
+        ExecutionConfig(pp=0)
+
+
+def test_empty_plan_and_idle_rank():
+    # a rank with no packs has an empty program (no collectives without parameters) and
+    # peak 0; the edge of the ladder: an idle rank next to a busy one
+    plan = _plan([([[(0, 0, 3)]], [[(0, 0, 3)]]), ([], [])], [3])
+    progs = build_programs(plan, COST)
+    assert progs[(1, 0)].ops == ()
+    assert peak(progs[(1, 0)]) == 0.0
+    assert peak(progs[(0, 0)]) == 6.0
