@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +50,8 @@ from slimdata.hooks.recompute import StepRecompute, resolve_policy, step_recompu
 from torch import nn
 
 from slimdata.errors import ConfigError
-from slimdata.plan import MicroPack, Slice
-from slimdata.plan.schedule import kept_forward_packs, split_calls
+from slimdata.plan import MicroPack, RankPlan, RankStep, Slice
+from slimdata.plan.schedule import SplitCalls, kept_forward_packs, split_calls
 
 __all__ = ["ForwardFn", "hf_forward", "kept_forward_packs", "reduce_gradients", "run_step"]
 
@@ -90,7 +92,7 @@ def reduce_gradients(params: Sequence[nn.Parameter], group=None) -> None:
 
 
 class _Step:
-    """State of one run_step call."""
+    """State of one run_step call: the rank's schedule, its documents' tokens, the KV store."""
 
     def __init__(
         self,
@@ -109,54 +111,29 @@ class _Step:
         self.rs = self.plan.ranks[self.rank]
         self.norm = self.plan.loss_tokens
         self.store = KVStore()
-        self.merge: MergeRuntime | None = None
-        if self.plan.merges:
-            ensure_groups(self.plan)
-            g = self.plan.merge_of_rank(self.rank)
-            if g is not None:
-                self.merge = MergeRuntime(self.plan, self.rank, g)
-        toks = {
-            s: torch.as_tensor(np.asarray(t, dtype=np.int64))
-            for s, t in payload.slice_tokens().items()
-        }
-        masks_np = payload.slice_mask()
-        masks = (
-            None
-            if masks_np is None
-            else {s: torch.as_tensor(np.asarray(m, dtype=np.int64)) for s, m in masks_np.items()}
-        )
-        merged_docs = self.merge.docs if self.merge else set()
-        self.doc_slices: dict[int, list[Slice]] = {}
-        for s in self.rs.slices():
-            if s.doc not in merged_docs:
-                self.doc_slices.setdefault(s.doc, []).append(s)
-        for sl in self.doc_slices.values():
-            sl.sort(key=lambda s: s.start)
-        self.doc_tokens = {
-            d: torch.cat([toks[s] for s in sl]).to(device) for d, sl in self.doc_slices.items()
-        }
-        self.doc_masks = (
-            None
-            if masks is None
-            else {
-                d: torch.cat([masks[s] for s in sl]).to(device) for d, sl in self.doc_slices.items()
-            }
-        )
+        self.merge: MergeRuntime | None = _merge_runtime(self.plan, self.rank)
+        toks, masks = _slice_tensors(payload)
+        # merged documents are laid out by the merge group (gathered below), not by this rank
+        self.doc_slices = _doc_slices(self.rs, self.merge.docs if self.merge else set())
+        self.doc_tokens = _join_slices(toks, self.doc_slices, device)
+        self.doc_masks = None if masks is None else _join_slices(masks, self.doc_slices, device)
         if self.merge is not None:
-            mine = {s: toks[s] for s in self.merge.layout[self.rank]}
-            self.doc_tokens.update(
-                {
-                    d: t.to(device)
-                    for d, t in self.merge.gather_tokens(
-                        {s: t.to(device) for s, t in mine.items()}
-                    ).items()
-                }
+            self._gather_merged_docs(self.merge, toks, masks)
+
+    def _gather_merged_docs(
+        self,
+        merge: MergeRuntime,
+        toks: dict[Slice, torch.Tensor],
+        masks: dict[Slice, torch.Tensor] | None,
+    ) -> None:
+        """Gather the merge group's documents from its members (tokens, then masks)."""
+        mine = {s: toks[s].to(self.device) for s in merge.layout[self.rank]}
+        self.doc_tokens.update({d: t.to(self.device) for d, t in merge.gather_tokens(mine).items()})
+        if masks is not None and self.doc_masks is not None:
+            got = merge.gather_tokens(
+                {s: masks[s].to(self.device) for s in merge.layout[self.rank]}
             )
-            if masks is not None and self.doc_masks is not None:
-                got = self.merge.gather_tokens(
-                    {s: masks[s].to(device) for s in self.merge.layout[self.rank]}
-                )
-                self.doc_masks.update(got)
+            self.doc_masks.update(got)
 
     def run_pack(self, pack: MicroPack, mode: str) -> tuple[torch.Tensor, PackContext]:
         sl = pack.slices
@@ -207,6 +184,49 @@ class _Step:
         torch.autograd.backward(outs, grads)
 
 
+def _merge_runtime(plan: RankPlan, rank: int) -> MergeRuntime | None:
+    """The DP-Merge runtime of ``rank``'s merge group, or None outside any group."""
+    if not plan.merges:
+        return None
+    ensure_groups(plan)
+    g = plan.merge_of_rank(rank)
+    return None if g is None else MergeRuntime(plan, rank, g)
+
+
+def _slice_tensors(
+    payload: StepPayload,
+) -> tuple[dict[Slice, torch.Tensor], dict[Slice, torch.Tensor] | None]:
+    """The payload's tokens and loss masks (None: no mask) per slice, as int64 CPU tensors."""
+    toks = {
+        s: torch.as_tensor(np.asarray(t, dtype=np.int64)) for s, t in payload.slice_tokens().items()
+    }
+    masks_np = payload.slice_mask()
+    masks = (
+        None
+        if masks_np is None
+        else {s: torch.as_tensor(np.asarray(m, dtype=np.int64)) for s, m in masks_np.items()}
+    )
+    return toks, masks
+
+
+def _doc_slices(rs: RankStep, skip_docs: set[int]) -> dict[int, list[Slice]]:
+    """The rank's slices per document (not in ``skip_docs``), in document order."""
+    doc_slices: dict[int, list[Slice]] = {}
+    for s in rs.slices():
+        if s.doc not in skip_docs:
+            doc_slices.setdefault(s.doc, []).append(s)
+    for sl in doc_slices.values():
+        sl.sort(key=lambda s: s.start)
+    return doc_slices
+
+
+def _join_slices(
+    per_slice: dict[Slice, torch.Tensor], doc_slices: dict[int, list[Slice]], device
+) -> dict[int, torch.Tensor]:
+    """Each document's slices' tensors concatenated in order, on ``device``."""
+    return {d: torch.cat([per_slice[s] for s in sl]).to(device) for d, sl in doc_slices.items()}
+
+
 _NOTHING_RECOMPUTED = {
     "full": "recompute='full' but the pack's forward checkpointed no decoder layer: name the "
     "model's layers with slimdata.hooks.checkpoint_layers(model, layers), or run each "
@@ -221,6 +241,280 @@ _NOTHING_RECOMPUTED = {
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """run_step's arguments, validated, with their defaults resolved."""
+
+    ddp: bool
+    """``model`` is a ``DistributedDataParallel`` wrapper."""
+    fsdp_kind: str | None
+    """``"fsdp2"``, ``"fsdp1"`` or None (:func:`slimdata.hooks.fsdp.fsdp_kind`)."""
+    module: nn.Module
+    """The module the packs run on (DDP's wrapped module, else ``model``)."""
+    device: torch.device
+    """The device of the module's parameters."""
+    forward: ForwardFn
+    """The forward function run on every pack."""
+    policy: str
+    """The activation recompute policy."""
+    reduce_grads: bool
+    """SUM-all-reduce the gradients over ``group`` after the packs."""
+    group: Any
+    """The process group of the gradient reduction (None: the world)."""
+    fsdp_grad_sync: str
+    """``"each"`` or ``"last"``: when FSDP reduce-scatters."""
+    asymmetric: str
+    """``"split"`` or ``"recompute"``: how a non-union backward pack runs outside FSDP."""
+
+    @property
+    def fsdp(self) -> bool:
+        """``model`` is FSDP-wrapped (FSDP2 or FSDP1)."""
+        return self.fsdp_kind is not None
+
+
+def _resolve_options(
+    model: nn.Module,
+    payload: StepPayload,
+    forward: ForwardFn | None,
+    reduce_grads: bool | None,
+    group,
+    fsdp_grad_sync: str,
+    asymmetric: str,
+    recompute: str | None,
+) -> _Options:
+    """Validate run_step's arguments against the model's wrapper; fill in the defaults."""
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    kind = fsdp_rt.fsdp_kind(model)
+    module: nn.Module = model.module if ddp else model  # type: ignore[assignment]
+    _check_arguments(kind, fsdp_grad_sync, asymmetric, reduce_grads)
+    if ddp and group is None:
+        group = model.process_group
+    device = next(module.parameters()).device
+    if forward is None:
+        forward = hf_forward if kind is not None else hf_hidden_forward
+    policy = resolve_policy(recompute, payload.plan)
+    _check_fsdp_recompute(kind, module, policy)
+    return _Options(
+        ddp=ddp,
+        fsdp_kind=kind,
+        module=module,
+        device=device,
+        forward=forward,
+        policy=policy,
+        reduce_grads=ddp if reduce_grads is None else reduce_grads,
+        group=group,
+        fsdp_grad_sync=fsdp_grad_sync,
+        asymmetric=asymmetric,
+    )
+
+
+def _check_arguments(
+    kind: str | None, fsdp_grad_sync: str, asymmetric: str, reduce_grads: bool | None
+) -> None:
+    """Reject option values outside their choices or that the model's wrapper cannot run."""
+    if fsdp_grad_sync not in ("each", "last"):
+        raise ConfigError(f"fsdp_grad_sync={fsdp_grad_sync!r}: use 'each' or 'last'")
+    if kind == "fsdp1" and fsdp_grad_sync == "last":
+        raise ConfigError("fsdp_grad_sync='last' needs FSDP2 (fully_shard); FSDP1 supports 'each'")
+    if asymmetric not in ("split", "recompute"):
+        raise ConfigError(f"asymmetric={asymmetric!r}: use 'split' or 'recompute'")
+    if kind is not None and reduce_grads:
+        raise ConfigError("reduce_grads=True with an FSDP model: FSDP reduces the gradients itself")
+
+
+def _check_fsdp_recompute(kind: str | None, module: nn.Module, policy: str) -> None:
+    """Reject activation recompute (the policy's or the model's own checkpointing) under FSDP."""
+    if kind is not None and (
+        policy != "none" or getattr(module, "is_gradient_checkpointing", False)
+    ):
+        # a recomputation runs module forwards again inside the backward, on parameters FSDP
+        # resharded after the forward and re-gathers only through its own module hooks: the
+        # collectives would no longer be the lockstep schedule's (design §9), untested here
+        raise ConfigError(
+            f"recompute={policy!r} (gradient checkpointing) under FSDP is not supported by "
+            "run_step: plan and run with recompute='none' under FSDP (LoaderConfig(recompute="
+            "'none'), run_step(recompute='none')), or use DDP / a bare module with 'full' or "
+            "'selective'"
+        )
+
+
+_GraphKey = tuple[int, int]
+"""A kept graph: ``(forward pack, backward pack)``, or ``(forward pack, -1)`` for a whole pack."""
+
+
+@dataclass(frozen=True)
+class _Calls:
+    """The model calls of every pack of one rank's schedule."""
+
+    forward: list[list[tuple[_GraphKey, MicroPack, bool]]]
+    """Per forward pack, its calls in run order: (graph key, slices to run, keep the graph?)."""
+    backward: list[list[_GraphKey] | None]
+    """Per backward pack, the graphs to run backward through (latest first), or None:
+    recompute the pack."""
+    kept: set[int]
+    """The forward packs that keep their graph (the others run without one)."""
+    idle_forward: frozenset[int] = frozenset()
+    """Forward packs empty on every rank under FSDP: no call at all (no call to match)."""
+    idle_backward: frozenset[int] = frozenset()
+    """Backward packs empty on every rank under FSDP: no call at all."""
+
+    def backward_calls(self) -> int:
+        """How many backward calls the rank makes (FSDP's ``"last"`` sync counts them)."""
+        return sum(
+            1 if (keys := self.backward[j]) is None else len(keys)
+            for j in range(len(self.backward))
+            if j not in self.idle_backward
+        )
+
+
+def _pack_calls(payload: StepPayload, rs: RankStep, opts: _Options) -> _Calls:
+    """The rank's calls: FSDP's plan-global lockstep rules, else the rank's own kept/union
+    forward packs, with forward packs split by backward pack under ``asymmetric="split"``."""
+    if opts.fsdp:
+        return _lockstep_calls(payload, rs, keep=opts.fsdp_kind == "fsdp2")
+    kept, unions = kept_forward_packs(rs.forward, rs.backward)
+    sc = split_calls(rs.forward, rs.backward) if opts.asymmetric == "split" else None
+    if sc is None:  # recompute, or a merge pack that must stay one call
+        return _whole_pack_calls(rs, kept, unions)
+    return _split_pack_calls(rs, sc)
+
+
+def _lockstep_calls(payload: StepPayload, rs: RankStep, keep: bool) -> _Calls:
+    """Calls from FSDP's lockstep schedule, the same on every rank."""
+    # from the whole plan when the payload has it, else the schedule the view carries
+    fsdp_rt.check_lockstep(payload.plan)
+    sched = fsdp_rt.lockstep_schedule(payload.plan, keep=keep)
+    unions = {j: list(f) for j, f in sched.unions.items()}
+    calls = _whole_pack_calls(rs, set(sched.kept), unions)
+    return replace(calls, idle_forward=sched.idle_forward, idle_backward=sched.idle_backward)
+
+
+def _whole_pack_calls(rs: RankStep, kept: set[int], unions: dict[int, list[int]]) -> _Calls:
+    """One call per forward pack; a union backward pack runs through its forward packs'
+    graphs, latest first, any other is recomputed."""
+    return _Calls(
+        forward=[[((i, -1), p, i in kept)] for i, p in enumerate(rs.forward)],
+        backward=[
+            [(f, -1) for f in reversed(unions[j])] if j in unions else None
+            for j in range(len(rs.backward))
+        ],
+        kept=kept,
+    )
+
+
+def _split_pack_calls(rs: RankStep, sc: SplitCalls) -> _Calls:
+    """One call per (forward pack, backward pack) share, every call keeping its graph."""
+    return _Calls(
+        forward=[
+            [((i, j), MicroPack(sl, merge=rs.forward[i].merge), True) for j, sl in calls]
+            for i, calls in enumerate(sc.forward)
+        ],
+        backward=[[(i, j) for i in fs] for j, fs in enumerate(sc.backward)],
+        kept=set(range(len(rs.forward))),
+    )
+
+
+class _PackRunner:
+    """Runs one rank's packs in the schedule's order, holding the graphs kept in between."""
+
+    def __init__(
+        self,
+        st: _Step,
+        calls: _Calls,
+        model: nn.Module,
+        opts: _Options,
+        callbacks: Sequence[Callback],
+    ) -> None:
+        self.st, self.calls, self.model, self.opts = st, calls, model, opts
+        self.callbacks = callbacks
+        self.graphs: dict[_GraphKey, tuple[torch.Tensor, PackContext | None]] = {}
+        self.events: list[PackEvent] = []
+        self.loss_total = 0.0
+        self.n_calls, self.done_calls = calls.backward_calls(), 0
+
+    def run(self) -> None:
+        """Every pack of ``rs.order``; then check that every kept graph ran backward."""
+        for pass_, i in self.st.rs.order:
+            t0 = time.perf_counter()
+            if pass_ == "F":
+                self.forward_pack(i, t0)
+            else:
+                self.backward_pack(i, t0)
+        if self.graphs or len(self.st.store):
+            raise RuntimeError(
+                f"step {self.st.plan.step} rank {self.st.rank}: packs {sorted(self.graphs)} "
+                "never ran backward"
+            )
+
+    def forward_pack(self, i: int, t0: float) -> None:
+        """Forward pack ``i``'s calls (a dummy call for an FSDP padding pack)."""
+        st, calls = self.st, self.calls
+        pack = st.rs.forward[i]
+        n = 0
+        if pack.slices:
+            for key, sub, keep in calls.forward[i]:
+                self._add(key if keep else None, *st.run_pack(sub, "keep" if keep else "nograd"))
+            n = len(calls.forward[i])
+        elif self.opts.fsdp and i not in calls.idle_forward:  # match the other ranks' call
+            grad = i in calls.kept
+            self._add((i, -1) if grad else None, *st.dummy(grad=grad))
+            n = 1
+        self._emit("F", i, pack, t0, i not in calls.kept, n)
+
+    def backward_pack(self, i: int, t0: float) -> None:
+        """Backward pack ``i``: through its kept graphs, or recomputed; then drop its slices'
+        keys/values from the store."""
+        st = self.st
+        pack = st.rs.backward[i]
+        keys = self.calls.backward[i]
+        n = 0
+        if i in self.calls.idle_backward or (not pack.slices and not self.opts.fsdp):
+            pass  # no work, nothing to match
+        elif keys is not None:
+            for key in keys:
+                self._backward(*self.graphs.pop(key))
+            n = len(keys)
+        else:
+            self._backward(*(st.run_pack(pack, "recompute") if pack.slices else st.dummy(True)))
+            n = 1
+        for s in pack.slices:
+            st.store.drop(s)
+        self._emit("B", i, pack, t0, keys is None, n)
+
+    def _add(self, key: _GraphKey | None, loss: torch.Tensor, ctx: PackContext | None) -> None:
+        """Count a forward call's loss; keep its graph under ``key`` (None: no graph)."""
+        self.loss_total += float(loss.detach())
+        if key is not None:
+            self.graphs[key] = (loss, ctx)
+
+    def _backward(self, loss: torch.Tensor, ctx: PackContext | None) -> None:
+        """One backward call; under ``fsdp_grad_sync="last"`` FSDP syncs on the last only."""
+        if self.opts.fsdp and self.opts.fsdp_grad_sync == "last":
+            fsdp_rt.set_gradient_sync(self.model, self.done_calls == self.n_calls - 1)
+        self.st.backward(loss, ctx)
+        self.done_calls += 1
+
+    def _emit(
+        self, pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool, calls: int
+    ) -> None:
+        """Record the pack's :class:`PackEvent` (after the device is done) and report it."""
+        _sync(self.opts.device)
+        ev = PackEvent(
+            self.st.plan.step,
+            self.st.rank,
+            pass_,
+            i,
+            time.perf_counter() - t0,
+            pack.tokens,
+            pack.cost,
+            recomputed,
+            calls,
+        )
+        self.events.append(ev)
+        for cb in self.callbacks:
+            cb.on_pack_end(ev)
 
 
 def run_step(
@@ -272,162 +566,38 @@ def run_step(
     (:class:`~slimdata.errors.ConfigError` otherwise).
     """
     t_step = time.perf_counter()
-    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-    kind = fsdp_rt.fsdp_kind(model)
-    fsdp = kind is not None
-    module: nn.Module = model.module if ddp else model  # type: ignore[assignment]
-    if fsdp_grad_sync not in ("each", "last"):
-        raise ValueError(f"fsdp_grad_sync={fsdp_grad_sync!r}: use 'each' or 'last'")
-    if kind == "fsdp1" and fsdp_grad_sync == "last":
-        raise ValueError("fsdp_grad_sync='last' needs FSDP2 (fully_shard); FSDP1 supports 'each'")
-    if asymmetric not in ("split", "recompute"):
-        raise ValueError(f"asymmetric={asymmetric!r}: use 'split' or 'recompute'")
-    if fsdp and reduce_grads:
-        raise ValueError("reduce_grads=True with an FSDP model: FSDP reduces the gradients itself")
-    if reduce_grads is None:
-        reduce_grads = ddp
-    if ddp and group is None:
-        group = model.process_group
-    device = next(module.parameters()).device
-    if forward is None:
-        forward = hf_forward if fsdp else hf_hidden_forward
-    policy = resolve_policy(recompute, payload.plan)
-    if fsdp and (policy != "none" or getattr(module, "is_gradient_checkpointing", False)):
-        # a recomputation runs module forwards again inside the backward, on parameters FSDP
-        # resharded after the forward and re-gathers only through its own module hooks: the
-        # collectives would no longer be the lockstep schedule's (design §9), untested here
-        raise ConfigError(
-            f"recompute={policy!r} (gradient checkpointing) under FSDP is not supported by "
-            "run_step: plan and run with recompute='none' under FSDP (LoaderConfig(recompute="
-            "'none'), run_step(recompute='none')), or use DDP / a bare module with 'full' or "
-            "'selective'"
-        )
-    with step_recompute(module, policy) as rc:
-        st = _Step(module, payload, forward, backend, device, loss_chunk_tokens, rc)
-        plan, rs = st.plan, st.rs
+    opts = _resolve_options(
+        model, payload, forward, reduce_grads, group, fsdp_grad_sync, asymmetric, recompute
+    )
+    with step_recompute(opts.module, opts.policy) as rc:
+        st = _Step(opts.module, payload, opts.forward, backend, opts.device, loss_chunk_tokens, rc)
         for cb in callbacks:
-            cb.on_step_start(plan, st.rank)
-        idle_f: frozenset[int] = frozenset()
-        idle_b: frozenset[int] = frozenset()
-        if fsdp:
-            # from the whole plan when the payload has it, else the schedule the view carries
-            fsdp_rt.check_lockstep(payload.plan)
-            sched = fsdp_rt.lockstep_schedule(payload.plan, keep=kind == "fsdp2")
-            kept, unions = set(sched.kept), {j: list(f) for j, f in sched.unions.items()}
-            idle_f, idle_b = sched.idle_forward, sched.idle_backward
+            cb.on_step_start(st.plan, st.rank)
+        calls = _pack_calls(payload, st.rs, opts)
+        if opts.fsdp:
             fsdp_rt.prepare(model)
-        else:
-            kept, unions = kept_forward_packs(rs.forward, rs.backward)
-        # the calls of every pack: forward pack i -> (graph key, slices, keep graph?); backward
-        # pack j -> graph keys to run backward through, or None: recompute pack j
-        # (graph keys: (forward pack, backward pack), or (forward pack, -1) for a whole pack)
-        fcalls: list[list[tuple[tuple[int, int], MicroPack, bool]]] = [
-            [((i, -1), p, i in kept)] for i, p in enumerate(rs.forward)
-        ]
-        bcalls: list[list[tuple[int, int]] | None] = [
-            [(f, -1) for f in reversed(unions[j])] if j in unions else None
-            for j in range(len(rs.backward))
-        ]
-        sc = split_calls(rs.forward, rs.backward) if not fsdp and asymmetric == "split" else None
-        if sc is not None:
-            fcalls = [
-                [((i, j), MicroPack(sl, merge=rs.forward[i].merge), True) for j, sl in calls]
-                for i, calls in enumerate(sc.forward)
-            ]
-            bcalls = [[(i, j) for i in fs] for j, fs in enumerate(sc.backward)]
-            kept = set(range(len(rs.forward)))
-        calls = [
-            1 if (keys := bcalls[j]) is None else len(keys)
-            for j in range(len(rs.backward))
-            if j not in idle_b
-        ]
-        n_calls, done_calls = sum(calls), 0
-        graphs: dict[tuple[int, int], tuple[torch.Tensor, PackContext | None]] = {}
-        events: list[PackEvent] = []
-        loss_total = 0.0
-
-        def emit(
-            pass_: str, i: int, pack: MicroPack, t0: float, recomputed: bool, calls: int
-        ) -> None:
-            _sync(device)
-            ev = PackEvent(
-                plan.step,
-                st.rank,
-                pass_,
-                i,
-                time.perf_counter() - t0,
-                pack.tokens,
-                pack.cost,
-                recomputed,
-                calls,
-            )
-            events.append(ev)
-            for cb in callbacks:
-                cb.on_pack_end(ev)
-
-        def backward(loss: torch.Tensor, ctx: PackContext | None) -> None:
-            nonlocal done_calls
-            if fsdp and fsdp_grad_sync == "last":
-                fsdp_rt.set_gradient_sync(model, done_calls == n_calls - 1)
-            st.backward(loss, ctx)
-            done_calls += 1
-
-        with model.no_sync() if ddp else _null():  # type: ignore[operator]
-            for kind, i in rs.order:
-                t0 = time.perf_counter()
-                if kind == "F":
-                    pack = rs.forward[i]
-                    n = 0
-                    if pack.slices:
-                        for key, sub, keep in fcalls[i]:
-                            loss, ctx = st.run_pack(sub, "keep" if keep else "nograd")
-                            loss_total += float(loss.detach())
-                            if keep:
-                                graphs[key] = (loss, ctx)
-                        n = len(fcalls[i])
-                    elif fsdp and i not in idle_f:  # a padding pack: match the other ranks' call
-                        loss, ctx = st.dummy(grad=i in kept)
-                        loss_total += float(loss.detach())
-                        if i in kept:
-                            graphs[(i, -1)] = (loss, ctx)
-                        n = 1
-                    emit("F", i, pack, t0, i not in kept, n)
-                else:
-                    pack = rs.backward[i]
-                    keys = bcalls[i]
-                    n = 0
-                    if i in idle_b or (not pack.slices and not fsdp):
-                        pass  # no work, nothing to match
-                    elif keys is not None:
-                        for key in keys:
-                            backward(*graphs.pop(key))
-                        n = len(keys)
-                    else:
-                        backward(
-                            *(st.run_pack(pack, "recompute") if pack.slices else st.dummy(True))
-                        )
-                        n = 1
-                    for s in pack.slices:
-                        st.store.drop(s)
-                    emit("B", i, pack, t0, keys is None, n)
-            if graphs or len(st.store):
-                raise RuntimeError(
-                    f"step {plan.step} rank {st.rank}: packs {sorted(graphs)} never ran backward"
-                )
-        if reduce_grads and dist.is_initialized() and dist.get_world_size(group) > 1:
-            reduce_gradients([p for p in module.parameters() if p.requires_grad], group)
-        summary = StepSummary(
-            step=plan.step,
-            rank=st.rank,
-            loss=loss_total,
-            tokens=rs.tokens,
-            seconds=time.perf_counter() - t_step,
-            busy_seconds=sum(e.seconds for e in events),
-            events=tuple(events),
-        )
+        runner = _PackRunner(st, calls, model, opts, callbacks)
+        with model.no_sync() if opts.ddp else _null():  # type: ignore[operator]
+            runner.run()
+        if opts.reduce_grads and dist.is_initialized() and dist.get_world_size(opts.group) > 1:
+            reduce_gradients([p for p in opts.module.parameters() if p.requires_grad], opts.group)
+        summary = _summary(st, runner, t_step)
         for cb in callbacks:
             cb.on_step_end(summary)
         return summary
+
+
+def _summary(st: _Step, runner: _PackRunner, t_step: float) -> StepSummary:
+    """The step's summary: loss, tokens, wall time since ``t_step`` and the pack events."""
+    return StepSummary(
+        step=st.plan.step,
+        rank=st.rank,
+        loss=runner.loss_total,
+        tokens=st.rs.tokens,
+        seconds=time.perf_counter() - t_step,
+        busy_seconds=sum(e.seconds for e in runner.events),
+        events=tuple(runner.events),
+    )
 
 
 class _null:
