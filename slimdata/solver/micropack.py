@@ -9,20 +9,20 @@ cost and backward packs balanced on *backward* cost, under the token cap and the
   cap or (lockstep) the next forward-cost quantile is reached;
 - after forward pack ``i`` closes, backward work may run on every document whose forwards are
   all done (rule 3), slices taken from each document's end backwards (rule 2). In *free* mode
-  (DDP: only the rank's total time matters) the backward packs are the forward packs
+  (:func:`pack_rank`; DDP: only the rank's total time matters) the backward packs are the forward packs
   themselves, newest first, as soon as no document spans the cut behind them: a backward pack
   that is not a union of forward packs makes the executor split forward packs into more calls
   or recompute them (:func:`slimdata.plan.execution`), and free mode has no cross-rank balance
   to buy with it.
   A document that does not fit the memory cap beside what the rank holds starts a new forward
-  pack after such a clean cut, which frees everything before it. In *lockstep* mode backward
-  pack ``i`` stops at the ``(i+1)/m`` quantile of the rank's backward cost, so backward packs
+  pack after such a clean cut, which frees everything before it. In *lockstep* mode
+  (:func:`pack_rank_lockstep`) backward pack ``i`` stops at the ``(i+1)/m`` quantile of the rank's backward cost, so backward packs
   are balanced on backward cost independently of the forward cuts (the pipeline and FSDP
   advance pack by pack, so pack ``i`` must cost alike on every rank);
 - a merge member runs its merge share first, as forward pack 0 and backward pack 0 (the same
   index on every member, so the group meets in lockstep and in free mode alike).
 
-Example (lockstep, m=2, one 4-slice document with forward costs 1,1,1,1 and backward costs
+Example (lockstep, m=2, no lag, one 4-slice document with forward costs 1,1,1,1 and backward costs
 2,2,2,4): F0=[s0,s1], F1=[s2,s3]; nothing is ready after F0, so B0 is empty and B1 holds
 [s3,s2,s1,s0]. With two 2-slice documents, F0 completes the first and B0 runs it.
 """
@@ -54,152 +54,142 @@ def pack_rank(
     *,
     cap: int,
     mem: float,
-    m: int | None = None,
-    balance_backward: bool = True,
 ) -> RankPacks | None:
-    """Pack one rank (see the module docstring); ``m=None`` is free mode.
+    """Free-mode packing of one rank (see the module docstring): forward packs take the slice
+    stream in order, cut by the token and memory caps; after every cut, the forward packs
+    behind the latest clean cut run their backward, newest first, each as one backward pack.
 
-    Returns ``None`` when ``m`` packs cannot hold the rank's slices under the caps (the caller
-    tries a larger ``m``), or, in free mode, when one document alone exceeds the memory cap.
+    Returns ``None`` when one document alone exceeds the memory cap (or a slice the token cap).
+    Lockstep packing is :func:`pack_rank_lockstep`.
     """
-    tok, fwd, bwd, act, docl = view.lists
-    kvp = view.kv_per_token
-    F: list[list[int]] = []
-    B: list[list[int]] = []
-    merge_pack = None
-    if len(merge_slices):
-        F.append(list(merge_slices))
-        B.append(list(merge_slices))
-        merge_pack = (0, 0)
-    base = len(F)
-    lockstep = m is not None
-    if m is not None and base >= m and any(len(u) for u in units):
-        return None
-    rest = (m - base) if m is not None else 1
-    # the lockstep quantiles' totals (free mode cuts by the caps alone)
-    total_f = sum(fwd[i] for u in units for i in u) if lockstep else 0.0
-    total_b = sum(bwd[i] for u in units for i in u) if lockstep else 0.0
+    rank = _FreeRank(view, merge_slices, cap, mem)
+    for u in units:
+        if len(u) and not rank.forward_document(u):
+            return None
+    return rank.finish()
 
-    ready: dict[int, list[int]] = {}  # completed documents (in order): slices not backwarded
-    held = 0.0  # activation + K/V bytes held now
-    doc_kv: dict[int, float] = {}
-    doc_left: dict[int, int] = {}
-    peak = 0.0
-    cum_f = 0.0
-    cum_b = 0.0
-    cur: list[int] = []
-    cur_tok = 0
-    unioned = base  # free mode: forward packs before this one have run their backward
 
-    def take(i: int) -> None:
-        """Backward slice ``i`` (the last of its document not yet backwarded)."""
-        nonlocal held, cum_b
-        d = docl[i]
-        doc_slices = ready[d]
-        assert doc_slices[-1] == i, "backward must run from a document's end (rule 2)"
-        doc_slices.pop()
-        if not doc_slices:
-            del ready[d]
-        cum_b += bwd[i]
-        held -= act[i]
-        doc_left[d] -= 1
-        if doc_left[d] == 0:
-            held -= doc_kv.pop(d)
+class _FreeRank:
+    """The state of :func:`pack_rank` on one rank, and its steps."""
 
-    def union_backward(open_pack: int | None) -> None:
-        """Free mode: every forward pack before the latest clean cut (no document on both sides)
-        at or before ``open_pack`` (the pack holding the open document's head; ``None``: no
-        document is open) runs its backward, newest first, each as one backward pack: a union
-        of forward packs, so the executor recomputes nothing."""
-        nonlocal unioned
+    __slots__ = (
+        "B",
+        "F",
+        "act",
+        "cap",
+        "cur",
+        "cur_tok",
+        "doc_kv",
+        "doc_left",
+        "docl",
+        "held",
+        "kvp",
+        "mem",
+        "merge_pack",
+        "peak",
+        "ready",
+        "tok",
+        "unioned",
+    )
+
+    def __init__(self, view: BatchView, merge_slices: Sequence[int], cap: int, mem: float):
+        self.tok, _fwd, _bwd, self.act, self.docl = view.lists
+        self.kvp = view.kv_per_token
+        self.cap = cap
+        self.mem = mem
+        self.F: list[list[int]] = []
+        self.B: list[list[int]] = []
+        self.merge_pack: tuple[int, int] | None = None
+        if len(merge_slices):  # the merge share runs first: forward and backward pack 0
+            self.F.append(list(merge_slices))
+            self.B.append(list(merge_slices))
+            self.merge_pack = (0, 0)
+        self.ready: dict[int, list[int]] = {}  # completed documents: slices not backwarded
+        self.held = 0.0  # activation + K/V bytes held now
+        self.doc_kv: dict[int, float] = {}
+        self.doc_left: dict[int, int] = {}
+        self.peak = 0.0
+        self.cur: list[int] = []  # the open forward pack (it becomes F[len(F)])
+        self.cur_tok = 0
+        self.unioned = len(self.F)  # forward packs before this one have run their backward
+
+    def forward_document(self, u: Sequence[int] | range) -> bool:
+        """Forward document ``u``'s slices in order into the open pack, closing it first at the
+        token cap, at the memory cap, or before ``u`` when ``u`` does not fit beside what is
+        held (the clean cut frees everything before it). ``False`` when a slice does not fit
+        the caps even in a pack of its own."""
+        tok, act, kvp, cap, mem = self.tok, self.act, self.kvp, self.cap, self.mem
+        first = u[0]
+        d = self.docl[first]
+        self.doc_left[d] = len(u)
+        self.doc_kv[d] = 0.0
+        head_pack = -1  # forward pack of u's first slice
+        clean = self.held + sum(act[i] + kvp * tok[i] for i in u) > mem
+        for i in u:
+            extra = act[i] + kvp * tok[i]
+            if self.cur and (
+                self.cur_tok + tok[i] > cap or self.held + extra > mem or (clean and i == first)
+            ):
+                self.close_forward(None if i == first else head_pack)
+            if self.held + extra > mem or tok[i] > cap:
+                return False
+            if i == first:
+                head_pack = len(self.F)
+            self.cur.append(i)
+            self.cur_tok += tok[i]
+            self.held += extra
+            self.doc_kv[d] += kvp * tok[i]
+            self.peak = max(self.peak, self.held)
+        self.ready[d] = list(u)
+        return True
+
+    def close_forward(self, open_pack: int | None) -> None:
+        """Close the open forward pack and run the backward it makes possible
+        (:meth:`union_backward`)."""
+        self.F.append(self.cur)
+        self.cur, self.cur_tok = [], 0
+        self.union_backward(open_pack)
+
+    def union_backward(self, open_pack: int | None) -> None:
+        """Every forward pack before the latest clean cut (no document on both sides) at or
+        before ``open_pack`` (the pack holding the open document's head; ``None``: no document
+        is open) runs its backward, newest first, each as one backward pack: a union of
+        forward packs, so the executor recomputes nothing."""
+        F = self.F
+        docl = self.docl
         stop = len(F)
         if open_pack is not None:
             stop = open_pack
-            while stop > unioned and docl[F[stop][0]] == docl[F[stop - 1][-1]]:
+            while stop > self.unioned and docl[F[stop][0]] == docl[F[stop - 1][-1]]:
                 stop -= 1
-        for k in range(stop - 1, unioned - 1, -1):
-            B.append(F[k][::-1])
-            for i in B[-1]:
-                take(i)
-        unioned = max(unioned, stop)
+        for k in range(stop - 1, self.unioned - 1, -1):
+            self.B.append(F[k][::-1])
+            for i in self.B[-1]:
+                self.take(i)
+        self.unioned = max(self.unioned, stop)
 
-    def backward_after_close(final: bool, open_pack: int | None = None) -> None:
-        """Backward work after a forward pack closes: unions of forward packs in free mode
-        (:func:`union_backward`), the next backward-cost quantile in lockstep mode."""
-        if not lockstep:
-            union_backward(open_pack)
-            return
-        k = len(F) - base - 1  # index of the closed pack among the stream's packs
-        target = total_b * (k + 1) / rest if balance_backward and not final else float("inf")
-        pack: list[int] = []
-        pack_tok = 0
-        while ready:
-            i = next(iter(ready.values()))[-1]
-            if pack and (cum_b + bwd[i] / 2 > target or pack_tok + tok[i] > cap):
-                break
-            take(i)
-            pack.append(i)
-            pack_tok += tok[i]
-        B.append(pack)
+    def take(self, i: int) -> None:
+        """Backward slice ``i`` (the last of its document not yet backwarded)."""
+        d = self.docl[i]
+        doc_slices = self.ready[d]
+        assert doc_slices[-1] == i, "backward must run from a document's end (rule 2)"
+        doc_slices.pop()
+        if not doc_slices:
+            del self.ready[d]
+        self.held -= self.act[i]
+        self.doc_left[d] -= 1
+        if self.doc_left[d] == 0:
+            self.held -= self.doc_kv.pop(d)
 
-    for u in units:
-        if not len(u):
-            continue
-        d = docl[u[0]]
-        doc_left[d] = len(u)
-        doc_kv[d] = 0.0
-        head_pack = -1  # forward pack of u's first slice (``cur`` becomes F[len(F)])
-        # free mode: a document that does not fit beside what is held starts after a clean cut
-        clean = not lockstep and held + sum(act[i] + kvp * tok[i] for i in u) > mem
-        for i in u:
-            extra = act[i] + kvp * tok[i]
-            if cur and (
-                cur_tok + tok[i] > cap
-                or held + extra > mem
-                or (clean and i == u[0])
-                or (
-                    lockstep
-                    and len(F) - base < rest - 1
-                    and cum_f + fwd[i] / 2 > total_f * (len(F) - base + 1) / rest
-                )
-            ):
-                F.append(cur)
-                cur, cur_tok = [], 0
-                backward_after_close(False, None if i == u[0] else head_pack)
-                if lockstep and len(F) - base >= rest:
-                    return None
-            if held + extra > mem or tok[i] > cap:
-                return None
-            if i == u[0]:
-                head_pack = len(F)
-            cur.append(i)
-            cur_tok += tok[i]
-            cum_f += fwd[i]
-            held += extra
-            doc_kv[d] += kvp * tok[i]
-            peak = max(peak, held)
-        ready[d] = list(u)
-    if cur:
-        F.append(cur)
-        backward_after_close(True)
-    if ready:  # lockstep: whatever the quantiles left behind runs in the last pack
-        if lockstep:
-            B[-1].extend(i for doc_slices in ready.values() for i in reversed(doc_slices))
-        else:  # pragma: no cover - free mode drains everything at each close
+    def finish(self) -> RankPacks | None:
+        """Close the last forward pack; every slice has then run its backward."""
+        if self.cur:
+            self.close_forward(None)
+        if self.ready:  # pragma: no cover - every close drains what it can
             raise AssertionError("free mode left slices without a backward pack")
-    if lockstep:
-        assert m is not None
-        if len(F) > m:
+        if self.peak > self.mem:  # pragma: no cover - guarded in forward_document
             return None
-        if any(sum(tok[i] for i in p) > cap for p in B):
-            return None
-        while len(F) < m:
-            F.append([])
-        while len(B) < m:
-            B.append([])
-    if peak > mem:  # pragma: no cover - guarded above
-        return None
-    return RankPacks(F, B, merge_pack, peak)
+        return RankPacks(self.F, self.B, self.merge_pack, self.peak)
 
 
 def pack_rank_lockstep(
@@ -246,71 +236,204 @@ def pack_rank_lockstep(
     slice is backwarded (:mod:`slimdata.solver.memory`'s rule, the default).
     ``RankPacks.peak`` is the first stage's peak (bytes).
     """
-    tok, fwd, bwd, act, docl = view.lists
-    kvp = view.kv_per_token
-    F: list[list[int]] = []
-    B: list[list[int]] = []
-    merge_pack = None
     units = [u for u in units if len(u)]
-    if len(merge_slices):
-        F.append(list(merge_slices))
-        merge_pack = (0, 0)
-    base = len(F)
-    rest = m - base
-    if rest < 1 and units:
+    if units and m - (1 if len(merge_slices) else 0) < 1:  # no pack left for the documents
         return None
-    total_f = sum(fwd[i] for u in units for i in u)
-    total_b = sum(bwd[i] for u in units for i in u)
-    fstar = total_f / max(rest, 1)
-    ufwd = [sum(fwd[i] for i in u) for u in units]
-    longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
-    shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
-    stream = [units[k] for k in (*longs, *shorts)]
+    rank = _LockstepRank(
+        view, units, merge_slices, cap, mem / layer_share, m, lag, pp, merge_kv, kv_per_slice
+    )
+    if rank.base and not rank.run_merge_forward():
+        return None
+    if not rank.forward_documents(rank.long_documents_first(units)):
+        return None
+    return rank.finish(layer_share)
 
-    ready: deque[list[int]] = deque()  # completed documents: slices not yet backwarded
-    merge_bytes = member_peak(view, sorted(merge_slices)) if base else 0.0
-    held = merge_bytes  # activation + K/V bytes held now (the merge share until its backward)
-    mem = mem / layer_share  # compare full-model bytes
-    # backward packs the plan order has run but the first stage has not yet:
-    # (bytes they free, is the merge pack); at most pp - 1 after each forward pack
-    pending: deque[tuple[float, bool]] = deque()
-    late = 0.0  # bytes of ``pending``: the first stage holds ``held + late``
-    doc_kv: dict[int, float] = {}
-    doc_left: dict[int, int] = {}
-    peak = 0.0
-    cum_f = 0.0
-    cum_b = 0.0
-    cur: list[int] = []
-    cur_tok = 0
-    n_b = 0  # backward packs emitted (merge pack included)
-    fits = True
 
-    def first_stage_runs_backward(keep: int) -> None:
-        """The first stage runs the oldest pending backward packs until ``keep`` are left."""
-        nonlocal late, fits, peak
-        while len(pending) > keep:
-            freed, is_merge = pending[0]
-            if is_merge:  # gathered K/V and their gradients while the merge backward runs
-                peak = max(peak, held + late + 2 * merge_kv)
-                fits = fits and held + late + 2 * merge_kv <= mem
-            pending.popleft()
-            late -= freed
+class _LockstepRank:
+    """The state of :func:`pack_rank_lockstep` on one rank, and its steps. Bytes are
+    full-model bytes (``mem`` is the cap over the first stage's layer share)."""
 
-    def emit_backward(final: bool) -> None:
-        nonlocal held, cum_b, n_b, late
-        if n_b < base:  # the merge pack runs its own backward first
-            B.append(list(merge_slices))
-            held -= merge_bytes
-            pending.append((merge_bytes, True))
-            late += merge_bytes
-            n_b += 1
+    __slots__ = (
+        "B",
+        "F",
+        "act",
+        "base",
+        "bwd",
+        "cap",
+        "cum_b",
+        "cum_f",
+        "cur",
+        "cur_tok",
+        "doc_kv",
+        "doc_left",
+        "docl",
+        "fits",
+        "fwd",
+        "held",
+        "kv_per_slice",
+        "kvp",
+        "lag",
+        "late",
+        "m",
+        "mem",
+        "merge_bytes",
+        "merge_kv",
+        "merge_pack",
+        "merge_slices",
+        "n_b",
+        "peak",
+        "pending",
+        "pp",
+        "ready",
+        "rest",
+        "tok",
+        "total_b",
+        "total_f",
+    )
+
+    def __init__(
+        self,
+        view: BatchView,
+        units: list[Sequence[int] | range],
+        merge_slices: Sequence[int],
+        cap: int,
+        mem: float,
+        m: int,
+        lag: int,
+        pp: int,
+        merge_kv: float,
+        kv_per_slice: bool,
+    ):
+        self.tok, self.fwd, self.bwd, self.act, self.docl = view.lists
+        self.kvp = view.kv_per_token
+        self.cap, self.mem, self.m, self.lag, self.pp = cap, mem, m, lag, pp
+        self.merge_kv, self.kv_per_slice = merge_kv, kv_per_slice
+        self.merge_slices = merge_slices
+        self.F: list[list[int]] = []
+        self.B: list[list[int]] = []
+        self.merge_pack: tuple[int, int] | None = None
+        if len(merge_slices):  # the merge share runs first: forward and backward pack 0
+            self.F.append(list(merge_slices))
+            self.merge_pack = (0, 0)
+        self.base = len(self.F)
+        self.rest = m - self.base  # packs for the documents
+        fwd, bwd = self.fwd, self.bwd
+        self.total_f = sum(fwd[i] for u in units for i in u)
+        self.total_b = sum(bwd[i] for u in units for i in u)
+        self.ready: deque[list[int]] = deque()  # completed documents: slices not backwarded
+        self.merge_bytes = member_peak(view, sorted(merge_slices)) if self.base else 0.0
+        # activation + K/V bytes held now (the merge share until its backward)
+        self.held = self.merge_bytes
+        # backward packs the plan order has run but the first stage has not yet:
+        # (bytes they free, is the merge pack); at most pp - 1 after each forward pack
+        self.pending: deque[tuple[float, bool]] = deque()
+        self.late = 0.0  # bytes of ``pending``: the first stage holds ``held + late``
+        self.doc_kv: dict[int, float] = {}
+        self.doc_left: dict[int, int] = {}
+        self.peak = 0.0
+        self.cum_f = 0.0
+        self.cum_b = 0.0
+        self.cur: list[int] = []  # the open forward pack
+        self.cur_tok = 0
+        self.n_b = 0  # backward packs emitted (merge pack included)
+        self.fits = True  # the merge backward's buffers fit
+
+    def long_documents_first(
+        self, units: list[Sequence[int] | range]
+    ) -> list[Sequence[int] | range]:
+        """Documents costlier than one pack's forward share (costliest first), then the rest in
+        their order: a long document then starts at a pack boundary."""
+        fwd = self.fwd
+        fstar = self.total_f / max(self.rest, 1)
+        ufwd = [sum(fwd[i] for i in u) for u in units]
+        longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
+        shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
+        return [units[k] for k in (*longs, *shorts)]
+
+    def run_merge_forward(self) -> bool:
+        """Forward pack 0 is the merge share, with the group's gathered K/V; with no lag its
+        backward follows at once. ``False`` when that exceeds the cap."""
+        self.peak = self.merge_bytes + self.merge_kv
+        if self.merge_bytes + self.merge_kv > self.mem:
+            return False
+        if self.lag == 0:
+            self.emit_backward(False)
+        self.first_stage_runs_backward(self.pp - 1)
+        return True
+
+    def forward_documents(self, stream: list[Sequence[int] | range]) -> bool:
+        """Forward the documents' slices in order into the open pack, closing it first at the
+        token cap, at the memory cap (first stage) or at the next forward-cost quantile.
+        ``False`` when the caps do not fit ``m`` packs."""
+        tok, fwd, act, kvp, cap, mem = self.tok, self.fwd, self.act, self.kvp, self.cap, self.mem
+        base, rest, total_f, F = self.base, self.rest, self.total_f, self.F
+        docl, doc_left, doc_kv, ready = self.docl, self.doc_left, self.doc_kv, self.ready
+        # the hot loop runs on locals, stored back around close_forward and at the end
+        cur, cur_tok, cum_f = self.cur, self.cur_tok, self.cum_f
+        held, late, peak = self.held, self.late, self.peak
+        for u in stream:
+            d = docl[u[0]]
+            doc_left[d] = len(u)
+            kv = 0.0  # u's K/V bytes (closing a pack frees only completed documents)
+            for i in u:
+                extra = act[i] + kvp * tok[i]
+                if cur and (
+                    cur_tok + tok[i] > cap
+                    or held + late + extra > mem
+                    or (
+                        len(F) - base < rest - 1
+                        and cum_f + fwd[i] / 2 > total_f * (len(F) - base + 1) / rest
+                    )
+                ):
+                    self.cur, self.held, self.late, self.peak = cur, held, late, peak
+                    self.close_forward()
+                    cur, cur_tok, held, late, peak = self.cur, 0, self.held, self.late, self.peak
+                    if len(F) - base >= rest or not self.fits:
+                        return False
+                if held + late + extra > mem or tok[i] > cap:
+                    return False
+                cur.append(i)
+                cur_tok += tok[i]
+                cum_f += fwd[i]
+                held += extra
+                kv += kvp * tok[i]
+                peak = max(peak, held + late)
+            doc_kv[d] = kv
+            ready.append(list(u))
+        self.cur, self.cur_tok, self.cum_f = cur, cur_tok, cum_f
+        self.held, self.late, self.peak = held, late, peak
+        return True
+
+    def close_forward(self) -> None:
+        """Close the open forward pack; backward pack ``j`` runs after forward pack ``j + lag``,
+        and the first stage catches up to ``pp - 1`` backward packs behind."""
+        self.F.append(self.cur)
+        self.cur, self.cur_tok = [], 0
+        if len(self.F) - 1 >= self.lag:
+            self.emit_backward(False)
+        self.first_stage_runs_backward(self.pp - 1)
+
+    def emit_backward(self, final: bool) -> None:
+        """The next backward pack in plan order: the merge share's first, then backward work
+        from the ends of completed documents (oldest first) up to the water-filling target: the
+        work left spread over the backward packs left (the global quantile
+        ``total_b * (j + 1) / rest`` while work keeps up; after packs left empty by a long
+        document's late completion, its backward is spread, not lumped); the last pack takes
+        everything. What the pack frees reaches the first stage later (``pending``)."""
+        if self.n_b < self.base:
+            self.B.append(list(self.merge_slices))
+            self.held -= self.merge_bytes
+            self.pending.append((self.merge_bytes, True))
+            self.late += self.merge_bytes
+            self.n_b += 1
             return
-        held_before = held
-        j = n_b - base
-        # water-filling: the backward work left, spread over the backward packs left (the
-        # global quantile ``total_b * (j + 1) / rest`` while work keeps up; after packs left
-        # empty by a long document's late completion, its backward is spread, not lumped)
-        target = float("inf") if final else cum_b + (total_b - cum_b) / (rest - j)
+        tok, bwd, act, docl, kvp, cap = self.tok, self.bwd, self.act, self.docl, self.kvp, self.cap
+        ready, doc_left, doc_kv = self.ready, self.doc_left, self.doc_kv
+        kv_per_slice = self.kv_per_slice
+        held_before = held = self.held
+        cum_b = self.cum_b
+        j = self.n_b - self.base
+        target = float("inf") if final else cum_b + (self.total_b - cum_b) / (self.rest - j)
         pack: list[int] = []
         pack_tok = 0
         while ready:
@@ -332,58 +455,35 @@ def pack_rank_lockstep(
                 held -= doc_kv.pop(d)
             if not doc_slices:
                 ready.popleft()
-        B.append(pack)
-        pending.append((held_before - held, False))
-        late += held_before - held
-        n_b += 1
+        self.B.append(pack)
+        self.held, self.cum_b = held, cum_b
+        self.pending.append((held_before - held, False))
+        self.late += held_before - held
+        self.n_b += 1
 
-    def close_forward() -> None:
-        nonlocal cur, cur_tok
-        F.append(cur)
-        cur, cur_tok = [], 0
-        if len(F) - 1 >= lag:  # B(j) runs after F(j + lag)
-            emit_backward(False)
-        first_stage_runs_backward(pp - 1)
+    def first_stage_runs_backward(self, keep: int) -> None:
+        """The first stage runs the oldest pending backward packs until ``keep`` are left; the
+        merge backward holds twice the gathered K/V (K/V and their gradients) while it runs."""
+        pending = self.pending
+        while len(pending) > keep:
+            freed, is_merge = pending[0]
+            if is_merge:
+                need = self.held + self.late + 2 * self.merge_kv
+                self.peak = max(self.peak, need)
+                self.fits = self.fits and need <= self.mem
+            pending.popleft()
+            self.late -= freed
 
-    if base:
-        peak = merge_bytes + merge_kv
-        if merge_bytes + merge_kv > mem:
+    def finish(self, layer_share: float) -> RankPacks | None:
+        """Close the forward packs left (empty), emit the backward packs left (the last takes
+        everything) and let the first stage drain; ``None`` when a cap is exceeded."""
+        while len(self.F) < self.m:
+            self.close_forward()
+            self.peak = max(self.peak, self.held + self.late)
+        while self.n_b < self.m:
+            self.emit_backward(self.n_b == self.m - 1)
+        self.first_stage_runs_backward(0)
+        cap, tok = self.cap, self.tok
+        if not self.fits or self.ready or any(sum(tok[i] for i in p) > cap for p in self.B):
             return None
-        if lag == 0:
-            emit_backward(False)
-        first_stage_runs_backward(pp - 1)
-    for u in stream:
-        d = docl[u[0]]
-        doc_left[d] = len(u)
-        doc_kv[d] = 0.0
-        for i in u:
-            extra = act[i] + kvp * tok[i]
-            if cur and (
-                cur_tok + tok[i] > cap
-                or held + late + extra > mem
-                or (
-                    len(F) - base < rest - 1
-                    and cum_f + fwd[i] / 2 > total_f * (len(F) - base + 1) / rest
-                )
-            ):
-                close_forward()
-                if len(F) - base >= rest or not fits:
-                    return None
-            if held + late + extra > mem or tok[i] > cap:
-                return None
-            cur.append(i)
-            cur_tok += tok[i]
-            cum_f += fwd[i]
-            held += extra
-            doc_kv[d] += kvp * tok[i]
-            peak = max(peak, held + late)
-        ready.append(list(u))
-    while len(F) < m:
-        close_forward()
-        peak = max(peak, held + late)
-    while n_b < m:
-        emit_backward(n_b == m - 1)
-    first_stage_runs_backward(0)
-    if not fits or ready or any(sum(tok[i] for i in p) > cap for p in B):
-        return None
-    return RankPacks(F, B, merge_pack, peak * layer_share)
+        return RankPacks(self.F, self.B, self.merge_pack, self.peak * layer_share)

@@ -5,7 +5,7 @@ from slimdata.errors import ConfigError, PlanError
 from slimdata.plan.types import Slice
 from slimdata.solver import ALL_STRATEGIES, STRATEGIES, STREAMS, Layout, plan_peak_memory, solve
 from slimdata.solver.common import BatchView
-from slimdata.solver.micropack import pack_rank
+from slimdata.solver.micropack import pack_rank, pack_rank_lockstep
 from slimdata.solver.strategies.bfd import best_fit_decreasing
 from slimdata.solver.strategies.multipack import ffd
 from slimdata.solver.strategies.wlb import wlb_pack
@@ -131,11 +131,11 @@ def test_slimpack_impossible_layouts_name_the_document():
 def test_pack_rank_lockstep_docstring_example():
     cost = LINEAR
     view = BatchView.build(docs_of([512]), cost)  # 4 slices of 128
-    p = pack_rank(view, [range(4)], cap=512, mem=1e9, m=2)
+    p = pack_rank_lockstep(view, [range(4)], cap=512, mem=1e9, m=2)
     assert p.forward == [[0, 1], [2, 3]]
     assert p.backward == [[], [3, 2, 1, 0]]
     view2 = BatchView.build(docs_of([256, 256]), cost)
-    p2 = pack_rank(view2, [range(2), range(2, 4)], cap=512, mem=1e9, m=2)
+    p2 = pack_rank_lockstep(view2, [range(2), range(2, 4)], cap=512, mem=1e9, m=2)
     assert p2.forward == [[0, 1], [2, 3]] and p2.backward == [[1, 0], [3, 2]]
 
 

@@ -176,53 +176,101 @@ def improve(
     merge slice to/with another member of its group (if no member's share then exceeds the
     group's largest, in either dimension: the merge pack runs in lockstep on the members and
     takes the largest share; and both members' merge memory stays within ``mem`` minus the
-    group's merge ``buffers`` bytes, default 0, and both shares within the pack token ``cap``). Stops when no move lowers the top load by ``min_gain`` (relative), when
-    the top load is at most ``target`` (default :data:`IMPROVE_TARGET`: good enough, saves
-    time) or after ``rounds`` moves. Returns the number of moves; deterministic.
+    group's merge ``buffers`` bytes, default 0, and both shares within the pack token ``cap``).
+    Stops when no move lowers the top load by ``min_gain`` (relative), when the top load is at
+    most ``target`` (default :data:`IMPROVE_TARGET`: good enough, saves time) or after
+    ``rounds`` moves. Returns the number of moves; deterministic.
     """
-    dp = len(assign)
-    fs = max(float(view.doc_fwd.sum()) / dp, 1e-30)
-    bs = max(float(view.doc_bwd.sum()) / dp, 1e-30)
-    cf = view.doc_fwd / fs
-    cb = view.doc_bwd / bs
-    sf = view.fwd / fs
-    sb = view.bwd / bs
-    F = np.array([cf[a].sum() for a in assign])
-    B = np.array([cb[a].sum() for a in assign])
-    owner = np.full(len(view.docs), -1, dtype=np.int64)
-    for r, a in enumerate(assign):
-        owner[a] = r
-    placed = np.flatnonzero(owner >= 0)
-    ranks = np.arange(dp)
-    group_of: dict[int, int] = {}
-    sowner = np.full(len(view.doc), -1, dtype=np.int64)
-    gslices: list[np.ndarray] = []
-    roomy: list[bool] = []  # the group's documents fit one rank whole: no memory check
-    limit: list[float] = []  # bytes a member's merge share may hold
-    SF = np.zeros(dp)  # members' merge shares (normalized forward, backward)
-    SB = np.zeros(dp)
-    for g, grp in enumerate(groups):
-        for r in grp:
-            group_of[r] = g
-            sowner[shares[r]] = r
-            SF[r] = sf[shares[r]].sum()
-            SB[r] = sb[shares[r]].sum()
-            F[r] += SF[r]
-            B[r] += SB[r]
-        gs = np.concatenate([np.asarray(shares[r], dtype=np.int64) for r in grp])
-        gslices.append(gs)
-        limit.append(mem - (buffers[g] if len(buffers) else 0.0))
-        roomy.append(float(view.doc_mem[np.unique(view.doc[gs])].sum()) <= limit[g])
+    search = _LocalSearch(view, assign, shares, groups, mem, buffers, cap)
     moves = 0
     for _ in range(rounds):
-        load = np.maximum(F, B)
+        load = np.maximum(search.F, search.B)
         hi = int(np.argmax(load))
         if load[hi] <= target:
             break
-        best = None  # (pair max, kind, lo, x, y or -1)
-        cands = []
-        if assign[hi]:
-            xs = np.asarray(assign[hi], dtype=np.int64)
+        best = search.best_move(hi, load[hi] - min_gain, top)
+        if best is None:
+            break
+        search.apply(hi, *best)
+        moves += 1
+    return moves
+
+
+_Candidates = tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, float]
+"""Moves of one kind off the most loaded rank: ``(kind, xs, yid, yown, xf, xb, top_f, top_b)``:
+item ``xs[i]`` goes to rank ``yown[k]`` in exchange for item ``yid[k]`` (``-1``: none);
+``xf, xb`` are the items' normalized costs; ``top_f, top_b`` bound a merge share's growth."""
+
+
+class _LocalSearch:
+    """The state of :func:`improve`: normalized per-rank loads ``F, B`` (forward, backward over
+    their balanced shares), who holds each document and merge slice, and the merge groups'
+    limits; its steps find and apply the best move off the most loaded rank."""
+
+    def __init__(
+        self,
+        view: BatchView,
+        assign: list[list[int]],
+        shares: dict[int, list[int]],
+        groups: Sequence[tuple[int, ...]],
+        mem: float,
+        buffers: Sequence[float],
+        cap: float,
+    ):
+        self.view, self.assign, self.shares, self.groups, self.cap = (
+            view,
+            assign,
+            shares,
+            groups,
+            cap,
+        )
+        dp = len(assign)
+        fs = max(float(view.doc_fwd.sum()) / dp, 1e-30)
+        bs = max(float(view.doc_bwd.sum()) / dp, 1e-30)
+        self.cf = view.doc_fwd / fs
+        self.cb = view.doc_bwd / bs
+        self.sf = view.fwd / fs
+        self.sb = view.bwd / bs
+        self.F = np.array([self.cf[a].sum() for a in assign])
+        self.B = np.array([self.cb[a].sum() for a in assign])
+        self.owner = np.full(len(view.docs), -1, dtype=np.int64)
+        for r, a in enumerate(assign):
+            self.owner[a] = r
+        self.placed = np.flatnonzero(self.owner >= 0)
+        self.ranks = np.arange(dp)
+        self._add_merge_groups(mem, buffers)
+
+    def _add_merge_groups(self, mem: float, buffers: Sequence[float]) -> None:
+        """Members' merge shares join their loads; each group's memory limit per member."""
+        view, shares, dp = self.view, self.shares, len(self.assign)
+        self.group_of: dict[int, int] = {}
+        self.sowner = np.full(len(view.doc), -1, dtype=np.int64)
+        self.gslices: list[np.ndarray] = []
+        self.roomy: list[bool] = []  # the group's documents fit one rank whole: no memory check
+        self.limit: list[float] = []  # bytes a member's merge share may hold
+        self.SF = np.zeros(dp)  # members' merge shares (normalized forward, backward)
+        self.SB = np.zeros(dp)
+        for g, grp in enumerate(self.groups):
+            for r in grp:
+                self.group_of[r] = g
+                self.sowner[shares[r]] = r
+                self.SF[r] = self.sf[shares[r]].sum()
+                self.SB[r] = self.sb[shares[r]].sum()
+                self.F[r] += self.SF[r]
+                self.B[r] += self.SB[r]
+            gs = np.concatenate([np.asarray(shares[r], dtype=np.int64) for r in grp])
+            self.gslices.append(gs)
+            self.limit.append(mem - (buffers[g] if len(buffers) else 0.0))
+            self.roomy.append(float(view.doc_mem[np.unique(view.doc[gs])].sum()) <= self.limit[g])
+
+    def candidates(self, hi: int, top: int) -> list[_Candidates]:
+        """``hi``'s ``top`` costliest documents against every other rank's documents and an
+        empty slot on every other rank; ``hi``'s merge slices against its group's other
+        members' slices and empty slots."""
+        cands: list[_Candidates] = []
+        if self.assign[hi]:
+            cf, cb, owner, placed, ranks = self.cf, self.cb, self.owner, self.placed, self.ranks
+            xs = np.asarray(self.assign[hi], dtype=np.int64)
             if len(xs) > top:
                 xs = xs[np.argsort(-(cf[xs] + cb[xs]), kind="stable")[:top]]
             ys = placed[owner[placed] != hi]
@@ -230,60 +278,85 @@ def improve(
             yid = np.concatenate([ys, np.full(len(los), -1)])
             yown = np.concatenate([owner[ys], los])
             cands.append(("doc", xs, yid, yown, cf, cb, 0.0, 0.0))
-        if hi in group_of and shares[hi]:
-            g = group_of[hi]
-            gs = gslices[g]
-            xs = np.asarray(shares[hi], dtype=np.int64)
+        if hi in self.group_of and self.shares[hi]:
+            g = self.group_of[hi]
+            gs = self.gslices[g]
+            sowner = self.sowner
+            xs = np.asarray(self.shares[hi], dtype=np.int64)
             ys = gs[sowner[gs] != hi]
-            los = np.asarray([r for r in groups[g] if r != hi], dtype=np.int64)
+            los = np.asarray([r for r in self.groups[g] if r != hi], dtype=np.int64)
             yid = np.concatenate([ys, np.full(len(los), -1)])
             yown = np.concatenate([sowner[ys], los])
             # the merge pack runs in lockstep on the members: it takes the largest share, so a
             # member's share may only grow up to the group's largest
-            members = np.asarray(groups[g], dtype=np.int64)
-            top_f, top_b = float(SF[members].max()), float(SB[members].max())
-            cands.append(("slice", xs, yid, yown, sf, sb, top_f, top_b))
-        for kind, xs, yid, yown, xf, xb, top_f, top_b in cands:
-            real = yid >= 0
-            yf = np.where(real, xf[yid], 0.0)
-            yb = np.where(real, xb[yid], 0.0)
-            df = xf[xs][:, None] - yf[None, :]
-            db = xb[xs][:, None] - yb[None, :]
-            pm = np.maximum(
-                np.maximum(F[hi] - df, B[hi] - db),
-                np.maximum(F[yown][None, :] + df, B[yown][None, :] + db),
+            members = np.asarray(self.groups[g], dtype=np.int64)
+            top_f, top_b = float(self.SF[members].max()), float(self.SB[members].max())
+            cands.append(("slice", xs, yid, yown, self.sf, self.sb, top_f, top_b))
+        return cands
+
+    def pair_max(self, hi: int, cand: _Candidates) -> np.ndarray:
+        """The larger load of ``hi`` and the other rank after each move of ``cand`` (``inf``
+        where a merge share would outgrow the group's largest)."""
+        kind, xs, yid, yown, xf, xb, top_f, top_b = cand
+        F, B = self.F, self.B
+        real = yid >= 0
+        yf = np.where(real, xf[yid], 0.0)
+        yb = np.where(real, xb[yid], 0.0)
+        df = xf[xs][:, None] - yf[None, :]
+        db = xb[xs][:, None] - yb[None, :]
+        pm = np.maximum(
+            np.maximum(F[hi] - df, B[hi] - db),
+            np.maximum(F[yown][None, :] + df, B[yown][None, :] + db),
+        )
+        if kind == "slice":
+            grow = (self.SF[yown][None, :] + df > top_f + 1e-12) | (
+                self.SB[yown][None, :] + db > top_b + 1e-12
             )
-            if kind == "slice":
-                grow = (SF[yown][None, :] + df > top_f + 1e-12) | (
-                    SB[yown][None, :] + db > top_b + 1e-12
-                )
-                pm = np.where(grow, np.inf, pm)
+            pm = np.where(grow, np.inf, pm)
+        return pm
+
+    def best_move(self, hi: int, bar: float, top: int) -> tuple[str, int, int, int] | None:
+        """The allowed move off ``hi`` whose pair load is lowest and below ``bar``, as
+        ``(kind, lo, x, y)``; the 8 lowest of each kind are checked in order."""
+        best = None  # (pair max, kind, lo, x, y or -1)
+        for cand in self.candidates(hi, top):
+            kind, xs, yid, yown = cand[:4]
+            pm = self.pair_max(hi, cand)
             flat = pm.ravel()
-            if float(flat.min()) >= load[hi] - min_gain:
+            if float(flat.min()) >= bar:
                 continue
             few = np.argpartition(flat, 8)[:8] if len(flat) > 8 else np.arange(len(flat))
             for jj in few[np.argsort(flat[few], kind="stable")].tolist():
                 val = float(pm.flat[jj])
-                if val >= load[hi] - min_gain or (best is not None and val >= best[0]):
+                if val >= bar or (best is not None and val >= best[0]):
                     break
                 i, k = divmod(jj, len(yid))
                 x, y, lo = int(xs[i]), int(yid[k]), int(yown[k])
-                if kind == "slice" and (
-                    (y < 0 and len(xs) == 1)  # a member keeps at least one slice
-                    or not (
-                        roomy[group_of[hi]]
-                        or _slice_move_fits(view, shares, hi, lo, x, y, limit[group_of[hi]])
-                    )
-                    or not _slice_move_within_cap(view, shares, hi, lo, x, y, cap)
-                ):
+                if kind == "slice" and not self.slice_move_allowed(hi, lo, x, y, len(xs)):
                     continue
                 best = (val, kind, lo, x, y)
                 break
-        if best is None:
-            break
-        _, kind, lo, x, y = best
-        src = assign if kind == "doc" else shares
-        xf, xb = (cf, cb) if kind == "doc" else (sf, sb)
+        return None if best is None else best[1:]
+
+    def slice_move_allowed(self, hi: int, lo: int, x: int, y: int, n_hi: int) -> bool:
+        """A member keeps at least one slice, and both members' merge shares stay within the
+        group's memory limit (unless the group is roomy) and the token cap."""
+        g = self.group_of[hi]
+        return not (
+            (y < 0 and n_hi == 1)
+            or not (
+                self.roomy[g]
+                or _slice_move_fits(self.view, self.shares, hi, lo, x, y, self.limit[g])
+            )
+            or not _slice_move_within_cap(self.view, self.shares, hi, lo, x, y, self.cap)
+        )
+
+    def apply(self, hi: int, kind: str, lo: int, x: int, y: int) -> None:
+        """Move item ``x`` from ``hi`` to ``lo`` (and ``y``, if ``>= 0``, back), updating the
+        loads and owners."""
+        F, B = self.F, self.B
+        src = self.assign if kind == "doc" else self.shares
+        xf, xb = (self.cf, self.cb) if kind == "doc" else (self.sf, self.sb)
         src[hi].remove(x)
         src[lo].append(x)
         F[hi] -= xf[x]
@@ -291,7 +364,7 @@ def improve(
         F[lo] += xf[x]
         B[lo] += xb[x]
         if kind == "doc":
-            owner[x] = lo
+            self.owner[x] = lo
         if y >= 0:
             src[lo].remove(y)
             src[hi].append(y)
@@ -300,23 +373,27 @@ def improve(
             F[hi] += xf[y]
             B[hi] += xb[y]
             if kind == "doc":
-                owner[y] = hi
+                self.owner[y] = hi
         if kind == "slice":
-            sowner[x] = lo
-            SF[hi] -= xf[x]
-            SB[hi] -= xb[x]
-            SF[lo] += xf[x]
-            SB[lo] += xb[x]
-            if y >= 0:
-                sowner[y] = hi
-                SF[lo] -= xf[y]
-                SB[lo] -= xb[y]
-                SF[hi] += xf[y]
-                SB[hi] += xb[y]
-            shares[hi].sort()
-            shares[lo].sort()
-        moves += 1
-    return moves
+            self._move_share_loads(hi, lo, x, y)
+
+    def _move_share_loads(self, hi: int, lo: int, x: int, y: int) -> None:
+        """Merge slice ``x`` moved to ``lo`` (and ``y``, if ``>= 0``, to ``hi``): update the
+        members' share loads and slice owners; shares stay sorted."""
+        SF, SB, xf, xb = self.SF, self.SB, self.sf, self.sb
+        self.sowner[x] = lo
+        SF[hi] -= xf[x]
+        SB[hi] -= xb[x]
+        SF[lo] += xf[x]
+        SB[lo] += xb[x]
+        if y >= 0:
+            self.sowner[y] = hi
+            SF[lo] -= xf[y]
+            SB[lo] -= xb[y]
+            SF[hi] += xf[y]
+            SB[hi] += xb[y]
+        self.shares[hi].sort()
+        self.shares[lo].sort()
 
 
 def _slice_move_fits(
