@@ -237,3 +237,25 @@ __all__ = [
     "tiny_forward",
     "tiny_llama",
 ]
+
+
+def held_after_forward_packs(model, plan: StepPlan, lengths, **run) -> list[int]:
+    """Bytes :class:`SavedTensorMeter` counts after each forward pack of ``plan`` (rank 0) run
+    by ``run_step(model, ..., **run)``; asserts the backward released every one of them."""
+    from slimdata.hooks import Callback, make_payload, run_step
+    from slimdata.hooks.memory import SavedTensorMeter
+
+    meter = SavedTensorMeter(model.parameters())
+    seen: list[int] = []
+
+    class AfterForward(Callback):
+        def on_pack_end(self, event) -> None:
+            if event.pass_ == "F":
+                seen.append(meter.live)
+
+    with meter.watch():
+        run_step(
+            model, make_payload(plan, 0, doc_tokens(lengths, 0)), callbacks=[AfterForward()], **run
+        )
+    assert meter.live == 0  # everything released by the backward
+    return seen

@@ -13,7 +13,6 @@ import hooks_workers as W
 import pytest
 import torch
 from slimdata.hooks import (
-    Callback,
     KVStore,
     PackContext,
     checkpoint_layers,
@@ -24,7 +23,6 @@ from slimdata.hooks import (
 )
 from slimdata.hooks import recompute as rc_mod
 from slimdata.hooks.distributed import run_distributed
-from slimdata.hooks.memory import SavedTensorMeter
 from torch import nn
 
 from slimdata.errors import ConfigError
@@ -202,23 +200,9 @@ def _saved_after_forward(layers: int, recompute: str, tokens: int) -> int:
         [([[(0, 0, lengths[0]), (1, 0, lengths[1])]], [[(1, 0, lengths[1]), (0, 0, lengths[0])]])],
     )
     model = H.TinyLM(layers=layers)
-    meter = SavedTensorMeter(model.parameters())
-    seen: list[int] = []
-
-    class AfterForward(Callback):
-        def on_pack_end(self, event) -> None:
-            if event.pass_ == "F":
-                seen.append(meter.live)
-
-    with meter.watch():
-        run_step(
-            model,
-            make_payload(plan, 0, H.doc_tokens(lengths, 0)),
-            forward=H.tiny_forward,
-            callbacks=[AfterForward()],
-            recompute=recompute,
-        )
-    assert meter.live == 0  # everything released by the backward
+    seen = H.held_after_forward_packs(
+        model, plan, lengths, forward=H.tiny_forward, recompute=recompute
+    )
     return seen[0]
 
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 from slimdata.hooks import (
-    Callback,
     hf,
     hf_forward,
     make_payload,
@@ -24,7 +23,6 @@ from slimdata.hooks import (
 )
 from slimdata.hooks import selective as sel_mod
 from slimdata.hooks.distributed import run_distributed
-from slimdata.hooks.memory import SavedTensorMeter
 from test_hooks_recompute import ASYM, LONG, TOL, check, replays  # noqa: F401 (fixture)
 from torch import nn
 
@@ -171,22 +169,7 @@ def held_after_forwards(case, policy: str, dtype: torch.dtype) -> list[int]:
     lengths, fwd, bwd = case
     plan = H.make_plan(lengths, [(fwd, bwd)])
     model = H.tiny_llama(hf.register()).to(dtype)
-    meter = SavedTensorMeter(model.parameters())
-    seen: list[int] = []
-
-    class AfterForward(Callback):
-        def on_pack_end(self, event) -> None:
-            if event.pass_ == "F":
-                seen.append(meter.live)
-
-    with meter.watch():
-        run_step(
-            model,
-            make_payload(plan, 0, H.doc_tokens(lengths, 0)),
-            callbacks=[AfterForward()],
-            recompute=policy,
-        )
-    assert meter.live == 0  # everything released by the backward
+    seen = H.held_after_forward_packs(model, plan, lengths, recompute=policy)
     cost = CostModel.analytic(ModelConfig.from_hf(model), "h100", policy)
     per_token = cost.act_bytes_per_token + cost.kv_bytes_per_token
     assert seen == [t * per_token for t in np.cumsum([sum(e - b for _, b, e in p) for p in fwd])]
