@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from study_fair import CONTEXTS, LAYOUTS, distributions, setting
 
+from slimdata.errors import PlanError
 from slimdata.sim import SimConfig, simulate_step
 from slimdata.solver import PlanConfig, solve
 
@@ -47,14 +48,21 @@ def main(argv: list[str] | None = None) -> int:
     for ds in args.datasets.split(","):
         for ctx in args.contexts.split(","):
             for dp, pp in (x for x in LAYOUTS if x[1] > 1):
-                est, sim, solve_s, mb = measure(dists[ds], CONTEXTS[ctx], dp, pp)
+                try:
+                    est, sim, solve_s, mb = measure(dists[ds], CONTEXTS[ctx], dp, pp)
+                except PlanError as exc:  # slimpack without static CP does not fit this cell
+                    print(f"| {ds} | {ctx} | {dp}x{pp} | failed: {exc} | | | | |", flush=True)
+                    continue
                 errors.append(abs(est - sim) / sim)
                 print(
                     f"| {ds} | {ctx} | {dp}x{pp} | {est:.2f} | {sim:.2f} | "
                     f"{100 * (est - sim) / sim:+.1f}% | {solve_s:.1f} | {mb} |",
                     flush=True,
                 )
-    print(f"\nmean |error| {100 * np.mean(errors):.2f}%, max {100 * np.max(errors):.2f}%")
+    print(
+        f"\nmean |error| {100 * np.mean(errors):.2f}%, max {100 * np.max(errors):.2f}% "
+        f"over {len(errors)} cells"
+    )
     return 0
 
 
