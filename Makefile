@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 UV := $(shell command -v uv 2>/dev/null || echo .uv/bin/uv)
 DEMO_OUT ?= demo-out
 
-.PHONY: setup demo test lint format docs bench gpu-check clean
+.PHONY: setup demo test test-slow lint format docs bench gpu-check clean
 
 setup: $(VENV)/.synced
 
@@ -22,8 +22,11 @@ demo: setup  ## build shards from the bundled corpus (Python stdlib sources), th
 	$(BIN)/slimdata build --output $(DEMO_OUT) --overwrite --workers 2
 	$(BIN)/slimdata stats $(DEMO_OUT) --plots $(DEMO_OUT)/plots
 
-test: setup  ## the whole test suite (examples included)
-	$(BIN)/pytest
+test: setup  ## the test suite without the tests marked slow (CI runs both)
+	$(BIN)/pytest -m "not slow and not gpu"
+
+test-slow: setup  ## the slow tests: the examples, 4-rank runs, the strategy study
+	$(BIN)/pytest -m "slow and not gpu"
 
 lint: setup
 	$(BIN)/ruff check .

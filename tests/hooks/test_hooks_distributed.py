@@ -37,6 +37,7 @@ def test_two_ranks_merge_and_ddp():
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_merge_four_ranks_and_fsdp():
     res = run_distributed(W.four_rank_suite, 4)
     _check([r[0] for r in res])  # plain modules: merge4, two_groups4, solver4

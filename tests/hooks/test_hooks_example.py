@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHM_RACE = "was not registered by local leader"
 
 
+@pytest.mark.slow
 def test_train_tiny_llama_check(tmp_path):
     cmd = [
         sys.executable,

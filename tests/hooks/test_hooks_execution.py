@@ -33,6 +33,7 @@ def test_runtime_runs_the_program_two_ranks():
     assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds
 
 
+@pytest.mark.slow
 def test_runtime_runs_the_program_four_ranks():
     res = run_distributed(
         X.runtime_vs_program, 4, [4, 5], ["merge4", "two_groups4", "fsdp:merge_recompute4"]

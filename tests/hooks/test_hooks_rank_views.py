@@ -12,6 +12,7 @@ from test_hooks_distributed import _check
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow
 def test_four_ranks_run_from_their_views():
     res = run_distributed(V.from_views, 4)
     assert len(res) == 4 and all(len(r[0]) == 3 and len(r[1]) == 2 for r in res)

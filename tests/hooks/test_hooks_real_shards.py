@@ -40,6 +40,7 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_example_trains_on_default_shards_with_exact_gradients(shards):
     proc = _torchrun(
         str(ROOT / "examples" / "train_tiny_llama.py"),
@@ -56,6 +57,7 @@ def test_example_trains_on_default_shards_with_exact_gradients(shards):
     assert max(s["tokens"] for s in steps) == 2048  # packs of the shards' 2048-token slices
 
 
+@pytest.mark.slow
 def test_readme_loop_is_the_example_and_runs_on_default_shards(shards, tmp_path):
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
@@ -74,6 +76,7 @@ def test_readme_loop_is_the_example_and_runs_on_default_shards(shards, tmp_path)
     assert "step     0  loss" in proc.stderr
 
 
+@pytest.mark.slow
 def test_slimpack_and_baseline_loss_curves_match(shards, tmp_path):
     logs = {}
     for strategy in ("slimpack", "bfd"):

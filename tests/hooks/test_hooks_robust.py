@@ -27,5 +27,6 @@ def test_idle_rank_no_loss_token_and_member_only_two_ranks():
     _check(run_distributed(W.robust, 2, names), 2 * len(names))
 
 
+@pytest.mark.slow
 def test_idle_ranks_four_ranks():
     _check(run_distributed(W.robust, 4, ["idle4"]), 2)

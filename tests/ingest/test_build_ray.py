@@ -139,6 +139,7 @@ def test_ray_retries_a_task_whose_worker_was_killed(ray_cluster, tmp_path, corpu
     assert tree_bytes(tmp_path / "out") == tree_bytes(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_killed_driver_then_resume_is_identical(ray_cluster, tmp_path, corpus):
     reference = tmp_path / "reference"

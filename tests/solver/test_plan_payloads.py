@@ -74,6 +74,7 @@ def test_unparsable_payloads_are_plan_errors(text, message):
     assert str(info.value) == message
 
 
+@pytest.mark.slow
 def test_repeated_ranks_list_is_refused_before_any_plan_object_is_built(plan, view, monkeypatch):
     data = plan.to_dict()
     data["ranks"] = data["ranks"] * 50_000

@@ -67,6 +67,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_streaming_dataset_hands_each_rank_its_payloads(tmp_path):
     plans, tokens = _plans()
     out = tmp_path / "plan"
