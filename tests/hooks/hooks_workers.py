@@ -206,6 +206,16 @@ def recompute_suite(rank: int, world: int, policy: str = "full") -> tuple[list, 
     )
 
 
+def recompute_suite4(rank: int, world: int) -> list:
+    """4-rank DP-Merge plans (one group of 4, two groups of 2, a solver plan) under
+    ``recompute="full"`` and ``"selective"``, bare and (merge4) under DDP."""
+    return [
+        equivalence(rank, world, ["merge4", "two_groups4", "solver4"], False, policy)
+        + equivalence(rank, world, ["merge4"], True, policy)
+        for policy in ("full", "selective")
+    ]
+
+
 def selective_suite(rank: int, world: int) -> tuple[list, list, list]:
     """:func:`recompute_suite` under ``recompute="selective"``."""
     return recompute_suite(rank, world, "selective")

@@ -104,6 +104,16 @@ def test_selective_dp_merge_and_ddp_two_gloo_ranks():
         assert selective == none and len(selective) > 0
 
 
+@pytest.mark.slow
+def test_full_and_selective_recompute_four_gloo_ranks():
+    res = run_distributed(W.recompute_suite4, 4)
+    for policy in range(2):  # full, selective
+        for step in zip(*(r[policy] for r in res), strict=True):
+            shares, refs, errs = zip(*step, strict=True)
+            assert sum(shares) == pytest.approx(refs[0], rel=1e-6)
+            assert max(errs) <= TOL, errs
+
+
 # Bytes per token a tiny LlamaForCausalLM (2 layers, hidden 32, 4 heads, 2 kv heads (kv_dim
 # 16), head_dim 8, ffn 48, fp32) holds after the forward of one pack of whole documents,
 # enumerated tensor by tensor (slimdata.cost.activations):
