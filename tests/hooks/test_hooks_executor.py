@@ -16,7 +16,8 @@ from hooks_helpers import (
     reference_grads,
     tiny_forward,
 )
-from slimdata.hooks import kept_forward_packs, make_payload, run_step
+from slimdata.hooks import make_payload, run_step
+from slimdata.hooks.executor import kept_forward_packs
 
 from slimdata.plan import RankExecution, execution
 

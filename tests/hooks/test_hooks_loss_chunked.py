@@ -16,8 +16,9 @@ from hooks_helpers import (
     reference_grads,
     tiny_llama,
 )
-from slimdata.hooks import HiddenStates, hf, hf_forward, hf_hidden_forward, make_payload, run_step
-from slimdata.hooks.loss import IGNORE, packed_loss
+from slimdata.hooks import hf, hf_forward, make_payload, run_step
+from slimdata.hooks.hf import hf_hidden_forward
+from slimdata.hooks.loss import IGNORE, HiddenStates, packed_loss
 
 pytestmark = pytest.mark.timeout(120)
 T, H = 23, 16

@@ -13,8 +13,6 @@ import hooks_workers as W
 import pytest
 import torch
 from slimdata.hooks import (
-    KVStore,
-    PackContext,
     checkpoint_layers,
     hf,
     hf_forward,
@@ -22,7 +20,9 @@ from slimdata.hooks import (
     run_step,
 )
 from slimdata.hooks import recompute as rc_mod
+from slimdata.hooks.continuation import PackContext
 from slimdata.hooks.distributed import run_distributed
+from slimdata.hooks.kvstore import KVStore
 from torch import nn
 
 from slimdata.errors import ConfigError
