@@ -33,35 +33,34 @@ from slimdata.execution.ops import Alloc, Compute, Free, Program
 __all__ = ["compute_levels", "levels", "peak"]
 
 
-def levels(program: Program) -> np.ndarray:
-    """Bytes held while each compute of ``program`` runs (its allocations made, the frees
-    after it not yet)."""
+def _held(program: Program) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes held while each compute runs (its allocations made, the frees after it not
+    yet), and after it with the frees that follow it: one walk over the ops."""
     held = 0.0
-    out: list[float] = []
-    for op in program.ops:
-        if isinstance(op, Alloc):
-            held += op.bytes
-        elif isinstance(op, Free):
-            held -= op.bytes
-        elif isinstance(op, Compute):
-            out.append(held)
-    return np.asarray(out, dtype=np.float64)
-
-
-def compute_levels(program: Program) -> np.ndarray:
-    """Bytes held after each compute of ``program`` and the frees that follow it (what
-    stays between passes)."""
-    held = 0.0
-    out: list[float] = []
+    during: list[float] = []
+    after: list[float] = []
     for op in program.ops:
         if isinstance(op, Alloc):
             held += op.bytes
         elif isinstance(op, Free):  # frees follow the compute they end with
             held -= op.bytes
-            out[-1] = held
+            after[-1] = held
         elif isinstance(op, Compute):
-            out.append(held)
-    return np.maximum(np.asarray(out, dtype=np.float64), 0.0)
+            during.append(held)
+            after.append(held)
+    return np.asarray(during, dtype=np.float64), np.asarray(after, dtype=np.float64)
+
+
+def levels(program: Program) -> np.ndarray:
+    """Bytes held while each compute of ``program`` runs (its allocations made, the frees
+    after it not yet)."""
+    return _held(program)[0]
+
+
+def compute_levels(program: Program) -> np.ndarray:
+    """Bytes held after each compute of ``program`` and the frees that follow it (what
+    stays between passes)."""
+    return np.maximum(_held(program)[1], 0.0)
 
 
 def peak(program: Program) -> float:

@@ -237,6 +237,7 @@ def plan_merges(
     rule = _Rule(
         view, dp, mem, packs, float(time.sum()) / dp, gather, layer_share, cap,
         mem if whole is None else whole,
+        float(view.doc_fwd.sum()) / (dp * packs), float(view.doc_bwd.sum()) / (dp * packs),
     )  # fmt: skip
     k_skew = np.zeros(len(view.docs), dtype=np.int64)
     must_or_long = (view.doc_mem > rule.whole) | (time > share * rule.balanced)
@@ -271,6 +272,9 @@ class _Rule:
     layer_share: float
     cap: float
     whole: float
+    fwd_share: float
+    """A member's balanced forward seconds (per pack in lockstep mode)."""
+    bwd_share: float
 
     def buffer_of(self, members) -> float:  # full-model bytes, as ``mem``
         return group_buffer(self.view, members, self.gather) / self.layer_share
@@ -292,8 +296,8 @@ def _group_size(rule: _Rule, d: int, time: float, k_skew: int):
         min(max(k_time, k_cap), k_max),
         k_max,
         rule.mem,
-        float(view.doc_fwd.sum()) / (rule.dp * packs),
-        float(view.doc_bwd.sum()) / (rule.dp * packs),
+        rule.fwd_share,
+        rule.bwd_share,
         fill=0.9 if packs == 1 else 1.0,
         cap=rule.cap,
         buffer_of=rule.buffer_of,
