@@ -47,8 +47,8 @@ from typing import Any
 from slimdata.cost import CostModel
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan import Document, StepPlan
+from slimdata.plan.pipeline import chunk_fractions
 from slimdata.sim.config import SimConfig
-from slimdata.sim.packs import chunk_fractions
 from slimdata.sim.results import SimResult
 from slimdata.sim.step import simulate_step
 from slimdata.solver.layout import Layout
