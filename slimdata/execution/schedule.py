@@ -37,20 +37,29 @@ def interleaved(order: Sequence[tuple[str, int]], stage: int, pp: int, v: int) -
     f_ops = [("F", c, i) for grp in _groups(nf, pp) for c in chunks for i in grp]
     b_ops = [("B", c, j) for grp in _groups(nb, pp) for c in reversed(chunks) for j in grp]
     pos = {(c, i): k for k, (_p, c, i) in enumerate(f_ops)}
-    warmup = (pp - stage - 1) * 2 + (v - 1) * pp
+    needs = [pos.get((c, ready[j]), -1) if ready[j] >= 0 else -1 for _p, c, j in b_ops]
+    warmup = (pp - stage - 1) * 2 + (v - 1) * pp + _lag_ops(needs, pp, v)
     ops: list[Op] = []
     placed = -1  # last forward op emitted
     k_max = len(f_ops) - 1
     for q, (_p, c, j) in enumerate(b_ops):
         # needs the forwards of its documents on this chunk: pack ready[j] on chunk c
-        need = pos.get((c, ready[j]), -1) if ready[j] >= 0 else -1
-        target = max(min(k_max, warmup + q), need, placed)
+        target = max(min(k_max, warmup + q), needs[q], placed)
         while placed < target:
             placed += 1
             ops.append(f_ops[placed])
         ops.append(("B", c, j))
     ops.extend(f_ops[placed + 1 :])
     return ops
+
+
+def _lag_ops(needs: Sequence[int], pp: int, v: int) -> int:
+    """Forward ops the warm-up of every stage adds when backward packs wait for later forward
+    packs (a lag): how far the latest forward op a backward op needs runs ahead of Megatron's
+    ``(v - 1) * pp``. The same on every stage, so the stages' warm-ups still differ by two ops
+    as Megatron's do, and each backward op finds the forward ops of its round trip through the
+    later stages already queued. 0 without a lag."""
+    return max([0, *(need - q - (v - 1) * pp for q, need in enumerate(needs))])
 
 
 SCHEDULES: dict[str, Callable[[Sequence[tuple[str, int]], int, int, int], list[Op]]] = {

@@ -11,6 +11,8 @@ For a baseline the search covers:
   every document of the run fits, so no document is cut), ``cap`` (``layout.token_cap``, the
   default) and ``2 cap``, ``4 cap`` (fewer, larger ones: ``R / k`` tokens per device) while a
   DP group's share of the batch needs more than one row of ``R / 2``;
+- **micro-batches of slimpack** (``pp > 1``), which chooses its own count estimating 1F1B:
+  also 2x and 4x its choice (:data:`MICROBATCH_SEARCH`);
 - **pipeline schedule** (``pp > 1``): 1F1B or interleaved (``SimConfig.virtual_stages``
   virtual stages).
 
@@ -117,13 +119,15 @@ class SearchLog:
     """Per screened configuration: ``cp``, ``schedule``, first-step ``step_time`` or why not."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Setup:
-    """What a plan is solved for: static CP size and packed row length (0: the layout's
-    ``token_cap``)."""
+    """What a plan is solved for: static CP size, packed row length (0: the layout's
+    ``token_cap``) and, for a strategy that chooses its own micro-batches, how many it is asked
+    for (0: its own choice)."""
 
     cp: int
     row: int = 0
+    microbatches: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,7 @@ class Evaluator:
             ranks_per_node=max(1, self.layout.ranks_per_node // k),
             memory_gib=self.layout.memory_gib * k,
             pack_tokens=at.row or self.layout.pack_tokens,
+            microbatches=at.microbatches or self.layout.microbatches,
         )
 
     def plan(self, name: str, at: Setup, step: int) -> tuple[StepPlan, float]:
@@ -321,13 +326,13 @@ def _screen(ev: Evaluator, name: str, at: Setup, schedule: str) -> float | str:
         return str(exc)
     if ev.cannot_fit(plan, at.cp):
         ev.log.pruned += 1
-        return "largest pack over the memory cap (pruned)"
+        return f"{OVER_MEMORY}more than the memory cap for its largest pack (pruned)"
     try:
         r = ev.sim(name, at, schedule, 0)
     except PlanError as exc:  # e.g. a schedule that cannot run these micro-batches
         return str(exc)
     if r.over_memory:
-        return f"needs {r.peak_memory_gib:.1f} GiB per device"
+        return f"{OVER_MEMORY}{r.peak_memory_gib:.1f} GiB per device"
     return r.step_time
 
 
@@ -343,15 +348,22 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
     if choice.mode == "smallest":
         out = _smallest(ev, name, sizes)
     else:
-        screened: list[tuple[float, int, int, str]] = []
+        screened: list[Screened] = []
+        over: list[tuple[Setup, str]] = []  # over the memory cap: more micro-batches may fit
         why = ""
         for k in sizes:
             for sch in schedules:
                 fails = _try(ev, name, Setup(k), sch, screened)
                 why = why or fails
+                if fails.startswith(OVER_MEMORY):
+                    over.append((Setup(k), sch))
         if rows and choice.mode == "best":
-            for _t, k, _row, sch in sorted(screened)[:ROW_CANDIDATES]:
-                _try_rows(ev, name, k, sch, screened)
+            for _t, at, sch in sorted(screened)[:ROW_CANDIDATES]:
+                _try_rows(ev, name, at.cp, sch, screened)
+        if name in MICROBATCH_SEARCH and choice.mode == "best" and lay.pp > 1:
+            best = [(at, sch) for _t, at, sch in sorted(screened)[:ROW_CANDIDATES]]
+            for at, sch in best + over:
+                _try_microbatches(ev, name, at, sch, screened)
         out = _first_that_fits(ev, name, sorted(screened), why, sizes[-1])
     ev.log.seconds += time.perf_counter() - t0
     return out
@@ -360,35 +372,74 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
 ROW_CANDIDATES = 2
 """Row lengths are searched at the best ``(k, schedule)`` configurations of the first pass."""
 
+MICROBATCH_SEARCH: tuple[str, ...] = ("slimpack",)
+"""Strategies that choose their own micro-batches per pipeline (estimated for 1F1B): with
+``best`` and ``pp > 1`` the search also asks them for 2x and 4x their choice at the best
+configurations of the first pass (an interleaved schedule keeps more micro-batches in flight,
+so it may fit only with more, smaller ones, and more shrink the bubble); also where its own
+choice is over the memory cap."""
 
-def _try(
-    ev: Evaluator, name: str, at: Setup, sch: str, screened: list[tuple[float, int, int, str]]
-) -> str:
+MICROBATCH_FACTORS = (2, 4)
+
+OVER_MEMORY = "needs "
+"""How a screening result over the memory cap starts."""
+
+Screened = tuple[float, Setup, str]
+"""A screened configuration: first-step time, setup, schedule."""
+
+
+def _try(ev: Evaluator, name: str, at: Setup, sch: str, screened: list[Screened]) -> str:
     """Screen one configuration into ``screened``; why it does not fit, or ``""``."""
     t = _screen(ev, name, at, sch)
     ev.log.tried.append(
-        {"strategy": name, "cp": at.cp, "row": at.row, "schedule": sch, "first_step": t}
+        {
+            "strategy": name,
+            "cp": at.cp,
+            "row": at.row,
+            "microbatches": at.microbatches,
+            "schedule": sch,
+            "first_step": t,
+        }
     )
     if isinstance(t, str):
         return t
-    screened.append((t, at.cp, at.row, sch))
+    screened.append((t, at, sch))
     return ""
 
 
-def _try_rows(
-    ev: Evaluator, name: str, k: int, sch: str, screened: list[tuple[float, int, int, str]]
-) -> None:
+def _try_rows(ev: Evaluator, name: str, k: int, sch: str, screened: list[Screened]) -> None:
     """The other row lengths at ``(k, sch)``: shorter first; longer ones in increasing order
     until one does not fit or is slower than the one before (activation memory and the
     per-device pack grow with the row)."""
     cap = ev.layout.token_cap
-    prev = next(t for t, kk, row, ss in screened if (kk, row, ss) == (k, 0, sch))
+    prev = next(t for t, at, ss in screened if (at, ss) == (Setup(k), sch))
     for row in ev.rows(k):
         if row == 0:
             continue
         n = len(screened)
         fails = _try(ev, name, Setup(k, row), sch, screened)
         if row < cap:
+            continue
+        if fails or screened[n][0] > prev:
+            break
+        prev = screened[n][0]
+
+
+def _try_microbatches(
+    ev: Evaluator, name: str, at: Setup, sch: str, screened: list[Screened]
+) -> None:
+    """:data:`MICROBATCH_FACTORS` times the micro-batches ``name`` chose at ``(at, sch)``, in
+    increasing order until one does not fit or is slower than the one before (where its own
+    choice did not fit, until one fits and then as before)."""
+    prev = next((t for t, a, ss in screened if (a, ss) == (at, sch)), float("inf"))
+    chosen = len(ev.plan(name, at, 0)[0].ranks[0].forward)
+    for factor in MICROBATCH_FACTORS:
+        n = len(screened)
+        more = Setup(at.cp, at.row, factor * chosen)
+        if any(a == more and ss == sch for _t, a, ss in screened):
+            continue
+        fails = _try(ev, name, more, sch, screened)
+        if fails.startswith(OVER_MEMORY) and prev == float("inf"):
             continue
         if fails or screened[n][0] > prev:
             break
@@ -412,11 +463,11 @@ def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
 
 
 def _first_that_fits(
-    ev: Evaluator, name: str, ranked: list[tuple[float, int, int, str]], why: str, largest: int
+    ev: Evaluator, name: str, ranked: list[Screened], why: str, largest: int
 ) -> Run | str:
-    for _t, k, row, sch in ranked:
+    for _t, at, sch in ranked:
         try:
-            run = ev.run(name, Setup(k, row), sch)
+            run = ev.run(name, at, sch)
         except PlanError as exc:
             run = str(exc)
         if isinstance(run, Run):

@@ -269,3 +269,25 @@ def test_search_finds_more_micro_batches_than_the_default_row():
     assert (best.row_tokens, best.micro_batches) == (512, 2)
     assert best.step_time < fixed.step_time
     assert best.same_work and best.tokens == fixed.tokens == 1024
+
+
+def test_search_asks_slimpack_for_more_micro_batches_with_a_pipeline():
+    """slimpack chooses its micro-batches itself (for 1F1B); with ``best`` and pp > 1 the
+    search also asks it for 2x and 4x its choice and keeps the fastest. A stand-in solver that
+    splits 16 equal documents into the asked number of packs (2 by its own choice): 8 packs
+    have the smallest pipeline bubble."""
+    from sim_helpers import whole_doc_plan
+
+    from slimdata.sim.search import BaselineConfig, Evaluator, search
+
+    def solve(batch, layout, name, seed, cost, *, step, validate):
+        m = layout.microbatches or 2
+        return whole_doc_plan([[[128] * (16 // m)] * m], mode="lockstep")
+
+    docs = documents_from_lengths([128] * 16)
+    lay = Layout(dp=1, pp=2, context=4096, memory_gib=100, mode="lockstep")
+    ev = Evaluator([docs], lay, linear_cost(layers=4), SimConfig(), 0, solve)
+    run = search(ev, "slimpack", BaselineConfig("best"))
+    assert len(run.plans[0].ranks[0].forward) == 8
+    asked = sorted({t["microbatches"] for t in ev.log.tried})
+    assert asked == [0, 4, 8]

@@ -13,6 +13,7 @@ from slimdata.errors import PlanError
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 from slimdata.sim import SimConfig, chunk_fractions, pack_times, simulate_step, stage_ops
 from slimdata.sim.cp import merge_layer_tokens
+from slimdata.solver.common import interleaved_order
 from slimdata.solver.layout import Layout
 
 NO_LATENCY = SimConfig(interconnect=Interconnect(latency_s=0.0))
@@ -415,3 +416,32 @@ def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
     r = simulate_step(plan, full, Layout(dp=2, context=128), cfg)  # B 9 s of exchange
     assert r.comm.tolist() == [[12.0, 12.0]]
     assert r.step_time == pytest.approx(21.0)
+
+
+def test_interleaved_runs_a_lagged_plan_without_serialising_round_trips():
+    # 16 equal packs on pp=4 stages whose backward pack j waits for forward pack j + 8 (a lag,
+    # as slimpack's lockstep plans have): interleaved still has the smaller bubble, and its
+    # first backward on stage 0 comes after Megatron's warm-up plus the lag's forward ops
+    lagged = whole_doc_plan([[[2]] * 16], mode="lockstep")
+    order = interleaved_order(16, 16, 8)
+    plan = dataclasses.replace(
+        lagged, ranks=(dataclasses.replace(lagged.ranks[0], order=order),)
+    ).validate()
+    lay = Layout(dp=1, pp=4, context=128)
+    cost = linear_cost(layers=8)
+    plain = simulate_step(plan, cost, lay, NO_LATENCY)
+    inter = simulate_step(
+        plan,
+        cost,
+        lay,
+        SimConfig(
+            schedule="interleaved", virtual_stages=2, interconnect=Interconnect(latency_s=0.0)
+        ),
+    )
+    assert inter.work == plain.work
+    assert inter.step_time < plain.step_time
+    ops = stage_ops("interleaved", order, 0, 4, 2)
+    first_backward = next(i for i, (k, _c, _j) in enumerate(ops) if k == "B")
+    # Megatron runs warm-up + 1 forward ops before the first backward: (4 - 0 - 1) * 2 +
+    # (2 - 1) * 4 + 1 = 11 on stage 0; the lag of 8 packs adds their ops on 2 chunks, 16
+    assert first_backward == 11 + 16
