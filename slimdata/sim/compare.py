@@ -165,6 +165,9 @@ def _failed(error: str) -> StrategyStats:
 
 @dataclass(frozen=True)
 class Comparison:
+    """What :func:`compare_strategies` found: the settings, one :class:`StrategyStats` per
+    strategy, and the first simulated step of each (for :func:`~slimdata.sim.gantt.draw_gantt`)."""
+
     config: dict[str, Any]
     results: dict[str, StrategyStats]
     first: dict[str, tuple[StepPlan, SimResult]] = field(default_factory=dict, repr=False)
