@@ -47,9 +47,7 @@ PUBLIC = {
         "Slice",
         "StepPlan",
         "check_lockstep",
-        "eager_order",
         "execution",
-        "kept_forward_packs",
         "lockstep_schedule",
         "loss_token_count",
         "rank_views",
@@ -66,8 +64,6 @@ PUBLIC = {
         "apply_oversize",
         "make_batches",
         "plan_peak_memory",
-        "rank_memory_trace",
-        "rank_peak_memory",
         "solve",
     ],
     "slimdata.execution": [
