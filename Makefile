@@ -39,7 +39,8 @@ format: setup
 
 # The API reference: one HTML page per public module from its docstrings and __all__ (pdoc).
 # A docstring or annotation pdoc cannot resolve is an error (-W error), so CI keeps it whole.
-API_MODULES := slimdata slimdata.cost slimdata.plan slimdata.solver slimdata.execution slimdata.sim slimdata.ingest \
+API_MODULES := slimdata slimdata.cost slimdata.plan slimdata.solver slimdata.execution slimdata.sim slimdata.sim.gantt \
+	slimdata.sim.fidelity slimdata.ingest \
 	slimdata.docsource slimdata.stats slimdata.plots slimdata.slicing slimdata.hooks
 
 docs: setup  ## API reference into site/api (open site/api/index.html)

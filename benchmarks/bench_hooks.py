@@ -9,7 +9,7 @@
 2. Cost-model error: ``slimdata profile`` coefficients (fitted here on the same model, with
    per-slice and per-pack constants and the graph-free forward's share) against measured
    per-pack times of solver plans with sliced documents. The prediction is the simulator's
-   (``slimdata.sim.pack_times``: packs as the executor runs them, a recomputed backward pack
+   (``slimdata.execution.pack_times``: packs as the executor runs them, a recomputed backward pack
    is its forward plus its backward). Target MAPE <= 5%. Also printed: the in-sample floor
    (the same terms fitted to the plans' own pack times), which separates what a better
    profile could gain from the scatter of the pack times themselves.
@@ -45,8 +45,8 @@ from slimdata.hooks.profile import (
 
 from slimdata.cost import CostModel, ModelConfig, causal_pairs
 from slimdata.docsource import documents_from_lengths
+from slimdata.execution import pack_times
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
-from slimdata.sim import pack_times
 from slimdata.solver import Layout, solve
 
 MODEL = ModelConfig(

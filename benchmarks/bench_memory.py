@@ -32,7 +32,8 @@ from slimdata.hooks.profile import measure_activation_bytes
 
 from slimdata.cost import CostModel, ModelConfig
 from slimdata.docsource import documents_from_lengths
-from slimdata.solver import Layout, rank_memory_trace, solve
+from slimdata.solver import Layout, solve
+from slimdata.solver.memory import rank_memory_trace
 
 SHAPES = {
     "2x64": dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=172),

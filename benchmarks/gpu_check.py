@@ -44,7 +44,8 @@ from slimdata.hooks.verify import equivalence_report
 
 from slimdata.cost import MODEL_PRESETS, CostModel, ModelConfig, causal_pairs
 from slimdata.docsource import documents_from_lengths, load_shard_documents
-from slimdata.sim import SimConfig, pack_times, simulate_step
+from slimdata.execution import pack_times
+from slimdata.sim import SimConfig, simulate_step
 from slimdata.solver import Layout, solve
 from slimdata.solver.batches import apply_oversize, make_batches
 from slimdata.solver.memory import rank_memory_trace

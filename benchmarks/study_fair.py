@@ -29,8 +29,7 @@ import numpy as np
 from slimdata.cost import CostModel, load_device
 from slimdata.cost.states import activation_budget_gib, auto_recompute
 from slimdata.docsource import documents_from_lengths
-from slimdata.sim import SimConfig
-from slimdata.sim.compare import compare_strategies
+from slimdata.sim import SimConfig, compare_strategies
 from slimdata.solver import ALL_STRATEGIES, Layout
 
 CONTEXTS = {"128K": 131072, "256K": 262144, "512K": 524288}

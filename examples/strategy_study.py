@@ -34,8 +34,7 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths
-from slimdata.sim import SimConfig
-from slimdata.sim.compare import compare_strategies
+from slimdata.sim import SimConfig, compare_strategies
 from slimdata.solver import ALL_STRATEGIES, Layout
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lengths"

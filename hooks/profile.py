@@ -347,10 +347,10 @@ def calibrate(
 ) -> tuple[CostModel, float, float]:
     """``cm`` with its forward and backward time coefficients scaled by the median ratio of
     measured to predicted time over the packs of ``plans`` (``runs``: each plan's
-    :func:`plan_job` results; predictions: :func:`slimdata.sim.pack_times` as the executor
+    :func:`plan_job` results; predictions: :func:`slimdata.execution.pack_times` as the executor
     runs the packs). Returns ``(model, forward scale, backward scale)``; ``(cm, 1, 1)`` when
     there is nothing to compare."""
-    from slimdata.sim import pack_times
+    from slimdata.execution import pack_times
 
     agg = np.min if stat == "min" else np.median
     ratios: dict[str, list[float]] = {"F": [], "B": []}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 from click.core import ParameterSource
 
@@ -21,6 +23,9 @@ from slimdata.ingest.config import ENGINES, BuildConfig
 from slimdata.readers import FORMATS
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 from slimdata.tokenize import DEFAULT_TOKENIZER
+
+if TYPE_CHECKING:
+    from slimdata.ingest import BuildSummary
 
 __all__ = ["command"]
 
@@ -223,11 +228,36 @@ def command(
     """
     from slimdata.ingest import build
 
+    layout = _plan_layout(options, plan_dir)
+    config = _config(ctx, pipeline, inputs, options, layout["context"])
+    summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
+    text = not quiet and json_path != "-"  # `--json` alone: standard output holds only JSON
+    if json_path is not None:
+        write_json(summary.sidecar, json_path)
+    if text:
+        _echo_summary(summary, output)
+    if plan_dir is not None:
+        _write_plan(plan_dir, output, config, layout, echo=text)
+
+
+def _plan_layout(options: dict[str, Any], plan_dir: str | None) -> dict[str, Any]:
+    """Take the options of ``--plan`` out of ``options``; ``--plan`` needs the training layout."""
     layout = {name: options.pop(name) for name in _PLAN_OPTIONS}
     if plan_dir is not None:
         missing = [f"--{n.replace('_', '-')}" for n in PLAN_LAYOUT_OPTIONS if layout[n] is None]
         if missing:
             raise ConfigError(f"--plan needs the training layout: give {', '.join(missing)}")
+    return layout
+
+
+def _config(
+    ctx: click.Context,
+    pipeline: str | None,
+    inputs: tuple[str, ...],
+    options: dict[str, Any],
+    context: int,
+) -> BuildConfig:
+    """The ``--pipeline`` recipe (or the defaults) with the options given on the command line."""
     base = _pipeline(pipeline)
     options["hashes"] = tuple(h.strip() for h in options["hashes"].split(",") if h.strip())
     changes = {
@@ -238,47 +268,51 @@ def command(
         and value is not None
     }
     # the policy `plan` and `simulate` assume by default: full from a 32K context on
-    changes["recompute"] = auto_recompute(options["recompute"], layout["context"])
+    changes["recompute"] = auto_recompute(options["recompute"], context)
     if inputs:
         changes["inputs"] = inputs
-    config = base.replace(**changes)
-    summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
-    text = not quiet and json_path != "-"  # `--json` alone: standard output holds only JSON
-    if json_path is not None:
-        write_json(summary.sidecar, json_path)
-    if text:
-        c = summary.counts
-        click.echo(
-            f"wrote {c['documents']:,} documents, {c['tokens']:,} tokens, {c['slices']:,} slices to {output} "
-            f"({summary.tasks_run} tasks run, {summary.tasks_resumed} resumed, {summary.seconds:.1f}s, "
-            f"{c['tokens'] / max(summary.seconds, 1e-9):,.0f} tokens/s)"
-        )
-        if c["quarantined"]:
-            click.echo(
-                f"quarantined {c['quarantined']:,} records: see {output}/quarantine.jsonl", err=True
-            )
-        if c["dropped_tokens"]:
-            click.echo(
-                f"--truncate dropped {c['dropped_tokens']:,} tokens from {c['truncated_documents']:,} documents",
-                err=True,
-            )
-    if plan_dir is not None:
-        from slimdata.planning import build_cost_model, plan_to_shards
+    return base.replace(**changes)
 
-        budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
-        layout["memory_gib"], how = resolve_memory(
-            budget["memory_gib"],
-            config.device,
-            build_cost_model(output),
-            budget["parallelism"],
-            budget["optimizer"],
-            layout["nodes"] * layout["ranks_per_node"],
-            1,
+
+def _echo_summary(summary: BuildSummary, output: str) -> None:
+    """What was written, and on standard error what was quarantined or truncated."""
+    c = summary.counts
+    click.echo(
+        f"wrote {c['documents']:,} documents, {c['tokens']:,} tokens, {c['slices']:,} slices to {output} "
+        f"({summary.tasks_run} tasks run, {summary.tasks_resumed} resumed, {summary.seconds:.1f}s, "
+        f"{c['tokens'] / max(summary.seconds, 1e-9):,.0f} tokens/s)"
+    )
+    if c["quarantined"]:
+        click.echo(
+            f"quarantined {c['quarantined']:,} records: see {output}/quarantine.jsonl", err=True
         )
-        plan = plan_to_shards(plan_dir, shards=output, slice_tokens=config.slice_tokens, **layout)
-        if text:
-            click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
-            click.echo(
-                f"wrote plan shards for {plan['steps']} steps to {plan_dir} "
-                f"(strategy {layout['strategy']}, mean imbalance {plan['mean_imbalance']:.4f})"
-            )
+    if c["dropped_tokens"]:
+        click.echo(
+            f"--truncate dropped {c['dropped_tokens']:,} tokens from {c['truncated_documents']:,} documents",
+            err=True,
+        )
+
+
+def _write_plan(
+    plan_dir: str, output: str, config: BuildConfig, layout: dict[str, Any], *, echo: bool
+) -> None:
+    """Solve the epoch's plan over the new shards for ``layout`` and write its plan shards."""
+    from slimdata.planning import build_cost_model, plan_to_shards
+
+    budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
+    layout["memory_gib"], how = resolve_memory(
+        budget["memory_gib"],
+        config.device,
+        build_cost_model(output),
+        budget["parallelism"],
+        budget["optimizer"],
+        layout["nodes"] * layout["ranks_per_node"],
+        1,
+    )
+    plan = plan_to_shards(plan_dir, shards=output, slice_tokens=config.slice_tokens, **layout)
+    if echo:
+        click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
+        click.echo(
+            f"wrote plan shards for {plan['steps']} steps to {plan_dir} "
+            f"(strategy {layout['strategy']}, mean imbalance {plan['mean_imbalance']:.4f})"
+        )

@@ -147,6 +147,11 @@ def memory_budget_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Optimizer whose fp32 states the default --memory-gib leaves room for.",
         ),
     ]
+    return _with_options(fn, opts)
+
+
+def _with_options(fn: Callable[..., Any], opts: list[Callable[..., Any]]) -> Callable[..., Any]:
+    """``fn`` with the click options ``opts``, shown in ``--help`` in the order listed."""
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
@@ -176,78 +181,91 @@ def resolve_memory(
 
 
 def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Add the training-layout options of ``slimdata plan`` (shared with ``build --plan``)."""
-    from slimdata.solver.batches import OVERSIZE_POLICIES
-    from slimdata.solver.registry import STRATEGIES
+    """Add the training-layout options of ``slimdata plan`` (shared with ``build --plan``): the
+    layout itself (:data:`PLAN_LAYOUT_OPTIONS`, ``required`` or not), how to plan it, and the
+    memory budget (:func:`memory_budget_options`)."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        opts = [
-            click.option(
-                "--nodes",
-                type=POSITIVE_INT,
-                required=required,
-                help="Nodes (num_canonical_nodes of the reader).",
-            ),
-            click.option(
-                "--ranks-per-node",
-                type=POSITIVE_INT,
-                required=required,
-                help="Data-parallel ranks per node.",
-            ),
-            click.option(
-                "--global-batch-tokens",
-                type=POSITIVE_INT,
-                required=required,
-                help="Tokens per optimizer step.",
-            ),
-            click.option(
-                "--strategy",
-                type=click.Choice(list(STRATEGIES)),
-                default="slimpack",
-                show_default=True,
-                help="Packing strategy.",
-            ),
-            click.option(
-                "--context",
-                type=POSITIVE_INT,
-                default=131072,
-                show_default=True,
-                help="Context length (row length of concat; default pack token cap).",
-            ),
-            click.option(
-                "--seed",
-                type=SEED,
-                default=0,
-                show_default=True,
-                help="Seed of the plan-time document shuffle.",
-            ),
-            click.option(
-                "--mode",
-                type=click.Choice(["free", "lockstep"]),
-                default="free",
-                show_default=True,
-                help="free (DDP) or lockstep (FSDP/pipeline).",
-            ),
-            click.option(
-                "--oversize",
-                type=click.Choice(OVERSIZE_POLICIES),
-                default="split",
-                show_default=True,
-                help="Documents longer than --context: split into independent pieces, truncate, or fail.",
-            ),
-            click.option(
-                "--workers-per-rank",
-                type=POSITIVE_INT,
-                default=1,
-                show_default=True,
-                help="DataLoader workers per rank that will read the plan shards.",
-            ),
-        ]
-        for opt in reversed(opts):
-            fn = opt(fn)
+        fn = _with_options(fn, [*_layout_options(required), *_planning_options()])
         return memory_budget_options(fn)
 
     return decorate
+
+
+def _layout_options(required: bool) -> list[Callable[..., Any]]:
+    """``--nodes``, ``--ranks-per-node``, ``--global-batch-tokens`` (:data:`PLAN_LAYOUT_OPTIONS`)."""
+    return [
+        click.option(
+            "--nodes",
+            type=POSITIVE_INT,
+            required=required,
+            help="Nodes (num_canonical_nodes of the reader).",
+        ),
+        click.option(
+            "--ranks-per-node",
+            type=POSITIVE_INT,
+            required=required,
+            help="Data-parallel ranks per node.",
+        ),
+        click.option(
+            "--global-batch-tokens",
+            type=POSITIVE_INT,
+            required=required,
+            help="Tokens per optimizer step.",
+        ),
+    ]
+
+
+def _planning_options() -> list[Callable[..., Any]]:
+    """``--strategy``, ``--context``, ``--seed``, ``--mode``, ``--oversize`` and
+    ``--workers-per-rank``: how the plan is solved and read."""
+    from slimdata.solver.batches import OVERSIZE_POLICIES
+    from slimdata.solver.registry import STRATEGIES
+
+    return [
+        click.option(
+            "--strategy",
+            type=click.Choice(list(STRATEGIES)),
+            default="slimpack",
+            show_default=True,
+            help="Packing strategy.",
+        ),
+        click.option(
+            "--context",
+            type=POSITIVE_INT,
+            default=131072,
+            show_default=True,
+            help="Context length (row length of concat; default pack token cap).",
+        ),
+        click.option(
+            "--seed",
+            type=SEED,
+            default=0,
+            show_default=True,
+            help="Seed of the plan-time document shuffle.",
+        ),
+        click.option(
+            "--mode",
+            type=click.Choice(["free", "lockstep"]),
+            default="free",
+            show_default=True,
+            help="free (DDP) or lockstep (FSDP/pipeline).",
+        ),
+        click.option(
+            "--oversize",
+            type=click.Choice(OVERSIZE_POLICIES),
+            default="split",
+            show_default=True,
+            help="Documents longer than --context: split into independent pieces, truncate, or fail.",
+        ),
+        click.option(
+            "--workers-per-rank",
+            type=POSITIVE_INT,
+            default=1,
+            show_default=True,
+            help="DataLoader workers per rank that will read the plan shards.",
+        ),
+    ]
 
 
 def json_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

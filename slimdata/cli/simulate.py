@@ -6,6 +6,8 @@ best configuration within ``--memory-gib``, same work stated, a plan-independent
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from slimdata.cli.options import (
@@ -20,6 +22,12 @@ from slimdata.cli.options import (
     resolve_memory,
     write_json,
 )
+from slimdata.errors import ConfigError
+
+if TYPE_CHECKING:
+    from slimdata.plan import Document
+    from slimdata.sim import Comparison
+    from slimdata.solver import Layout
 
 __all__ = ["command"]
 
@@ -121,31 +129,32 @@ __all__ = ["command"]
     default=None,
     help="Write a Gantt chart (PNG) of the first step of every strategy.",
 )
+# one parameter per option; the body below is the command's steps
 def command(
-    shards,
-    lengths,
-    model,
-    device,
-    recompute,
-    cost_profile,
-    context,
-    dp,
-    pp,
-    ranks_per_node,
-    global_batch_tokens,
-    memory_gib,
-    parallelism,
-    optimizer,
-    asymmetric,
-    schedule,
-    cp_overlap,
-    baseline_config,
-    strategies,
-    steps,
-    seed,
-    oversize,
-    json_path,
-    gantt,
+    shards: str | None,
+    lengths: str | None,
+    model: str,
+    device: str,
+    recompute: str,
+    cost_profile: str | None,
+    context: int,
+    dp: int,
+    pp: int,
+    ranks_per_node: int,
+    global_batch_tokens: int | None,
+    memory_gib: float | None,
+    parallelism: str,
+    optimizer: str,
+    asymmetric: str,
+    schedule: str,
+    cp_overlap: float,
+    baseline_config: str,
+    strategies: str,
+    steps: int,
+    seed: int,
+    oversize: str,
+    json_path: str | None,
+    gantt: str | None,
 ) -> None:
     """Solve and simulate the same batches with every strategy; print a comparison table.
 
@@ -160,30 +169,16 @@ def command(
     Example (SHARDS from `slimdata build`, or a --lengths file):
         slimdata simulate --lengths lengths.json.gz --dp 16 --pp 4 --json result.json
     """
-    from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
-    from slimdata.errors import ConfigError
-    from slimdata.sim import SimConfig
-    from slimdata.sim.compare import compare_strategies, format_table, parse_strategies
-    from slimdata.solver import ALL_STRATEGIES, Layout
+    from slimdata.sim import SimConfig, compare_strategies
+    from slimdata.sim.compare import parse_strategies
+    from slimdata.solver import ALL_STRATEGIES
 
-    if (shards is None) == (lengths is None):
-        raise ConfigError("give exactly one of SHARDS (a build directory) or --lengths FILE")
-    docs = load_shard_documents(shards) if shards else documents_from_lengths(load_lengths(lengths))
+    docs = _documents(shards, lengths)
     cost = cost_model_from_options(model, device, recompute, cost_profile, context)
     memory_gib, memory_how = resolve_memory(
         memory_gib, device, cost, parallelism, optimizer, dp, pp
     )
-    if global_batch_tokens is None:
-        global_batch_tokens = dp * context * (2 * pp if pp > 1 else 1)
-    mode = "lockstep" if (pp > 1 or parallelism == "fsdp") else "free"
-    layout = Layout(
-        dp=dp,
-        pp=pp,
-        ranks_per_node=ranks_per_node,
-        memory_gib=memory_gib,
-        context=context,
-        mode=mode,
-    )
+    layout = _layout(dp, pp, ranks_per_node, memory_gib, context, parallelism)
     cmp = compare_strategies(
         docs,
         layout,
@@ -191,7 +186,7 @@ def command(
         strategies=parse_strategies(strategies, list(ALL_STRATEGIES)),
         steps=steps,
         seed=seed,
-        global_batch_tokens=global_batch_tokens,
+        global_batch_tokens=_global_batch_tokens(global_batch_tokens, dp, pp, context),
         config=SimConfig(
             parallelism=parallelism,
             asymmetric=asymmetric,
@@ -209,14 +204,60 @@ def command(
         optimizer=optimizer,
         memory_budget=memory_how,
     )
+    _report(cmp, json_path, gantt)
+
+
+def _documents(shards: str | None, lengths: str | None) -> list[Document]:
+    """The documents of SHARDS or of the --lengths file (exactly one of them)."""
+    from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
+
+    if shards is not None and lengths is None:
+        return load_shard_documents(shards)
+    if lengths is not None and shards is None:
+        return documents_from_lengths(load_lengths(lengths))
+    raise ConfigError("give exactly one of SHARDS (a build directory) or --lengths FILE")
+
+
+def _global_batch_tokens(given: int | None, dp: int, pp: int, context: int) -> int:
+    """--global-batch-tokens, by default ``dp * context``; with pipeline stages every
+    pipeline gets ``2 * pp`` context-long micro-batches (enough to fill 1F1B)."""
+    if given is not None:
+        return given
+    return dp * context * (2 * pp if pp > 1 else 1)
+
+
+def _layout(
+    dp: int, pp: int, ranks_per_node: int, memory_gib: float, context: int, parallelism: str
+) -> Layout:
+    """The training layout; packs run in lockstep under pipeline stages or FSDP."""
+    from slimdata.solver import Layout
+
+    mode = "lockstep" if (pp > 1 or parallelism == "fsdp") else "free"
+    return Layout(
+        dp=dp,
+        pp=pp,
+        ranks_per_node=ranks_per_node,
+        memory_gib=memory_gib,
+        context=context,
+        mode=mode,
+    )
+
+
+def _report(cmp: Comparison, json_path: str | None, gantt: str | None) -> None:
+    """The table and the memory budget (only the JSON with `--json` alone), then the --json
+    file and the --gantt chart."""
+    from slimdata.sim import format_table
+
     if json_path == "-":
         write_json(cmp.to_dict(), json_path)
         return
+    c = cmp.config
     click.echo(
-        f"{len(docs)} documents, {cost.label or cost.source}, dp={dp} pp={pp} context={context}, {cmp.config['global_batch_tokens']} tokens/step, {steps} step(s)"
+        f"{c['documents']} documents, {c['cost_model']}, dp={c['dp']} pp={c['pp']} context={c['context']}, "
+        f"{c['global_batch_tokens']} tokens/step, {c['steps']} step(s)"
     )
     click.echo(format_table(cmp))
-    click.echo(f"memory budget {memory_gib:.1f} GiB per device: {memory_how}")
+    click.echo(f"memory budget {c['memory_gib']:.1f} GiB per device: {c['memory_budget']}")
     if json_path is not None:
         write_json(cmp.to_dict(), json_path)
     if gantt:
@@ -225,6 +266,6 @@ def command(
         draw_gantt(
             {k: r for k, (_p, r) in cmp.first.items()},
             gantt,
-            title=f"dp={dp} pp={pp} context={context}",
+            title=f"dp={c['dp']} pp={c['pp']} context={c['context']}",
         )
         click.echo(f"wrote {gantt}")

@@ -261,8 +261,6 @@ def _build_locked(
     start: float,
 ) -> BuildSummary:
     """The tasks of a planned build into a prepared, locked ``output``; then the merge."""
-    from tqdm.auto import tqdm
-
     results = _finished_tasks(output, len(tasks))
     resumed = len(results)
     todo = [i for i in range(len(tasks)) if i not in results]
@@ -279,6 +277,32 @@ def _build_locked(
         )
         for i in todo
     ]
+    _run_jobs(jobs, tasks, results, config, progress=progress, on_ray=on_ray, parallel=parallel)
+    sidecar = _merge(output, [results[i] for i in range(len(tasks))], sidecar)
+    return BuildSummary(
+        output=output,
+        sidecar=sidecar,
+        tasks_run=len(jobs),
+        tasks_resumed=resumed,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _run_jobs(
+    jobs: list[TaskJob],
+    tasks: list[ReadTask],
+    results: dict[int, TaskResult],
+    config: BuildConfig,
+    *,
+    progress: bool,
+    on_ray: bool,
+    parallel: bool,
+) -> None:
+    """Run ``jobs`` on Ray, on ``config.workers`` processes or here, one after the other;
+    each result goes into ``results`` (task index -> result) as it arrives, and a progress
+    bar counts the input bytes of the finished tasks (resumed ones included)."""
+    from tqdm.auto import tqdm
+
     bar = tqdm(
         total=sum(t.size for t in tasks),
         initial=sum(tasks[i].size for i in results),
@@ -307,7 +331,11 @@ def _build_locked(
         else:
             for job in jobs:
                 on_done(run_task(job))
-    ordered = [results[i] for i in range(len(tasks))]
+
+
+def _merge(output: Path, ordered: list[TaskResult], sidecar: dict[str, Any]) -> dict[str, Any]:
+    """Merge the finished tasks, in task order, into the build's shards and sidecar; a build
+    that wrote no document is an error."""
     sidecar = finalize(output, ordered, sidecar)
     if sidecar["counts"]["documents"] == 0:
         raise InputError(
@@ -315,10 +343,4 @@ def _build_locked(
             f"see {output / QUARANTINE_NAME} for the reasons"
         )
     assert (output / SIDECAR_NAME).is_file()
-    return BuildSummary(
-        output=output,
-        sidecar=sidecar,
-        tasks_run=len(jobs),
-        tasks_resumed=resumed,
-        seconds=time.perf_counter() - start,
-    )
+    return sidecar

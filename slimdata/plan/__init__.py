@@ -8,7 +8,6 @@ from slimdata.plan.schedule import (
     RankExecution,
     check_lockstep,
     execution,
-    kept_forward_packs,
     lockstep_schedule,
     split_calls,
 )
@@ -19,7 +18,6 @@ from slimdata.plan.types import (
     RankStep,
     Slice,
     StepPlan,
-    eager_order,
     loss_token_count,
 )
 from slimdata.plan.validate import validate_plan
@@ -35,9 +33,7 @@ __all__ = [
     "Slice",
     "StepPlan",
     "check_lockstep",
-    "eager_order",
     "execution",
-    "kept_forward_packs",
     "lockstep_schedule",
     "loss_token_count",
     "rank_views",

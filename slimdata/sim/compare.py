@@ -165,6 +165,9 @@ def _failed(error: str) -> StrategyStats:
 
 @dataclass(frozen=True)
 class Comparison:
+    """What :func:`compare_strategies` found: the settings, one :class:`StrategyStats` per
+    strategy, and the first simulated step of each (for :func:`~slimdata.sim.gantt.draw_gantt`)."""
+
     config: dict[str, Any]
     results: dict[str, StrategyStats]
     first: dict[str, tuple[StepPlan, SimResult]] = field(default_factory=dict, repr=False)
@@ -249,7 +252,7 @@ def compare_strategies(
     ``global_batch_tokens`` defaults to ``dp * context``; ``baseline_config``: ``best``,
     ``smallest`` or ``cp=N`` (:mod:`slimdata.sim.search`).
     """
-    from slimdata.solver import STREAMS, PlanConfig, solve
+    from slimdata.solver import STREAMS, solve
 
     if steps < 1:
         raise ConfigError(f"steps={steps!r} must be >= 1")
@@ -262,14 +265,50 @@ def compare_strategies(
     gbt = layout.dp * layout.context if global_batch_tokens is None else global_batch_tokens
     if gbt < 1:
         raise ConfigError(f"global_batch_tokens={gbt!r} must be >= 1")
+    batches = _batches(docs, layout, gbt, seed, oversize, steps)
+    ev = Evaluator(batches, layout, cost, config, seed, solve, STREAMS)
+    bounds = [
+        step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages).value for b in batches
+    ]
+    ref_work = [batch_work(b) for b in batches]
+    results, first = _strategy_results(ev, strategies, choice, layout, cost, bounds, ref_work)
+    cfg = _config_dict(layout, cost, config, choice, gbt, steps, seed, oversize, strategies, docs)
+    return Comparison(
+        config=cfg,
+        results=results,
+        first=first,
+        steps=[[d.length for d in b] for b in batches],
+        megatron_default=_megatron_default(ev, layout, cost, bounds, ref_work),
+        search=_search_dict(ev),
+        warnings=_warnings(results, layout),
+    )
+
+
+def _batches(
+    docs: Sequence[Document], layout: Layout, gbt: int, seed: int, oversize: str, steps: int
+) -> list[list[Document]]:
+    """The global batches of ``steps`` steps, by the rules `slimdata plan` and the loaders
+    apply (over again from the first when the documents fill fewer batches)."""
+    from slimdata.solver import PlanConfig
+
     rules = PlanConfig(layout=layout, global_batch_tokens=gbt, seed=seed, oversize=oversize)
-    batches = rules.batches(docs)  # the rules `slimdata plan` and the loaders apply
+    batches = rules.batches(docs)
     if not batches:
         raise ConfigError("no documents to simulate")
-    batches = [batches[s % len(batches)] for s in range(steps)]
-    ev = Evaluator(batches, layout, cost, config, seed, solve, STREAMS)
-    bounds = [step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages) for b in batches]
-    ref_work = [batch_work(b) for b in batches]
+    return [batches[s % len(batches)] for s in range(steps)]
+
+
+def _strategy_results(
+    ev: Evaluator,
+    strategies: Sequence[str],
+    choice: BaselineConfig,
+    layout: Layout,
+    cost: CostModel,
+    bounds: list[float],
+    ref_work: list,
+) -> tuple[dict[str, StrategyStats], dict[str, tuple[StepPlan, SimResult]]]:
+    """Every strategy's means over the run (a strategy that cannot plan reports why), and
+    its first step, plan and simulation."""
     results: dict[str, StrategyStats] = {}
     first: dict[str, tuple[StepPlan, SimResult]] = {}
     for name in strategies:
@@ -279,23 +318,19 @@ def compare_strategies(
             continue
         first[name] = (run.plans[0], run.sims[0])
         row = layout.context if name == REFERENCE else layout.token_cap  # concat: rows of context
-        results[name] = _stats(run, cost, [b.value for b in bounds], ref_work, row)
+        results[name] = _stats(run, cost, bounds, ref_work, row)
+    return results, first
+
+
+def _megatron_default(
+    ev: Evaluator, layout: Layout, cost: CostModel, bounds: list[float], ref_work: list
+) -> StrategyStats | None:
+    """concat at the smallest static CP that fits, 1F1B (the paper's reference); None when
+    it does not fit at any CP size."""
     default = _run(ev, REFERENCE, BaselineConfig("smallest"), schedule="1f1b")
-    mega = (
-        None
-        if isinstance(default, str)
-        else _stats(default, cost, [b.value for b in bounds], ref_work, layout.context)
-    )
-    cfg = _config_dict(layout, cost, config, choice, gbt, steps, seed, oversize, strategies, docs)
-    return Comparison(
-        config=cfg,
-        results=results,
-        first=first,
-        steps=[[d.length for d in b] for b in batches],
-        megatron_default=mega,
-        search=_search_dict(ev),
-        warnings=_warnings(results, layout),
-    )
+    if isinstance(default, str):
+        return None
+    return _stats(default, cost, bounds, ref_work, layout.context)
 
 
 def _run(

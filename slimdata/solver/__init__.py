@@ -11,7 +11,7 @@ from __future__ import annotations
 from slimdata.solver.batches import OVERSIZE_POLICIES, apply_oversize, make_batches
 from slimdata.solver.config import PlanConfig
 from slimdata.solver.layout import Layout
-from slimdata.solver.memory import plan_peak_memory, rank_memory_trace, rank_peak_memory
+from slimdata.solver.memory import plan_peak_memory
 from slimdata.solver.registry import ALL_STRATEGIES, STRATEGIES, STREAMS, solve
 
 __all__ = [
@@ -24,7 +24,5 @@ __all__ = [
     "apply_oversize",
     "make_batches",
     "plan_peak_memory",
-    "rank_memory_trace",
-    "rank_peak_memory",
     "solve",
 ]

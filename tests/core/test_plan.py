@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from slimdata.errors import PlanError
-from slimdata.plan import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan, eager_order
+from slimdata.plan import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
+from slimdata.plan.types import eager_order
 
 DOCS = (Document(doc_id="a", length=6, cuts=(0, 4, 6)), Document(doc_id="b", length=3))
 A0, A1, B0 = Slice(0, 0, 4), Slice(0, 4, 6), Slice(1, 0, 3)

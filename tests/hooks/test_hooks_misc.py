@@ -179,7 +179,7 @@ def test_profile_plans_time_a_pack_after_identical_ones():
 
 
 def test_calibration_scales_by_the_median_in_plan_ratio():
-    from slimdata.sim import pack_times
+    from slimdata.execution import pack_times
 
     cm = CostModel.analytic("llama-1b", "h100", "none")
     lengths = [40, 24, 8]

@@ -7,8 +7,9 @@ import pytest
 from sim_helpers import linear_cost
 
 from slimdata.cost import Interconnect
+from slimdata.execution import pack_times
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
-from slimdata.sim import SimConfig, pack_times, simulate_step
+from slimdata.sim import SimConfig, simulate_step
 from slimdata.solver.layout import Layout
 
 NET = Interconnect(intra_node_gbps=1.0, latency_s=0.0)

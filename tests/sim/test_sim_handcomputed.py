@@ -10,8 +10,9 @@ from sim_helpers import linear_cost, merge_plan, whole_doc_plan
 
 from slimdata.cost import Interconnect
 from slimdata.errors import PlanError
+from slimdata.execution import chunk_fractions, pack_times, stage_ops
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
-from slimdata.sim import SimConfig, chunk_fractions, pack_times, simulate_step, stage_ops
+from slimdata.sim import SimConfig, simulate_step
 from slimdata.sim.cp import merge_layer_tokens
 from slimdata.solver.common import interleaved_order
 from slimdata.solver.layout import Layout

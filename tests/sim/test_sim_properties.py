@@ -125,7 +125,7 @@ def test_more_work_never_shortens_the_step(case, seed):
     # stretch a random subset of (chunk, rank, pass, pack) durations
     durations = {}
     stretched_work = 0.0
-    from slimdata.sim import chunk_fractions, pack_times
+    from slimdata.execution import chunk_fractions, pack_times
 
     config = case[5]
     pt = pack_times(
