@@ -1,0 +1,62 @@
+"""Static context parallelism at run time: cp=2 on 2 and 4 gloo ranks against the unpacked
+reference (DDP, a bare module, FSDP2), and the chunk split the simulator prices."""
+
+from __future__ import annotations
+
+import cp_workers as W
+import pytest
+from slimdata.hooks.distributed import run_distributed
+
+from slimdata.execution.cp import cp_chunks
+
+pytestmark = pytest.mark.timeout(300)
+TOL = 1e-5
+
+
+def _check(results):
+    assert results and all(results)
+    for case in zip(*results, strict=True):  # per case, one tuple per process
+        shares, refs, errs = zip(*case, strict=True)
+        assert sum(shares) == pytest.approx(refs[0], rel=1e-6)  # each loss token counted once
+        assert max(errs) <= TOL, errs
+
+
+def test_cp2_on_two_processes():
+    res = run_distributed(W.cp_two_process_suite, 2)
+    _check([r[0] for r in res])
+    # TinyLM has 2 layers: per pack, one K/V all-gather per layer forward; backward, per layer,
+    # one re-gather (the attention is checkpointed) and one reduce-scatter of the K/V gradient
+    want = [("F", i, 2, 0) for i in range(3)] + [("B", i, 2, 2) for i in range(3)]
+    assert res[0][1] == want
+    assert res[1][1] == want
+
+
+@pytest.mark.slow
+def test_cp2_on_four_processes():
+    _check(run_distributed(W.cp_four_process_suite, 4))
+
+
+def test_chunks_are_load_balanced_zigzag():
+    # slice [10, 20) at cp=2: padded to 12, chunks of 3: [10,13) [13,16) [16,19) [19,20)
+    assert cp_chunks(10, 20, 2, 0) == [(10, 13), (19, 20)]
+    assert cp_chunks(10, 20, 2, 1) == [(13, 16), (16, 19)]
+    # 16 tokens at cp=4: 8 chunks of 2; member 1 holds chunks 1 and 6
+    assert cp_chunks(0, 16, 4, 1) == [(2, 4), (12, 14)]
+    # one token: member 0 holds it, member 1 nothing
+    assert cp_chunks(5, 6, 2, 0) == [(5, 6)]
+    assert cp_chunks(5, 6, 2, 1) == []
+    assert cp_chunks(0, 7, 1, 0) == [(0, 7)]
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 7, 8, 13, 40])
+@pytest.mark.parametrize("cp", [1, 2, 3, 4])
+def test_chunks_tile_the_slice(length, cp):
+    got = sorted(r for m in range(cp) for r in cp_chunks(3, 3 + length, cp, m))
+    assert [t for a, b in got for t in range(a, b)] == list(range(3, 3 + length))
+    shares = [sum(b - a for a, b in cp_chunks(3, 3 + length, cp, m)) for m in range(cp)]
+    assert max(shares) <= -(-length // (2 * cp)) * 2  # at most two chunks of ceil(s / 2k)
+
+
+def test_member_outside_the_group_is_rejected():
+    with pytest.raises(ValueError, match="member=2 outside a CP group of 2"):
+        cp_chunks(0, 4, 2, 2)
