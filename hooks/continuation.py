@@ -194,8 +194,10 @@ class PackContext:
             items, [own[p] if p in own else self.store.get(layer, p) for p in items]
         )
         chunks = self.cp.local(self.slices)
-        if not chunks:  # no query here; the gather's backward must still run on this member
-            return q * 0 + sum(kv[0].sum() for kv in full.values()) * 0
+        if not chunks:  # one padding token attending to itself; the gather's backward must
+            # still run on this member, so the output depends on the gathered keys (times 0)
+            anchor = sum(kv[0].sum() + kv[1].sum() for kv in full.values()) * 0
+            return self._varlen(q, [k], [v], [1], scale) + anchor
         ks, vs = [], []
         for s, _a, b in chunks:
             for p in self.doc_slices[s.doc]:
@@ -210,7 +212,7 @@ class PackContext:
         """Query rows per varlen sequence: the slices, or this CP member's chunks of them."""
         if self.cp is None:
             return [s.tokens for s in self.slices]
-        return [b - a for _s, a, b in self.cp.local(self.slices)]
+        return [b - a for _s, a, b in self.cp.local(self.slices)] or [1]  # [1]: padding token
 
     def _per_slice(
         self, k: torch.Tensor, v: torch.Tensor

@@ -23,6 +23,11 @@ queries ``[8,9) [11,12)`` and member 1 ``[9,10) [10,11)``; both gather their chu
 ``[11,12)`` attends to keys ``[0,12)``, its chunk ``[8,9)`` to ``[0,9)`` (bottom-right
 causal per chunk).
 
+A member whose share of a pack is empty (every slice shorter than its chunks reach, e.g. a
+pack of one 1-token slice) runs one padding token, as Megatron pads every sequence to a
+multiple of ``2k``: it has no label and attends only to itself, so every member makes the
+same model calls and collectives.
+
 Loss: each member sums its own query tokens' losses divided by the step's global loss-token
 count (counted once per token, never ``k`` times); DP's SUM reduction over all ``k * dp``
 ranks gives the exact gradient.

@@ -44,7 +44,7 @@ from slimdata.hooks.continuation import PackContext
 from slimdata.hooks.cp import CpRuntime, cp_runtime, plan_cp
 from slimdata.hooks.hf import hf_hidden_forward
 from slimdata.hooks.kvstore import KVStore
-from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
+from slimdata.hooks.loss import IGNORE, HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.merge import MergeRuntime, ensure_groups
 from slimdata.hooks.payload import StepPayload
 from slimdata.hooks.recompute import StepRecompute, resolve_policy, step_recompute
@@ -142,21 +142,23 @@ class _Step:
         sl = pack.slices
         # token ranges this process runs: whole slices, or its chunks of them under static CP
         rows = self.cp.local(sl) if self.cp is not None else [(s, s.start, s.end) for s in sl]
-        none = [torch.zeros(0, dtype=torch.long, device=self.device)]  # a CP member's empty share
-        ids = torch.cat([self.doc_tokens[s.doc][a:b] for s, a, b in rows] or none)
-        pos = torch.cat([torch.arange(a, b, device=self.device) for _s, a, b in rows] or none)
-        labels = torch.cat(
-            [
-                slice_labels(
-                    self.doc_tokens[s.doc],
-                    a,
-                    b,
-                    None if self.doc_masks is None else self.doc_masks[s.doc],
-                )
-                for s, a, b in rows
-            ]
-            or none
-        )
+        if not rows:  # a CP member's empty share: one padding token, no label (hooks.cp)
+            ids = pos = torch.zeros(1, dtype=torch.long, device=self.device)
+            labels = torch.full((1,), IGNORE, dtype=torch.long, device=self.device)
+        else:
+            ids = torch.cat([self.doc_tokens[s.doc][a:b] for s, a, b in rows])
+            pos = torch.cat([torch.arange(a, b, device=self.device) for _s, a, b in rows])
+            labels = torch.cat(
+                [
+                    slice_labels(
+                        self.doc_tokens[s.doc],
+                        a,
+                        b,
+                        None if self.doc_masks is None else self.doc_masks[s.doc],
+                    )
+                    for s, a, b in rows
+                ]
+            )
         ctx = PackContext(
             sl,
             self.doc_slices,

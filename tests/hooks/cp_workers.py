@@ -28,6 +28,11 @@ RANK0_ASYM = (
     RANK0_UNION[0],
     [[(0, 17, 23)], [(3, 0, 5), (0, 10, 17)], [(2, 0, 9), (0, 0, 10), (1, 0, 1)]],
 )
+# a pack holding only the one-token doc: member 1 runs it on no token (empty share)
+RANK0_LONE = (
+    [[(0, 0, 10)], [(1, 0, 1)], [(0, 10, 17), (2, 0, 9)], [(0, 17, 23), (3, 0, 5)]],
+    [[(0, 17, 23), (3, 0, 5)], [(0, 10, 17), (2, 0, 9)], [(1, 0, 1)], [(0, 0, 10)]],
+)
 # DP rank 1: doc 4 (30 tokens) cut into three slices, with doc 5 inside the first pack
 RANK1 = (
     [[(4, 0, 13), (5, 0, 6)], [(4, 13, 22)], [(4, 22, 30)]],
@@ -44,6 +49,7 @@ def _lockstep(plan):
 PLANS = {
     "one_rank": lambda: (LENGTHS1, make_plan(LENGTHS1, [RANK0_UNION])),
     "one_rank_asym": lambda: (LENGTHS1, make_plan(LENGTHS1, [RANK0_ASYM])),
+    "lone_token": lambda: (LENGTHS1, make_plan(LENGTHS1, [RANK0_LONE])),
     "two_ranks": lambda: (LENGTHS2, make_plan(LENGTHS2, [RANK0_UNION, RANK1])),
     "two_ranks_asym": lambda: (LENGTHS2, make_plan(LENGTHS2, [RANK0_ASYM, RANK1])),
 }
@@ -55,7 +61,7 @@ def cp_equivalence(
     """For each (plan, wrapper): (this process's loss share, reference loss, max relative
     gradient error after the reduction). Wrappers: ``bare`` (``reduce_grads=True``), ``ddp``,
     ``meta`` (bare, cp read from ``plan.meta``), ``recompute`` (bare, asymmetric backward
-    packs recomputed), ``fsdp2`` (``fully_shard`` over every process, lockstep plan)."""
+    packs recomputed), ``full`` (DDP, every layer checkpointed), ``fsdp2`` (``fully_shard`` over every process, lockstep plan)."""
     out = []
     for name, wrapper in cases:
         lengths, plan = PLANS[name]()
@@ -73,8 +79,9 @@ def cp_equivalence(
             model = _fully_shard(model, world)
             summary = run_step(model, payload, **run)
             got = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
-        elif wrapper == "ddp":
-            summary = run_step(DistributedDataParallel(model), payload, **run)
+        elif wrapper in ("ddp", "full"):
+            policy = "full" if wrapper == "full" else None
+            summary = run_step(DistributedDataParallel(model), payload, recompute=policy, **run)
             got = grads_of(model)
         else:
             asym = "recompute" if wrapper == "recompute" else "split"
@@ -133,6 +140,9 @@ def cp_two_process_suite(rank: int, world: int) -> tuple[list, list]:
         ("one_rank_asym", "recompute"),
         ("one_rank", "fsdp2"),
         ("one_rank_asym", "fsdp2"),
+        ("one_rank_asym", "full"),
+        ("lone_token", "ddp"),
+        ("lone_token", "fsdp2"),
     ]
     return cp_equivalence(rank, world, cases), cp_collectives(rank, world)
 
