@@ -130,7 +130,30 @@ def cp_collectives(rank: int, world: int) -> list[tuple[str, int, int, int]]:
     return events
 
 
-def cp_two_process_suite(rank: int, world: int) -> tuple[list, list]:
+def cp_errors(rank: int, world: int) -> list[str]:
+    """Messages of the runs static CP refuses, before any collective (on 2 processes)."""
+    from slimdata.errors import SlimdataError
+
+    lengths, plan = PLANS["one_rank"]()
+    toks = doc_tokens(lengths, seed=3)
+    _l2, plan2 = PLANS["two_ranks"]()
+    toks2 = doc_tokens(_l2, seed=3)
+    runs = [
+        (plan2, 0, toks2, 2),  # 2 DP ranks x cp=2 need 4 processes
+        (plan, 0, toks, 3),  # cp=3 on 2 processes
+        (dataclasses.replace(plan, meta={"cp": 0}), 0, toks, None),  # a broken plan.meta
+    ]
+    out = []
+    for p, r, t, cp in runs:
+        try:
+            run_step(TinyLM(seed=4), make_payload(p, r, t), forward=tiny_forward, cp=cp)
+            out.append("ran")
+        except SlimdataError as exc:
+            out.append(str(exc))
+    return out
+
+
+def cp_two_process_suite(rank: int, world: int) -> tuple[list, list, list]:
     """The 2-process bodies (one DP rank, cp=2) in one spawn."""
     cases = [
         ("one_rank", "bare"),
@@ -144,7 +167,7 @@ def cp_two_process_suite(rank: int, world: int) -> tuple[list, list]:
         ("lone_token", "ddp"),
         ("lone_token", "fsdp2"),
     ]
-    return cp_equivalence(rank, world, cases), cp_collectives(rank, world)
+    return cp_equivalence(rank, world, cases), cp_collectives(rank, world), cp_errors(rank, world)
 
 
 def cp_four_process_suite(rank: int, world: int) -> list:

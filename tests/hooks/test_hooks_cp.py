@@ -29,6 +29,15 @@ def test_cp2_on_two_processes():
     want = [("F", i, 2, 0) for i in range(3)] + [("B", i, 2, 2) for i in range(3)]
     assert res[0][1] == want
     assert res[1][1] == want
+    assert (
+        res[0][2]
+        == res[1][2]
+        == [
+            "cp=2: the plan has 2 DP ranks, so it runs on 4 processes (2 groups of 2), not 2",
+            "cp=3: the plan has 1 DP ranks, so it runs on 3 processes (1 groups of 3), not 2",
+            "cp=0: static context parallelism needs an integer >= 1",
+        ]
+    )
 
 
 @pytest.mark.slow
