@@ -115,7 +115,7 @@ class PackContext:
         rows = sum(self._q_lens())
         if q.shape[0] != rows:
             raise RuntimeError(f"attention got {q.shape[0]} tokens, the pack has {rows}")
-        if self.cp is not None:
+        if self.cp is not None and self.merge is None:
             return self._cp_attend(q, k, v, layer, scale)
         if self.merge is not None:  # a merge pack holds merged slices only (plan rule)
             if not torch.is_grad_enabled() or _IN_LAYER_CHECKPOINT.get():
@@ -153,13 +153,20 @@ class PackContext:
     def _merged_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        """Every slice of a merge pack attends to its document's prefix gathered from the
-        group (one all-gather per call)."""
+        """Every slice (under static CP: every chunk of this member) of a merge pack attends
+        to its document's prefix gathered from the group (one all-gather per call)."""
         assert self.merge is not None
         full = self.merge.gather(self._per_slice(k, v))
-        ks = [full[s.doc][0][: s.end] for s in self.slices]
-        vs = [full[s.doc][1][: s.end] for s in self.slices]
-        return self._varlen(q, ks, vs, [s.end for s in self.slices], scale)
+        if self.cp is None:
+            rows = [(s, s.start, s.end) for s in self.slices]
+        else:
+            rows = self.cp.local(self.slices)
+        if not rows:  # a CP member's empty share: its padding token (see _cp_attention)
+            anchor = sum(kv[0].sum() + kv[1].sum() for kv in full.values()) * 0
+            return self._varlen(q, [k], [v], [1], scale) + anchor
+        ks = [full[s.doc][0][:b] for s, _a, b in rows]
+        vs = [full[s.doc][1][:b] for s, _a, b in rows]
+        return self._varlen(q, ks, vs, [b for _s, _a, b in rows], scale)
 
     def _cp_attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float

@@ -28,6 +28,10 @@ pack of one 1-token slice) runs one padding token, as Megatron pads every sequen
 multiple of ``2k``: it has no label and attends only to itself, so every member makes the
 same model calls and collectives.
 
+DP-Merge composes with static CP: a merge group of DP ranks runs on all processes of their
+CP groups (:class:`slimdata.hooks.merge.MergeRuntime` with ``cp``), each contributing and
+querying its chunks of its DP rank's merged slices.
+
 Loss: each member sums its own query tokens' losses divided by the step's global loss-token
 count (counted once per token, never ``k`` times); DP's SUM reduction over all ``k * dp``
 ranks gives the exact gradient.
@@ -118,11 +122,6 @@ def cp_runtime(plan: StepPlan | RankPlan, rank: int, cp: int) -> CpRuntime | Non
         raise ConfigError(
             f"cp={cp}: the plan has {plan.dp} DP ranks, so it runs on {plan.dp * cp} processes "
             f"({plan.dp} groups of {cp}), not {world}"
-        )
-    if plan.merges:
-        raise ConfigError(
-            f"step {plan.step}: DP-Merge groups in a plan run with static CP (cp={cp}) are not "
-            "supported by the runtime; plan with cp=1 or without merge groups"
         )
     if me // cp != rank:
         raise PlanError(

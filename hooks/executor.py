@@ -114,7 +114,7 @@ class _Step:
         self.norm = self.plan.loss_tokens
         self.store = KVStore()
         self.cp: CpRuntime | None = cp_runtime(self.plan, self.rank, cp)
-        self.merge: MergeRuntime | None = _merge_runtime(self.plan, self.rank)
+        self.merge: MergeRuntime | None = _merge_runtime(self.plan, self.rank, self.cp)
         toks, masks = _slice_tensors(payload)
         # merged documents are laid out by the merge group (gathered below), not by this rank
         self.doc_slices = _doc_slices(self.rs, self.merge.docs if self.merge else set())
@@ -194,13 +194,17 @@ class _Step:
         torch.autograd.backward(outs, grads)
 
 
-def _merge_runtime(plan: RankPlan, rank: int) -> MergeRuntime | None:
-    """The DP-Merge runtime of ``rank``'s merge group, or None outside any group."""
+def _merge_runtime(plan: RankPlan, rank: int, cp: CpRuntime | None) -> MergeRuntime | None:
+    """The DP-Merge runtime of ``rank``'s merge group (under static CP: of this process),
+    or None outside any group."""
     if not plan.merges:
         return None
-    ensure_groups(plan)
+    k = 1 if cp is None else cp.cp
+    ensure_groups(plan, k)
     g = plan.merge_of_rank(rank)
-    return None if g is None else MergeRuntime(plan, rank, g)
+    if g is None:
+        return None
+    return MergeRuntime(plan, rank, g, cp=k, process=None if cp is None else rank * k + cp.member)
 
 
 def _slice_tensors(

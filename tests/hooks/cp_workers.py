@@ -13,7 +13,7 @@ from hooks_helpers import (
     reference_grads,
     tiny_forward,
 )
-from hooks_workers import _fully_shard
+from hooks_workers import _fully_shard, lock_solver2_asym, lock_solver2_merge, plan_merge2
 from slimdata.hooks import make_payload, run_step
 from torch.nn.parallel import DistributedDataParallel
 
@@ -52,7 +52,22 @@ PLANS = {
     "lone_token": lambda: (LENGTHS1, make_plan(LENGTHS1, [RANK0_LONE])),
     "two_ranks": lambda: (LENGTHS2, make_plan(LENGTHS2, [RANK0_UNION, RANK1])),
     "two_ranks_asym": lambda: (LENGTHS2, make_plan(LENGTHS2, [RANK0_ASYM, RANK1])),
+    # DP-Merge over both DP ranks (4 processes at cp=2): doc 0 (40 tokens) in shares
+    # [0,12) [25,33) and [12,25) [33,40), each cut into chunks again by the CP members
+    "merge2": plan_merge2,
 }
+SOLVER_PLANS = {  # (tokens, lockstep plan) from the solver, with a merge group / asymmetric packs
+    "solver2_merge": lock_solver2_merge,
+    "solver2_asym": lock_solver2_asym,
+}
+
+
+def _case(name):
+    """(tokens of the plan's documents, plan) of a named case."""
+    if name in SOLVER_PLANS:
+        return SOLVER_PLANS[name]()
+    lengths, plan = PLANS[name]()
+    return doc_tokens(lengths, seed=3), plan
 
 
 def cp_equivalence(
@@ -64,12 +79,11 @@ def cp_equivalence(
     packs recomputed), ``full`` (DDP, every layer checkpointed), ``fsdp2`` (``fully_shard`` over every process, lockstep plan)."""
     out = []
     for name, wrapper in cases:
-        lengths, plan = PLANS[name]()
-        if wrapper == "fsdp2":
+        toks, plan = _case(name)
+        if wrapper == "fsdp2" and plan.mode != "lockstep":
             plan = _lockstep(plan)
         if wrapper == "meta":
             plan = dataclasses.replace(plan, meta={"cp": cp})
-        toks = doc_tokens(lengths, seed=3)
         model = TinyLM(seed=4)
         ref_loss, ref = reference_grads(model, tiny_forward, toks, plan)
         model.zero_grad(set_to_none=True)
@@ -171,11 +185,16 @@ def cp_two_process_suite(rank: int, world: int) -> tuple[list, list, list]:
 
 
 def cp_four_process_suite(rank: int, world: int) -> list:
-    """Two DP ranks of cp=2 on four processes, DDP and FSDP2, in one spawn."""
+    """Two DP ranks of cp=2 on four processes, DDP and FSDP2, DP-Merge over both DP ranks
+    (the merge group is all four processes), in one spawn."""
     cases = [
         ("two_ranks", "ddp"),
         ("two_ranks_asym", "ddp"),
+        ("merge2", "ddp"),
+        ("merge2", "full"),
         ("two_ranks", "fsdp2"),
         ("two_ranks_asym", "fsdp2"),
+        ("solver2_merge", "fsdp2"),
+        ("solver2_asym", "fsdp2"),
     ]
     return cp_equivalence(rank, world, cases)

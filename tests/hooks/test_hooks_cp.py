@@ -1,5 +1,6 @@
 """Static context parallelism at run time: cp=2 on 2 and 4 gloo ranks against the unpacked
-reference (DDP, a bare module, FSDP2), and the chunk split the simulator prices."""
+reference (DDP, a bare module, FSDP2; DP-Merge on top of static CP), and the chunk split the
+simulator prices."""
 
 from __future__ import annotations
 
