@@ -232,7 +232,13 @@ class PlanShardLoader:
         self.dataset, self.rank, self.mode = dataset, rank, mode
         self.nodes, self.ranks_per_node = nodes, ranks_per_node
         # static CP: process ``rank`` runs DP rank ``rank // cp`` (plan.json records cp)
-        self.cp = max((int(s.get("cp", 1)) for s in sidecars if s), default=1)
+        cps = {s.get("cp", 1) for s in sidecars if s} or {1}
+        self.cp = cps.pop()
+        if cps or not isinstance(self.cp, int) or self.cp < 1 or (nodes * ranks_per_node) % self.cp:
+            raise PlanError(
+                f"plan.json records cp={self.cp!r}: need one integer >= 1 dividing the "
+                f"{nodes * ranks_per_node} ranks; re-run `slimdata plan --cp`"
+            )
         self.dp = nodes * ranks_per_node // self.cp
         self.steps = _num_samples(dataset) // (nodes * ranks_per_node)
         self.step = 0

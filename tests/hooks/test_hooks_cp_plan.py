@@ -143,3 +143,21 @@ def test_a_payload_of_another_dp_rank_is_refused(tmp_path):
     assert check_payload(sample, 0, 2, dp=2, cp=2)[0].rank == 1
     with pytest.raises(PlanError, match=r"carries the plan of rank 1, not of DP rank 0 \(cp=4\)"):
         check_payload(sample, 0, 2, dp=2, cp=4)
+
+
+@pytest.mark.parametrize("bad", ["2", 0, 3])
+def test_plan_json_with_a_bad_cp_is_refused(tmp_path, bad):
+    docs = documents_from_lengths(LENGTHS, slice_tokens=128)
+    layout = Layout(dp=2, cp=2, context=512, memory_gib=1)
+    plans = list(plan_epoch(docs, layout, global_batch_tokens=500, strategy="bfd", seed=1))
+    out = tmp_path / "shards"
+    write_plan_shards(plans, out, nodes=1, ranks_per_node=4, cp=2)
+    sidecar = out / "plan.json"
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), "cp": bad}))
+    ds = StreamingDataset(local=str(out), shuffle=False, batch_size=1)
+    with pytest.raises(PlanError) as err:
+        PlanShardLoader(ds, rank=0, nodes=1, ranks_per_node=4)
+    assert str(err.value) == (
+        f"plan.json records cp={bad!r}: need one integer >= 1 dividing the 4 ranks; "
+        "re-run `slimdata plan --cp`"
+    )
