@@ -105,29 +105,33 @@ def cp_equivalence(
     return out
 
 
-def cp_collectives(rank: int, world: int) -> list[tuple[str, int, int, int]]:
-    """Per pack of plan ``one_rank`` at cp=2: (pass, pack, K/V all-gathers, reduce-scatters)
-    this process made while it ran."""
+def cp_collectives(rank: int, world: int) -> list[tuple[str, int, int, int, list[int]]]:
+    """Per pack of plan ``one_rank`` at cp=2: (pass, pack, K/V all-gathers, reduce-scatters,
+    bytes of every K/V all-gather) this process made while it ran."""
     import torch.distributed as dist
     from slimdata.hooks import Callback
 
     counts = {"gather": 0, "scatter": 0}
+    sizes: list[int] = []
     real = dist.all_gather, dist.reduce_scatter_tensor
 
     def all_gather(parts, t, *a, **k):
-        counts["gather"] += t.is_floating_point()
+        if t.is_floating_point():
+            counts["gather"] += 1
+            sizes.append(t.numel() * t.element_size() * len(parts))
         return real[0](parts, t, *a, **k)
 
     def reduce_scatter_tensor(o, t, *a, **k):
         counts["scatter"] += 1
         return real[1](o, t, *a, **k)
 
-    events: list[tuple[str, int, int, int]] = []
+    events: list[tuple[str, int, int, int, list[int]]] = []
 
     class Record(Callback):
         def on_pack_end(self, event) -> None:
-            events.append((event.pass_, event.pack, *counts.values()))
+            events.append((event.pass_, event.pack, *counts.values(), list(sizes)))
             counts.update(gather=0, scatter=0)
+            sizes.clear()
 
     lengths, plan = PLANS["one_rank"]()
     dist.all_gather, dist.reduce_scatter_tensor = all_gather, reduce_scatter_tensor

@@ -27,8 +27,15 @@ def test_cp2_on_two_processes():
     res = run_distributed(W.cp_two_process_suite, 2)
     _check([r[0] for r in res])
     # TinyLM has 2 layers: per pack, one K/V all-gather per layer forward; backward, per layer,
-    # one re-gather (the attention is checkpointed) and one reduce-scatter of the K/V gradient
-    want = [("F", i, 2, 0) for i in range(3)] + [("B", i, 2, 2) for i in range(3)]
+    # one re-gather (the attention is checkpointed) and one reduce-scatter of the K/V gradient.
+    # Each gather moves 2 members x the longer member's rows x 128 B (K+V of a token, one
+    # layer): the pack's slices and their documents' earlier slices (the prefix), in chunks
+    # pack 0, [0,10) [1-token doc]: member 0 rows 4 + 1, member 1 rows 6 + 0 -> 2 * 6 rows
+    # pack 1, prefix [0,10) + [10,17) + doc 2 [0,9): 4+3+3 vs 6+4+6 -> 2 * 16 rows
+    # pack 2, [0,10) + [10,17) + [17,23) + doc 3 [0,5): 4+3+2+2 vs 6+4+4+3 -> 2 * 17 rows
+    rows = {0: 12, 1: 32, 2: 34}
+    want = [("F", i, 2, 0, [rows[i] * 128] * 2) for i in range(3)]
+    want += [("B", i, 2, 2, [rows[2 - i] * 128] * 2) for i in range(3)]  # backward packs reversed
     assert res[0][1] == want
     assert res[1][1] == want
     assert (
