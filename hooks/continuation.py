@@ -9,6 +9,9 @@ model's attention layer calls :func:`slice_attention` with the pack's queries, k
 - earlier slices from *earlier* packs are read from the :class:`~slimdata.hooks.kvstore.KVStore`
   as leaves (the per-pack autograd boundary);
 - merged documents (DP-Merge) are read from the group's all-gathered keys/values;
+- under static context parallelism (:mod:`slimdata.hooks.cp`) the pack's tokens on this
+  process are its chunks of every slice; the keys/values of the slices and their prefixes
+  are all-gathered from the CP group per layer;
 
 then calls the varlen backend (bottom-right causal per slice). Outside a pack (no context),
 :func:`slice_attention` is plain causal attention over one sequence, so the same model runs
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from slimdata.hooks.attention import VarlenBatch, get_backend, resolve_backend
 from slimdata.hooks.attention.sdpa import sdpa_pieces
+from slimdata.hooks.cp import CpRuntime
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.memory import hold_for_meter
 from slimdata.hooks.merge import MergeRuntime
@@ -76,6 +80,8 @@ class PackContext:
     backend: str = "auto"
     merge: MergeRuntime | None = None
     """Set when this is the rank's merge pack."""
+    cp: CpRuntime | None = None
+    """Set under static context parallelism: this process runs its chunks of every slice."""
     live: dict[tuple[int, Slice], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """(layer, slice) -> in-graph keys/values this pack produced (for the backward)."""
     _batch: VarlenBatch | None = None
@@ -106,10 +112,11 @@ class PackContext:
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float
     ) -> torch.Tensor:
-        if q.shape[0] != sum(s.tokens for s in self.slices):
-            raise RuntimeError(
-                f"attention got {q.shape[0]} tokens, the pack has {sum(s.tokens for s in self.slices)}"
-            )
+        rows = sum(self._q_lens())
+        if q.shape[0] != rows:
+            raise RuntimeError(f"attention got {q.shape[0]} tokens, the pack has {rows}")
+        if self.cp is not None and self.merge is None:
+            return self._cp_attend(q, k, v, layer, scale)
         if self.merge is not None:  # a merge pack holds merged slices only (plan rule)
             if not torch.is_grad_enabled() or _IN_LAYER_CHECKPOINT.get():
                 # inside a checkpointed layer the gathered keys/values are not saved either:
@@ -146,22 +153,83 @@ class PackContext:
     def _merged_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        """Every slice of a merge pack attends to its document's prefix gathered from the
-        group (one all-gather per call)."""
+        """Every slice (under static CP: every chunk of this member) of a merge pack attends
+        to its document's prefix gathered from the group (one all-gather per call)."""
         assert self.merge is not None
         full = self.merge.gather(self._per_slice(k, v))
-        ks = [full[s.doc][0][: s.end] for s in self.slices]
-        vs = [full[s.doc][1][: s.end] for s in self.slices]
-        return self._varlen(q, ks, vs, [s.end for s in self.slices], scale)
+        if self.cp is None:
+            rows = [(s, s.start, s.end) for s in self.slices]
+        else:
+            rows = self.cp.local(self.slices)
+        if not rows:  # a CP member's empty share: its padding token (see _cp_attention)
+            anchor = sum(kv[0].sum() + kv[1].sum() for kv in full.values()) * 0
+            return self._varlen(q, [k], [v], [1], scale) + anchor
+        ks = [full[s.doc][0][:b] for s, _a, b in rows]
+        vs = [full[s.doc][1][:b] for s, _a, b in rows]
+        return self._varlen(q, ks, vs, [b for _s, _a, b in rows], scale)
+
+    def _cp_attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float
+    ) -> torch.Tensor:
+        """Static CP: keep this member's chunks of the pack's slices (live, and in the store
+        for later slices), then attend over the keys/values gathered from the group."""
+        own = self._per_slice(k, v)
+        if not self._replay:
+            for s in self.slices:
+                self.live[(layer, s)] = own[s]
+                self._held.append(hold_for_meter(*own[s]))
+                if self.doc_slices[s.doc][-1] != s:
+                    self.store.put(layer, s, *own[s])
+        if torch.is_grad_enabled() and not _IN_LAYER_CHECKPOINT.get():
+            # one layer's gathered keys/values at a time: the backward gathers them again
+            return checkpoint(self._cp_attention, q, k, v, layer, scale, use_reentrant=False)
+        return self._cp_attention(q, k, v, layer, scale)
+
+    def _cp_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float
+    ) -> torch.Tensor:
+        """Every chunk of this member attends to its document's keys ``[0, chunk end)``,
+        gathered from the group: the pack's slices and their prefixes (one all-gather)."""
+        assert self.cp is not None
+        own = self._per_slice(k, v)
+        items: list[Slice] = []
+        for s in self.slices:  # the same list on every member: the gather's row layout
+            for p in self.doc_slices[s.doc]:
+                if p.start <= s.start and p not in items:
+                    items.append(p)
+        full = self.cp.gather(
+            items, [own[p] if p in own else self.store.get(layer, p) for p in items]
+        )
+        chunks = self.cp.local(self.slices)
+        if not chunks:  # one padding token attending to itself; the gather's backward must
+            # still run on this member, so the output depends on the gathered keys (times 0)
+            anchor = sum(kv[0].sum() + kv[1].sum() for kv in full.values()) * 0
+            return self._varlen(q, [k], [v], [1], scale) + anchor
+        ks, vs = [], []
+        for s, _a, b in chunks:
+            for p in self.doc_slices[s.doc]:
+                if p.start < s.start:
+                    ks.append(full[p][0])
+                    vs.append(full[p][1])
+            ks.append(full[s][0][: b - s.start])
+            vs.append(full[s][1][: b - s.start])
+        return self._varlen(q, ks, vs, [b for _s, _a, b in chunks], scale)
+
+    def _q_lens(self) -> list[int]:
+        """Query rows per varlen sequence: the slices, or this CP member's chunks of them."""
+        if self.cp is None:
+            return [s.tokens for s in self.slices]
+        return [b - a for _s, a, b in self.cp.local(self.slices)] or [1]  # [1]: padding token
 
     def _per_slice(
         self, k: torch.Tensor, v: torch.Tensor
     ) -> dict[Slice, tuple[torch.Tensor, torch.Tensor]]:
-        """The pack's keys/values cut into its slices."""
+        """The pack's keys/values cut into its slices (this CP member's rows of them)."""
         own, off = {}, 0
         for s in self.slices:
-            own[s] = (k[off : off + s.tokens], v[off : off + s.tokens])
-            off += s.tokens
+            n = s.tokens if self.cp is None else self.cp.local_tokens(s)
+            own[s] = (k[off : off + n], v[off : off + n])
+            off += n
         return own
 
     def _varlen(self, q, ks: list, vs: list, k_lens: list[int], scale: float) -> torch.Tensor:
@@ -170,9 +238,7 @@ class PackContext:
         (:func:`~slimdata.hooks.attention.sdpa.sdpa_pieces`); kernels that take one key
         tensor get the concatenation."""
         if self._batch is None:  # same for every layer of the pack (masks cached inside)
-            self._batch = VarlenBatch.from_lengths(
-                [s.tokens for s in self.slices], k_lens, device=q.device
-            )
+            self._batch = VarlenBatch.from_lengths(self._q_lens(), k_lens, device=q.device)
         if resolve_backend(self.backend, q.device, q.dtype) == "sdpa":
             return sdpa_pieces(q, ks, vs, self._batch, scale)
         k, v = (ks[0], vs[0]) if len(ks) == 1 else (torch.cat(ks), torch.cat(vs))

@@ -41,9 +41,10 @@ import torch.distributed as dist
 from slimdata.hooks import fsdp as fsdp_rt
 from slimdata.hooks.callbacks import Callback, PackEvent, StepSummary
 from slimdata.hooks.continuation import PackContext
+from slimdata.hooks.cp import CpRuntime, cp_runtime, plan_cp
 from slimdata.hooks.hf import hf_hidden_forward
 from slimdata.hooks.kvstore import KVStore
-from slimdata.hooks.loss import HiddenStates, packed_loss, slice_labels
+from slimdata.hooks.loss import IGNORE, HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.merge import MergeRuntime, ensure_groups
 from slimdata.hooks.payload import StepPayload
 from slimdata.hooks.recompute import StepRecompute, resolve_policy, step_recompute
@@ -103,6 +104,7 @@ class _Step:
         device,
         chunk=None,
         recompute: StepRecompute | None = None,
+        cp: int = 1,
     ) -> None:
         self.module, self.forward, self.backend, self.device = module, forward, backend, device
         self.chunk: int | None = chunk
@@ -111,7 +113,8 @@ class _Step:
         self.rs = self.plan.ranks[self.rank]
         self.norm = self.plan.loss_tokens
         self.store = KVStore()
-        self.merge: MergeRuntime | None = _merge_runtime(self.plan, self.rank)
+        self.cp: CpRuntime | None = cp_runtime(self.plan, self.rank, cp)
+        self.merge: MergeRuntime | None = _merge_runtime(self.plan, self.rank, self.cp)
         toks, masks = _slice_tensors(payload)
         # merged documents are laid out by the merge group (gathered below), not by this rank
         self.doc_slices = _doc_slices(self.rs, self.merge.docs if self.merge else set())
@@ -137,19 +140,25 @@ class _Step:
 
     def run_pack(self, pack: MicroPack, mode: str) -> tuple[torch.Tensor, PackContext]:
         sl = pack.slices
-        ids = torch.cat([self.doc_tokens[s.doc][s.start : s.end] for s in sl])
-        pos = torch.cat([torch.arange(s.start, s.end, device=self.device) for s in sl])
-        labels = torch.cat(
-            [
-                slice_labels(
-                    self.doc_tokens[s.doc],
-                    s.start,
-                    s.end,
-                    None if self.doc_masks is None else self.doc_masks[s.doc],
-                )
-                for s in sl
-            ]
-        )
+        # token ranges this process runs: whole slices, or its chunks of them under static CP
+        rows = self.cp.local(sl) if self.cp is not None else [(s, s.start, s.end) for s in sl]
+        if not rows:  # a CP member's empty share: one padding token, no label (hooks.cp)
+            ids = pos = torch.zeros(1, dtype=torch.long, device=self.device)
+            labels = torch.full((1,), IGNORE, dtype=torch.long, device=self.device)
+        else:
+            ids = torch.cat([self.doc_tokens[s.doc][a:b] for s, a, b in rows])
+            pos = torch.cat([torch.arange(a, b, device=self.device) for _s, a, b in rows])
+            labels = torch.cat(
+                [
+                    slice_labels(
+                        self.doc_tokens[s.doc],
+                        a,
+                        b,
+                        None if self.doc_masks is None else self.doc_masks[s.doc],
+                    )
+                    for s, a, b in rows
+                ]
+            )
         ctx = PackContext(
             sl,
             self.doc_slices,
@@ -157,6 +166,7 @@ class _Step:
             mode=mode,
             backend=self.backend,
             merge=self.merge if pack.merge is not None else None,
+            cp=self.cp,
         )
         with ctx, torch.set_grad_enabled(mode != "nograd"):
             logits = self.forward(self.module, ids, pos)
@@ -184,13 +194,17 @@ class _Step:
         torch.autograd.backward(outs, grads)
 
 
-def _merge_runtime(plan: RankPlan, rank: int) -> MergeRuntime | None:
-    """The DP-Merge runtime of ``rank``'s merge group, or None outside any group."""
+def _merge_runtime(plan: RankPlan, rank: int, cp: CpRuntime | None) -> MergeRuntime | None:
+    """The DP-Merge runtime of ``rank``'s merge group (under static CP: of this process),
+    or None outside any group."""
     if not plan.merges:
         return None
-    ensure_groups(plan)
+    k = 1 if cp is None else cp.cp
+    ensure_groups(plan, k)
     g = plan.merge_of_rank(rank)
-    return None if g is None else MergeRuntime(plan, rank, g)
+    if g is None:
+        return None
+    return MergeRuntime(plan, rank, g, cp=k, process=None if cp is None else rank * k + cp.member)
 
 
 def _slice_tensors(
@@ -530,6 +544,7 @@ def run_step(
     asymmetric: str = "split",
     loss_chunk_tokens: int | None = None,
     recompute: str | None = None,
+    cp: int | None = None,
 ) -> StepSummary:
     """Run ``payload.rank``'s forward and backward packs of ``payload.plan``; accumulate grads.
 
@@ -570,7 +585,16 @@ def run_step(
         model, payload, forward, reduce_grads, group, fsdp_grad_sync, asymmetric, recompute
     )
     with step_recompute(opts.module, opts.policy) as rc:
-        st = _Step(opts.module, payload, opts.forward, backend, opts.device, loss_chunk_tokens, rc)
+        st = _Step(
+            opts.module,
+            payload,
+            opts.forward,
+            backend,
+            opts.device,
+            loss_chunk_tokens,
+            rc,
+            plan_cp(payload.plan, cp),
+        )
         for cb in callbacks:
             cb.on_step_start(st.plan, st.rank)
         calls = _pack_calls(payload, st.rs, opts)

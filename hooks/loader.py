@@ -210,6 +210,8 @@ class PlanShardLoader:
     layout defines (``nodes``/``ranks_per_node`` from ``plan.json``); ``mode="iterate"`` walks
     a stock ``StreamingDataset(shuffle=False, batch_size=1, num_canonical_nodes=nodes)`` as
     streaming partitions it for this rank. Both check every payload's (step, rank) stamp.
+    Under static CP (``cp`` in ``plan.json``) process ``rank`` gets the payload of DP rank
+    ``rank // cp`` (:mod:`slimdata.hooks.cp`).
     Each payload carries this rank's view of its step's plan (:class:`RankPlan`); plan shards
     of an older format raise :class:`~slimdata.errors.PlanFormatError` here, before any read.
     """
@@ -226,12 +228,19 @@ class PlanShardLoader:
         if mode not in ("index", "iterate"):
             raise ConfigError(f"mode={mode!r}: use 'index' or 'iterate'")
         check_dataset(dataset)
-        for directory in local_dirs(dataset):
-            check_plan_sidecar(directory)
+        sidecars = [check_plan_sidecar(directory) for directory in local_dirs(dataset)]
         self.dataset, self.rank, self.mode = dataset, rank, mode
         self.nodes, self.ranks_per_node = nodes, ranks_per_node
-        self.dp = nodes * ranks_per_node
-        self.steps = _num_samples(dataset) // self.dp
+        # static CP: process ``rank`` runs DP rank ``rank // cp`` (plan.json records cp)
+        cps = {s.get("cp", 1) for s in sidecars if s} or {1}
+        self.cp = cps.pop()
+        if cps or not isinstance(self.cp, int) or self.cp < 1 or (nodes * ranks_per_node) % self.cp:
+            raise PlanError(
+                f"plan.json records cp={self.cp!r}: need one integer >= 1 dividing the "
+                f"{nodes * ranks_per_node} ranks; re-run `slimdata plan --cp`"
+            )
+        self.dp = nodes * ranks_per_node // self.cp
+        self.steps = _num_samples(dataset) // (nodes * ranks_per_node)
         self.step = 0
 
     def state_dict(self) -> dict[str, int]:
@@ -245,8 +254,8 @@ class PlanShardLoader:
         self.step = int(state["step"])
 
     def _payload(self, sample: dict, step: int) -> StepPayload:
-        plan, tokens = check_payload(sample, step, self.rank, self.dp)
-        return StepPayload(plan=plan, rank=self.rank, tokens=tokens)
+        plan, tokens = check_payload(sample, step, self.rank, self.dp, self.cp)
+        return StepPayload(plan=plan, rank=self.rank // self.cp, tokens=tokens)
 
     def __iter__(self) -> Iterator[StepPayload]:
         if self.mode == "iterate":

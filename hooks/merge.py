@@ -26,6 +26,11 @@ kept/recomputed status (a merge pack's backward pack holds exactly its forward p
 so it is kept outside FSDP; under FSDP the status is plan-global), so their sequences match.
 Subgroups are created once per rank set and cached; ``new_group`` is collective, so every
 rank calls :func:`merge_group` for every group of a plan in plan order.
+
+On top of static CP (``cp = k``, :mod:`slimdata.hooks.cp`) a merge group of DP ranks is the
+``k * members`` processes of their CP groups: each process contributes its load-balanced
+chunks of its DP rank's merged slices (:func:`slimdata.execution.cp.cp_chunks`) and its
+queries are those chunks; the token gather takes each slice from the group's first member.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from slimdata.errors import PlanError
+from slimdata.execution.cp import cp_chunks
 from slimdata.plan import RankPlan, Slice, StepPlan
 
 __all__ = ["MergeRuntime", "gather_kv", "merge_group"]
@@ -53,10 +59,15 @@ def merge_group(ranks: tuple[int, ...]):
     return _GROUPS[key]
 
 
-def ensure_groups(plan: StepPlan | RankPlan) -> None:
+def merge_processes(ranks: tuple[int, ...], cp: int = 1) -> tuple[int, ...]:
+    """The processes of a merge group of DP ``ranks`` under static CP ``cp``: their CP groups."""
+    return tuple(r * cp + i for r in sorted(ranks) for i in range(cp))
+
+
+def ensure_groups(plan: StepPlan | RankPlan, cp: int = 1) -> None:
     """Create (or look up) the subgroup of every merge group, on every rank, in plan order."""
     for m in plan.merges:
-        merge_group(m.ranks)
+        merge_group(merge_processes(m.ranks, cp))
 
 
 class _GatherKV(torch.autograd.Function):
@@ -96,6 +107,10 @@ class MergeRuntime:
     layout: dict[int, list[Slice]] = field(default_factory=dict)
     """member rank -> its merged slices sorted by (doc, start): the row order it contributes."""
     maxlen: int = 0
+    cp: int = 1
+    """Static CP size: every member DP rank is ``cp`` processes."""
+    process: int | None = None
+    """This process (default ``rank``; under static CP, ``rank * cp + member``)."""
 
     def __post_init__(self) -> None:
         m = self.plan.merges[self.group_index]
@@ -113,28 +128,38 @@ class MergeRuntime:
                         f"merge group {self.group_index}: rank {r} holds no slice of document #{d}; every member needs a share"
                     )
             self.layout[r] = sl
-        self.maxlen = max(sum(s.tokens for s in v) for v in self.layout.values())
-        self.group = merge_group(self.members)
-        self.index = self.members.index(self.rank)
+        self.processes = merge_processes(self.members, self.cp)
+        self.maxlen = max(sum(b - a for _s, a, b in self.rows(p)) for p in self.processes)
+        self.group = merge_group(self.processes)
+        self.index = self.processes.index(self.rank if self.process is None else self.process)
         self.docs = docs
+
+    def rows(self, process: int) -> list[tuple[Slice, int, int]]:
+        """The token ranges of merged slices ``process`` contributes, in its row order."""
+        rank, member = divmod(process, self.cp)
+        return [
+            (s, a, b)
+            for s in self.layout[rank]
+            for a, b in cp_chunks(s.start, s.end, self.cp, member)
+        ]
 
     def gather(
         self, own: dict[Slice, tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """Full keys/values of every merged document at one layer from this member's ``own``
-        slice -> (k, v) there: doc -> (k, v) over ``[0, length)``."""
+        """Full keys/values of every merged document at one layer from this process's ``own``
+        slice -> (k, v) of its rows there: doc -> (k, v) over ``[0, length)``."""
         mine = self.layout[self.rank]
         kv = torch.stack(
             [torch.cat([own[s][0] for s in mine]), torch.cat([own[s][1] for s in mine])]
         )
         kv = F.pad(kv, (0, 0, 0, 0, 0, self.maxlen - kv.shape[1]))
-        gathered = gather_kv(kv, self.group, self.index, len(self.members))
+        gathered = gather_kv(kv, self.group, self.index, len(self.processes))
         pieces: dict[int, list[tuple[int, torch.Tensor]]] = {d: [] for d in self.docs}
-        for m_i, r in enumerate(self.members):
+        for m_i, p in enumerate(self.processes):
             off = 0
-            for s in self.layout[r]:
-                pieces[s.doc].append((s.start, gathered[m_i, :, off : off + s.tokens]))
-                off += s.tokens
+            for s, a, b in self.rows(p):
+                pieces[s.doc].append((a, gathered[m_i, :, off : off + b - a]))
+                off += b - a
         out = {}
         for d, ps in pieces.items():
             full = torch.cat([t for _start, t in sorted(ps, key=lambda x: x[0])], dim=1)
@@ -142,16 +167,20 @@ class MergeRuntime:
         return out
 
     def gather_tokens(self, local: dict[Slice, torch.Tensor]) -> dict[int, torch.Tensor]:
-        """All-gather the token ids (and any per-token int data) of merged slices: doc -> full row."""
+        """All-gather the token ids (and any per-token int data) of merged slices: doc -> full
+        row. Every process sends its DP rank's whole slices; each slice is read once."""
         mine = self.layout[self.rank]
         flat = torch.cat([local[s] for s in mine]).long()
-        flat = F.pad(flat, (0, self.maxlen - flat.shape[0]))
-        parts = [torch.empty_like(flat) for _ in self.members]
+        width = max(sum(s.tokens for s in v) for v in self.layout.values())
+        flat = F.pad(flat, (0, width - flat.shape[0]))
+        parts = [torch.empty_like(flat) for _ in self.processes]
         dist.all_gather(parts, flat, group=self.group)
         pieces: dict[int, list[tuple[int, torch.Tensor]]] = {d: [] for d in self.docs}
-        for m_i, r in enumerate(self.members):
+        for m_i, p in enumerate(self.processes):
+            if p % self.cp:
+                continue  # the CP group's first member already sent these slices
             off = 0
-            for s in self.layout[r]:
+            for s in self.layout[p // self.cp]:
                 pieces[s.doc].append((s.start, parts[m_i][off : off + s.tokens]))
                 off += s.tokens
         return {

@@ -70,11 +70,13 @@ def plan_to_shards(
     slice_tokens: int = DEFAULT_SLICE_TOKENS,
     workers_per_rank: int = 1,
     cost: CostModel | None = None,
+    cp: int = 1,
 ) -> dict[str, Any]:
     """Solve every step of one epoch and write one MDS sample per (step, rank) to ``out``.
 
     Exactly one of ``shards`` (a ``slimdata build`` output; payloads then carry the tokens)
-    and ``lengths`` (a lengths file; payloads carry no tokens) is needed. Returns the
+    and ``lengths`` (a lengths file; payloads carry no tokens) is needed. ``cp``: static
+    context parallelism (:func:`slimdata.solver.epoch.write_epoch_plan`). Returns the
     summary that is also written to ``out/plan.json``.
     """
     from slimdata.solver.epoch import write_epoch_plan
@@ -114,4 +116,5 @@ def plan_to_shards(
         oversize=oversize,
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
+        cp=cp,
     )

@@ -39,6 +39,14 @@ _COST_OPTIONS = ("model", "device", "recompute", "cost_profile")
     help="Slice length when planning from --lengths.",
 )
 @click.option(
+    "--cp",
+    type=POSITIVE_INT,
+    default=1,
+    show_default=True,
+    help="Static context parallelism: ranks per DP rank (Megatron's --context-parallel-size); "
+    "must divide --nodes x --ranks-per-node.",
+)
+@click.option(
     "-o",
     "--output",
     "out",

@@ -5,6 +5,7 @@ This is what ``slimdata plan`` and ``slimdata build --plan`` call.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from slimdata.cost import CostModel
+from slimdata.errors import ConfigError
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.config import PlanConfig
 from slimdata.solver.layout import Layout
@@ -33,7 +35,8 @@ def plan_epoch(
 ) -> Iterator[StepPlan]:
     """Yield the plan of every step of epoch 0 under :class:`PlanConfig`'s rules (the ones
     the runtime loaders apply): the oversize rule against ``layout.context``, seeded batches
-    of <= ``global_batch_tokens``, one ``solve`` per batch."""
+    of <= ``global_batch_tokens``, one ``solve`` per batch. Under static CP
+    (``layout.cp > 1``) every plan records it in ``meta["cp"]``, which the runtime reads."""
     config = PlanConfig(
         layout=layout,
         global_batch_tokens=global_batch_tokens,
@@ -43,7 +46,12 @@ def plan_epoch(
         cost=cost,
     )
     for step, batch in enumerate(config.batches(docs)):
-        yield config.solve(batch, step, **options)
+        plan = config.solve(batch, step, **options)
+        yield (
+            plan
+            if layout.cp == 1
+            else dataclasses.replace(plan, meta={**plan.meta, "cp": layout.cp})
+        )
 
 
 def write_epoch_plan(
@@ -62,19 +70,31 @@ def write_epoch_plan(
     oversize: str = "error",
     tokens_of: TokenSource | None = None,
     workers_per_rank: int = 1,
+    cp: int = 1,
     **options: Any,
 ) -> dict[str, Any]:
-    """Solve an epoch for ``nodes x ranks_per_node`` DP ranks and write plan shards to ``out``.
+    """Solve an epoch for ``nodes x ranks_per_node`` ranks and write plan shards to ``out``.
 
-    Returns the summary also written to ``out/plan.json`` (steps, layout, strategy, mean
-    imbalance, total solve milliseconds).
+    ``cp > 1``: static context parallelism, the ranks form ``nodes * ranks_per_node / cp``
+    DP ranks of ``cp`` consecutive ranks each (:attr:`Layout.cp`); every rank of a group gets
+    its DP rank's payload. Returns the summary also written to ``out/plan.json`` (steps,
+    layout, strategy, mean imbalance, total solve milliseconds).
     """
+    ranks = nodes * ranks_per_node
+    if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
+        raise ConfigError(f"cp={cp!r}: static context parallelism needs an integer >= 1 (1: none)")
+    if ranks % cp:
+        raise ConfigError(
+            f"cp={cp!r} does not divide the {ranks} ranks ({nodes} nodes x {ranks_per_node} "
+            "ranks per node): choose a static CP size that divides them"
+        )
     layout = Layout(
-        dp=nodes * ranks_per_node,
-        ranks_per_node=ranks_per_node,
+        dp=ranks // cp,
+        ranks_per_node=max(1, ranks_per_node // cp),
         memory_gib=memory_gib,
         context=context,
         mode=mode,
+        cp=cp,
     )
     plans = list(
         plan_epoch(
@@ -110,4 +130,5 @@ def write_epoch_plan(
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
         extra=extra,
+        cp=cp,
     )

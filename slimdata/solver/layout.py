@@ -33,6 +33,13 @@ class Layout:
     """``free`` (DDP: only per-rank totals matter) or ``lockstep`` (FSDP/ZeRO-3, pipeline)."""
     microbatches: int | None = None
     """Packs per rank in lockstep mode (default: chosen by the solver)."""
+    cp: int = 1
+    """Static context parallelism (Megatron's ``--context-parallel-size``): every DP rank is a
+    group of ``cp`` devices that run its packs together, each holding load-balanced chunks of
+    every slice (:mod:`slimdata.execution.cp`). ``dp`` and ``ranks_per_node`` count DP ranks
+    (CP groups), so the job has ``dp * cp`` devices; ``memory_gib`` stays per device and a DP
+    rank is planned with its ``cp`` devices' memory (:attr:`memory_bytes`), as the
+    simulator's static-CP search solves (:mod:`slimdata.sim.cp`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.dp, int) or self.dp < 1:
@@ -51,10 +58,15 @@ class Layout:
             raise ConfigError(f"mode={self.mode!r}: use 'free' (DDP) or 'lockstep' (FSDP/pipeline)")
         if self.microbatches is not None and self.microbatches < 1:
             raise ConfigError(f"microbatches={self.microbatches!r} must be >= 1")
+        if not isinstance(self.cp, int) or isinstance(self.cp, bool) or self.cp < 1:
+            raise ConfigError(
+                f"cp={self.cp!r}: static context parallelism needs an integer >= 1 (1: none)"
+            )
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_gib * GIB
+        """Memory a DP rank is planned with: its ``cp`` devices' budget (``cp = 1``: one)."""
+        return self.memory_gib * self.cp * GIB
 
     @property
     def token_cap(self) -> int:

@@ -140,19 +140,23 @@ def write_plan_shards(
     compression: str | None = None,
     size_limit: int | str = 1 << 26,
     extra: dict[str, Any] | None = None,
+    cp: int = 1,
 ) -> dict[str, Any]:
     """Write plan shards to ``out`` (must be empty or absent); returns the sidecar summary.
 
     Deterministic: payloads and ``plan.json`` carry no wall-clock timings
     (:data:`TIMING_KEYS`); the returned summary still has them.
 
-    Every plan must have ``nodes * ranks_per_node`` ranks and steps ``0..n-1`` in order.
+    Every plan must have ``nodes * ranks_per_node / cp`` ranks and steps ``0..n-1`` in order.
+    Static CP (``cp > 1``): the payload of process ``r`` (stamped ``rank = r``) is DP rank
+    ``r // cp``'s view and tokens, so each member of a CP group reads its DP rank's payload.
     """
     from slimdata.ingest.mds import writer_class
 
     writer = writer_class()  # streaming.MDSWriter, imported without all of streaming
     plans = list(plans)
-    dp = nodes * ranks_per_node
+    ranks = nodes * ranks_per_node
+    dp = ranks // cp
     for i, p in enumerate(plans):
         if p.step != i or p.dp != dp:
             raise PlanError(
@@ -173,14 +177,14 @@ def write_plan_shards(
         out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
     ) as w:
         for flat in by_pos.tolist():
-            step, rank = divmod(flat, dp)
-            toks = rank_tokens(plans[step], rank, tokens_of)
+            step, rank = divmod(flat, ranks)
+            toks = rank_tokens(plans[step], rank // cp, tokens_of)
             stored = toks if len(toks) else np.zeros(1, dtype=np.uint32)
             w.write(
                 {
                     "step": step,
                     "rank": rank,
-                    "plan": jsons[step][rank],
+                    "plan": jsons[step][rank // cp],
                     "tokens": stored,
                     "ntokens": len(toks),
                 }
@@ -192,6 +196,7 @@ def write_plan_shards(
         "ranks_per_node": ranks_per_node,
         "workers_per_rank": workers_per_rank,
         "num_canonical_nodes": nodes,
+        "cp": cp,
         "strategy": plans[0].strategy if plans else None,
         "tokens": int(sum(p.tokens for p in plans)),
         "documents": int(sum(len(p.docs) for p in plans)),
@@ -241,11 +246,12 @@ def read_plan_payload(
 
 
 def check_payload(
-    sample: dict[str, Any], step: int, rank: int, dp: int | None = None
+    sample: dict[str, Any], step: int, rank: int, dp: int | None = None, cp: int = 1
 ) -> tuple[RankPlan, np.ndarray]:
     """Return ``(plan, tokens)`` if ``sample`` is the valid payload of (step, rank), else
     raise :class:`PlanError` (misaligned loader: wrong num_canonical_nodes, shuffle, or
-    workers; or a damaged plan: see :func:`read_plan_payload`)."""
+    workers; or a damaged plan: see :func:`read_plan_payload`). Under static CP ``rank`` is
+    the process, whose plan is DP rank ``rank // cp``'s."""
     got_step, got_rank, plan, tokens = read_plan_payload(sample, dp)
     if (got_step, got_rank) != (step, rank):
         raise PlanError(
@@ -255,8 +261,11 @@ def check_payload(
         )
     if plan.step != step:
         raise PlanError(f"plan payload stamped step {step} carries the plan of step {plan.step}")
-    if plan.rank != rank:
-        raise PlanError(f"plan payload stamped rank {rank} carries the plan of rank {plan.rank}")
+    if plan.rank != rank // cp:
+        raise PlanError(
+            f"plan payload stamped rank {rank} carries the plan of rank {plan.rank}"
+            + (f", not of DP rank {rank // cp} (cp={cp})" if cp > 1 else "")
+        )
     expected = plan.tokens
     if len(tokens) not in (0, expected):
         raise PlanError(
