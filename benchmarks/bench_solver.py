@@ -58,7 +58,7 @@ def latency(quick: bool, validate: bool = False, lockstep: bool = False) -> None
     )
     print(
         f"{'tokens':>8} {'dp':>4} {'pp':>3} {'docs':>6} {'median ms':>10} {'max ms':>8} "
-        f"{'imbalance':>9}  worst fwd / bwd / total"
+        f"{'cpu med':>8} {'cpu max':>8} {'imbalance':>9}  worst fwd / bwd / total"
     )
     settings = [(1 << 18, 16, 1), (1 << 20, 64, 1), (1 << 21, 128, 1), (1 << 22, 256, 1)]
     if lockstep:
@@ -66,15 +66,17 @@ def latency(quick: bool, validate: bool = False, lockstep: bool = False) -> None
     for tokens, dp, pp in settings:
         bs = batches("wlb128k", tokens, 3 if quick else 8, 131072)
         layout = Layout(dp=dp, pp=pp, memory_gib=60, context=131072, mode=mode)
-        times, imb = [], []
+        times, cpu, imb = [], [], []
         for b in bs:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             p = solve(b, layout, "slimpack", 0, COST, validate=validate)
             times.append((time.perf_counter() - t0) * 1e3)
+            cpu.append((time.process_time() - c0) * 1e3)
             imb.append((p.meta["imbalance_fwd"], p.meta["imbalance_bwd"], p.meta["imbalance"]))
         w = np.max(imb, axis=0)
         print(
-            f"{tokens:>8} {dp:>4} {pp:>3} {np.mean([len(b) for b in bs]):>6.0f} {np.median(times):>10.1f} {max(times):>8.1f} {np.mean(imb, axis=0)[2]:>9.4f}"
+            f"{tokens:>8} {dp:>4} {pp:>3} {np.mean([len(b) for b in bs]):>6.0f} {np.median(times):>10.1f} {max(times):>8.1f} "
+            f"{np.median(cpu):>8.1f} {max(cpu):>8.1f} {np.mean(imb, axis=0)[2]:>9.4f}"
             f"  {w[0]:.4f} / {w[1]:.4f} / {w[2]:.4f}"
         )
 
