@@ -50,7 +50,7 @@ from slimdata.solver.merge import (
     member_tokens,
     plan_merges,
 )
-from slimdata.solver.micropack import RankPacks, pack_rank, pack_rank_lockstep
+from slimdata.solver.micropack import LockstepWork, RankPacks, pack_rank
 from slimdata.solver.pipeline import pipeline_times, plan_pipeline_time
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
 
@@ -411,9 +411,9 @@ def _slice_move_within_cap(
 ) -> bool:
     """Does ``lo``'s merge share (one pack) stay within ``cap`` tokens after the move of
     :func:`_slice_move_fits` (and ``hi``'s)?"""
-    tok = view.end - view.start
-    new_lo = member_tokens(view, shares[lo]) + int(tok[x]) - (int(tok[y]) if y >= 0 else 0)
-    new_hi = member_tokens(view, shares[hi]) - int(tok[x]) + (int(tok[y]) if y >= 0 else 0)
+    tok = view.lists[0]
+    new_lo = member_tokens(view, shares[lo]) + tok[x] - (tok[y] if y >= 0 else 0)
+    new_hi = member_tokens(view, shares[hi]) - tok[x] + (tok[y] if y >= 0 else 0)
     return max(new_lo, new_hi) <= cap
 
 
@@ -668,10 +668,14 @@ def _lockstep(
     gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / share)
     for m in counts:
         tried: dict[int, tuple[float, list[RankPacks]] | None] = {}
+        works = [
+            LockstepWork.of(view, p1.units[r], p1.member_slices.get(r, ()), m)
+            for r in range(layout.dp)
+        ]
 
-        def fits(lag: int, m: int = m, tried=tried) -> bool:
+        def fits(lag: int, works=works, tried=tried) -> bool:
             if lag not in tried:
-                tried[lag] = _lockstep_at(view, p1, layout, m, lag, share, gather)
+                tried[lag] = _lockstep_at(works, layout, lag, share, gather)
             return tried[lag] is not None
 
         # invariant: every lag below lo fits, none above hi; on one stage a lag only adds
@@ -693,27 +697,22 @@ def _lockstep(
 
 
 def _lockstep_at(
-    view: BatchView,
-    p1: _Phase1,
+    works: Sequence[LockstepWork],
     layout: Layout,
-    m: int,
     lag: int,
     share: float,
     gather: dict[int, float],
 ) -> tuple[float, list[RankPacks]] | None:
-    """Every rank's lockstep packs for ``m`` packs and backward ``lag`` (``gather``: each merge
-    member's buffers, full-model bytes), with the 1F1B estimate: the slowest rank's pipeline
-    (ranks meet at the gradient reduction, as under DDP or ZeRO-1/2; FSDP's per-pack gathers
-    can only add to it); ``None`` when a rank does not fit."""
+    """Every rank's lockstep packs (``works[r]``: rank ``r``'s documents and pack count) at
+    backward ``lag`` (``gather``: each merge member's buffers, full-model bytes), with the 1F1B
+    estimate: the slowest rank's pipeline (ranks meet at the gradient reduction, as under DDP
+    or ZeRO-1/2; FSDP's per-pack gathers can only add to it); ``None`` when a rank does not
+    fit."""
     packs = []
-    for r in range(layout.dp):
-        p = pack_rank_lockstep(
-            view,
-            p1.units[r],
-            p1.member_slices.get(r, ()),
+    for r, work in enumerate(works):
+        p = work.pack(
             cap=layout.token_cap,
             mem=layout.memory_bytes,
-            m=m,
             lag=lag,
             pp=layout.pp,
             layer_share=share,
@@ -723,9 +722,10 @@ def _lockstep_at(
         if p is None:
             return None
         packs.append(p)
-    _tok, fwd, bwd, _act, _doc = view.lists
-    f = np.array([[sum(fwd[k] for k in i) for i in p.forward] for p in packs]).T
-    b = np.array([[sum(bwd[k] for k in j) for j in p.backward] for p in packs]).T
+    _tok, fwd, bwd, _act, _doc = works[0].view.lists
+    f = np.array([[sum(map(fwd.__getitem__, i)) for i in p.forward] for p in packs]).T
+    b = np.array([[sum(map(bwd.__getitem__, j)) for j in p.backward] for p in packs]).T
+    m = works[0].m
     est = float(pipeline_times(f, b, interleaved_order(m, m, lag), layout.pp).max())
     return est, packs
 
