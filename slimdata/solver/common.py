@@ -128,6 +128,20 @@ class BatchView:
         )
 
     @cached_property
+    def packing_lists(self) -> tuple[list[float], list[float], list[float], list[float]]:
+        """Python lists ``(act + K/V bytes, K/V bytes, fwd / 2, bwd / 2)`` per slice, for the
+        packers' per-slice loops: what a slice adds to a rank's memory when it runs forward,
+        its keys and values alone, and its forward and backward midpoints (a pack closes
+        before a slice whose midpoint passes the pack's cost quantile)."""
+        kv = self.kv_per_token * (self.end - self.start)
+        return (
+            (self.act + kv).tolist(),
+            kv.tolist(),
+            (self.fwd / 2).tolist(),
+            (self.bwd / 2).tolist(),
+        )
+
+    @cached_property
     def ranges(self) -> list[range]:
         """``ranges[d]``: the slice indices of document ``d`` (``range(off[d], off[d+1])``)."""
         return list(map(range, self.off[:-1].tolist(), self.off[1:].tolist()))

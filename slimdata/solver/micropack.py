@@ -29,6 +29,7 @@ Example (lockstep, m=2, no lag, one 4-slice document with forward costs 1,1,1,1 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -345,7 +346,6 @@ class _LockstepRank:
         "fwd",
         "held",
         "kv_per_slice",
-        "kvp",
         "lag",
         "late",
         "m",
@@ -364,6 +364,7 @@ class _LockstepRank:
         "tok",
         "total_b",
         "total_f",
+        "view",
     )
 
     def __init__(
@@ -377,8 +378,8 @@ class _LockstepRank:
         kv_per_slice: bool,
     ):
         view, merge_slices = work.view, work.merge_slices
+        self.view = view
         self.tok, self.fwd, self.bwd, self.act, self.docl = view.lists
-        self.kvp = view.kv_per_token
         self.cap, self.mem, self.m, self.lag, self.pp = cap, mem, work.m, lag, pp
         self.merge_kv, self.kv_per_slice = merge_kv, kv_per_slice
         self.merge_slices = merge_slices
@@ -426,39 +427,43 @@ class _LockstepRank:
         """Forward the documents' slices in order into the open pack, closing it first at the
         token cap, at the memory cap (first stage) or at the next forward-cost quantile.
         ``False`` when the caps do not fit ``m`` packs."""
-        tok, fwd, act, kvp, cap, mem = self.tok, self.fwd, self.act, self.kvp, self.cap, self.mem
+        tok, fwd, cap, mem = self.tok, self.fwd, self.cap, self.mem
+        extra_of, kv_of, half_f, _half_b = self.view.packing_lists
         base, rest, total_f, F = self.base, self.rest, self.total_f, self.F
         docl, doc_left, doc_kv, ready = self.docl, self.doc_left, self.doc_kv, self.ready
+
+        def quantile() -> float:  # where the open pack closes on forward cost (not the last)
+            n = len(F) - base
+            return total_f * (n + 1) / rest if n < rest - 1 else math.inf
+
         # the hot loop runs on locals, stored back around close_forward and at the end
         cur, cur_tok, cum_f = self.cur, self.cur_tok, self.cum_f
         held, late, peak = self.held, self.late, self.peak
+        q = quantile()
         for u in stream:
             d = docl[u[0]]
             doc_left[d] = len(u)
             kv = 0.0  # u's K/V bytes (closing a pack frees only completed documents)
             for i in u:
-                extra = act[i] + kvp * tok[i]
+                extra = extra_of[i]
                 if cur and (
-                    cur_tok + tok[i] > cap
-                    or held + late + extra > mem
-                    or (
-                        len(F) - base < rest - 1
-                        and cum_f + fwd[i] / 2 > total_f * (len(F) - base + 1) / rest
-                    )
+                    cur_tok + tok[i] > cap or held + late + extra > mem or cum_f + half_f[i] > q
                 ):
                     self.cur, self.held, self.late, self.peak = cur, held, late, peak
                     self.close_forward()
                     cur, cur_tok, held, late, peak = self.cur, 0, self.held, self.late, self.peak
                     if len(F) - base >= rest or not self.fits:
                         return False
+                    q = quantile()
                 if held + late + extra > mem or tok[i] > cap:
                     return False
                 cur.append(i)
                 cur_tok += tok[i]
                 cum_f += fwd[i]
                 held += extra
-                kv += kvp * tok[i]
-                peak = max(peak, held + late)
+                kv += kv_of[i]
+                if held + late > peak:
+                    peak = held + late
             doc_kv[d] = kv
             ready.append(list(u))
         self.cur, self.cur_tok, self.cum_f = cur, cur_tok, cum_f
@@ -488,7 +493,8 @@ class _LockstepRank:
             self.late += self.merge_bytes
             self.n_b += 1
             return
-        tok, bwd, act, docl, kvp, cap = self.tok, self.bwd, self.act, self.docl, self.kvp, self.cap
+        tok, bwd, act, docl, cap = self.tok, self.bwd, self.act, self.docl, self.cap
+        _extra, kv_of, _half_f, half_b = self.view.packing_lists
         ready, doc_left, doc_kv = self.ready, self.doc_left, self.doc_kv
         kv_per_slice = self.kv_per_slice
         held_before = held = self.held
@@ -500,7 +506,7 @@ class _LockstepRank:
         while ready:
             doc_slices = ready[0]
             i = doc_slices[-1]
-            if pack and (cum_b + bwd[i] / 2 > target or pack_tok + tok[i] > cap):
+            if pack and (cum_b + half_b[i] > target or pack_tok + tok[i] > cap):
                 break
             doc_slices.pop()
             pack.append(i)
@@ -510,8 +516,8 @@ class _LockstepRank:
             d = docl[i]
             doc_left[d] -= 1
             if kv_per_slice:  # the simulator's rule: a slice's K/V goes with its backward
-                held -= kvp * tok[i]
-                doc_kv[d] -= kvp * tok[i]
+                held -= kv_of[i]
+                doc_kv[d] -= kv_of[i]
             if doc_left[d] == 0:
                 held -= doc_kv.pop(d)
             if not doc_slices:

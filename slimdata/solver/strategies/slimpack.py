@@ -110,6 +110,7 @@ def assign_lpt(
     ids_l = ids[order].tolist()
     grp_l = grp[order].tolist()
     members = [np.asarray(r, dtype=np.int64) for r, _s in groups]
+    member_lists = [list(r) for r, _s in groups]
     F = np.zeros(dp)
     Bl = np.zeros(dp)
     out_docs: list[list[int]] = [[] for _ in range(dp)]
@@ -134,9 +135,8 @@ def assign_lpt(
     for k in range(k, n):  # noqa: B020 - continues the loop above
         c = fn[k] + bn[k]
         g = grp_l[k]
-        if g >= 0:
-            cand = members[g]
-            r = int(cand[np.argmin(np.asarray(load)[cand])])
+        if g >= 0:  # the first least loaded member
+            r = min(member_lists[g], key=load.__getitem__)
             out_merge[r].append(ids_l[k])
             load[r] += c
             continue
@@ -323,10 +323,17 @@ class _LocalSearch:
             kind, xs, yid, yown = cand[:4]
             pm = self.pair_max(hi, cand)
             flat = pm.ravel()
-            if float(flat.min()) >= bar:
+            low = flat.min()
+            if float(low) >= bar:
                 continue
-            few = np.argpartition(flat, 8)[:8] if len(flat) > 8 else np.arange(len(flat))
-            for jj in few[np.argsort(flat[few], kind="stable")].tolist():
+            if kind == "doc" and np.count_nonzero(flat == low) == 1:
+                # a document move is always allowed, so only the lowest is looked at: when it
+                # is unique, it is the first of the 8 lowest below (no partial sort needed)
+                lowest = [int(flat.argmin())]
+            else:
+                few = np.argpartition(flat, 8)[:8] if len(flat) > 8 else np.arange(len(flat))
+                lowest = few[np.argsort(flat[few], kind="stable")].tolist()
+            for jj in lowest:
                 val = float(pm.flat[jj])
                 if val >= bar or (best is not None and val >= best[0]):
                     break
