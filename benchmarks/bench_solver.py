@@ -34,7 +34,14 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths
-from slimdata.solver import STRATEGIES, Layout, apply_oversize, make_batches, solve
+from slimdata.solver import (
+    STRATEGIES,
+    Layout,
+    SolveOptions,
+    apply_oversize,
+    make_batches,
+    solve,
+)
 
 DATA = os.environ.get("SLIMDATA_LENGTHS", "/work/shared/data/lengths")
 FILES = {"wlb128k": f"{DATA}/wlb128k.json.gz", "wikipedia": f"{DATA}/wikipedia.txt.gz"}
@@ -139,14 +146,15 @@ def pipeline(quick: bool) -> None:
             )
 
 
-def free_sim(quick: bool, **options) -> None:
+def free_sim(quick: bool, options: SolveOptions) -> None:
     """Free-mode (DDP) slimpack plans judged by the simulator: the quality settings (dp=16,
     T = 16 x context, 2 batches) and the latency table's 1M/64 and 2M/128 (3 batches); mean
     simulated step time, lower bound, worst of the fwd/bwd/total imbalance degrees and ranks in
-    merge groups. ``options`` go to ``solve`` (e.g. ``skew_merge=False``)."""
+    merge groups. ``options`` go to ``solve`` (e.g. ``SolveOptions(skew_merge=False)``)."""
     from slimdata.sim import SimConfig, simulate_step
 
-    print(f"\n== free-mode slimpack, simulated (DDP, 60 GiB, full recompute) {options or ''} ==")
+    changed = ", ".join(f"{n}={getattr(options, n)}" for n in options.changed())
+    print(f"\n== free-mode slimpack, simulated (DDP, 60 GiB, full recompute) {changed} ==")
     print(
         f"{'file':>10} {'ctx':>5} {'dp':>4} {'step s':>8} {'bound s':>8} {'imb':>7} {'merge ranks':>11}"
     )
@@ -156,7 +164,7 @@ def free_sim(quick: bool, **options) -> None:
         layout = Layout(dp=dp, memory_gib=60, context=ctx)
         rows = []
         for b in batches(name, tokens, n, ctx):
-            p = solve(b, layout, "slimpack", 0, COST, validate=False, **options)
+            p = solve(b, layout, "slimpack", 0, COST, validate=False, options=options)
             r = simulate_step(p, COST, layout, SimConfig())
             imb = max(p.meta["imbalance_fwd"], p.meta["imbalance_bwd"], p.meta["imbalance"])
             rows.append((r.step_time, r.lower_bound, imb, sum(len(g.ranks) for g in p.merges)))
@@ -211,4 +219,4 @@ if __name__ == "__main__":
     if args.only in (None, "memory"):
         memory(args.quick)
     if args.only == "free-sim":
-        free_sim(args.quick, **({"skew_merge": False} if args.no_skew else {}))
+        free_sim(args.quick, SolveOptions(skew_merge=not args.no_skew))

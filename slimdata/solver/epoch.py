@@ -15,6 +15,7 @@ from slimdata.cost import CostModel
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.config import PlanConfig
 from slimdata.solver.layout import Layout
+from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.planshards import TokenSource, write_plan_shards
 
 __all__ = ["plan_epoch", "write_epoch_plan"]
@@ -29,7 +30,8 @@ def plan_epoch(
     seed: int = 0,
     cost: CostModel | None = None,
     oversize: str = "error",
-    **options: Any,
+    options: SolveOptions = DEFAULT_OPTIONS,
+    validate: bool = True,
 ) -> Iterator[StepPlan]:
     """Yield the plan of every step of epoch 0 under :class:`PlanConfig`'s rules (the ones
     the runtime loaders apply): the oversize rule against ``layout.context``, seeded batches
@@ -43,7 +45,7 @@ def plan_epoch(
         cost=cost,
     )
     for step, batch in enumerate(config.batches(docs)):
-        yield config.solve(batch, step, **options)
+        yield config.solve(batch, step, options=options, validate=validate)
 
 
 def write_epoch_plan(
@@ -62,7 +64,7 @@ def write_epoch_plan(
     oversize: str = "error",
     tokens_of: TokenSource | None = None,
     workers_per_rank: int = 1,
-    **options: Any,
+    options: SolveOptions = DEFAULT_OPTIONS,
 ) -> dict[str, Any]:
     """Solve an epoch for ``nodes x ranks_per_node`` DP ranks and write plan shards to ``out``.
 
@@ -85,7 +87,8 @@ def write_epoch_plan(
             seed=seed,
             cost=cost,
             oversize=oversize,
-            **{"validate": False, **options},  # write_plan_shards validates every plan once
+            options=options,
+            validate=False,  # write_plan_shards validates every plan once
         )
     )
     extra = {

@@ -51,6 +51,7 @@ from slimdata.solver.merge import (
     plan_merges,
 )
 from slimdata.solver.micropack import LockstepWork, RankPacks, pack_rank
+from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.pipeline import pipeline_times, plan_pipeline_time
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
 
@@ -60,10 +61,6 @@ MORE_PACKS = (4, 6)
 """With ``pp > 1``, when the best plan of the usual pack counts (1x, 2x, 3x the fewest) has a
 lag below its pack count minus one (memory held the warm-up down), these multiples are tried
 too: smaller packs let the first pipeline stage hold more of them in flight."""
-
-SKEW_MERGE = True
-"""Free mode: also merge documents whose backward/forward skew leaves their rank unbalanced
-(:func:`~slimdata.solver.merge.skew_group_sizes`)."""
 
 MERGE_GATHER = 2.0
 """Merge members are sized for the merge buffers (:meth:`CostModel.gathered_kv_bytes`): one
@@ -431,43 +428,39 @@ def slimpack(
     cost: CostModel | None = None,
     *,
     step: int = 0,
-    merge_share: float = 1.0,
-    milp_seconds: float = 0.0,
-    improve_rounds: int = 400,
-    refine_share: float = REFINE_SHARE,
-    skew_merge: bool = SKEW_MERGE,
     validate: bool = True,
+    options: SolveOptions = DEFAULT_OPTIONS,
 ) -> StepPlan:
-    """Plan one step with SlimPack (see the module docstring).
-
-    ``merge_share``: documents costlier than this fraction of the balanced per-rank time are
-    merged (1.0: only those that cannot be balanced otherwise). ``seed`` only breaks ties (the
-    heuristic is deterministic for a batch). ``improve_rounds``: moves of the local search after
-    LPT (0 turns it off). ``refine_share`` (free mode): slices costlier than this fraction of
-    the balanced per-rank time are cut finer first (:mod:`slimdata.solver.refine`; 0 turns it
-    off).
+    """Plan one step with SlimPack (see the module docstring); reads ``options.merge_share``,
+    ``improve_rounds``, ``milp_seconds``, ``refine_share`` and ``skew_merge``
+    (:class:`~slimdata.solver.options.SolveOptions`). ``seed`` only breaks ties (the heuristic
+    is deterministic for a batch).
     """
     from slimdata.solver.common import default_cost
 
     t0 = time.perf_counter()
     cost = cost or default_cost()
     view = BatchView.build(batch, cost)
-    if refine_share > 0 and layout.mode == "free":
-        finer = refine_costly_slices(view, layout.dp, cost, share=refine_share)
+    if options.refine_share > 0 and layout.mode == "free":
+        finer = refine_costly_slices(view, layout.dp, cost, share=options.refine_share)
         if finer is not None:
             view = BatchView.build(finer, cost)
     cap, mem = layout.token_cap, layout.memory_bytes
     with _recompute_advice(cost):
         _check_slices(view, cap, mem)
-    meta: dict = {"seed": seed, "merge_share": merge_share, "layout": _layout_meta(layout)}
-    opts: dict[str, Any] = {
-        "merge_share": merge_share,
-        "improve_rounds": improve_rounds,
-        "milp_seconds": milp_seconds,
-        "skew_merge": skew_merge,
+    meta: dict = {
+        "seed": seed,
+        "merge_share": options.merge_share,
+        "layout": _layout_meta(layout),
     }
-    if refine_share != REFINE_SHARE:
-        meta["refine_share"] = refine_share
+    opts: dict[str, Any] = {
+        "merge_share": options.merge_share,
+        "improve_rounds": options.improve_rounds,
+        "milp_seconds": options.milp_seconds,
+        "skew_merge": options.skew_merge,
+    }
+    if options.refine_share != REFINE_SHARE:
+        meta["refine_share"] = options.refine_share
     if layout.mode == "free":
         with _recompute_advice(cost):
             p1 = _phase1(view, layout, packs=1, mem=mem, gather=MERGE_GATHER, **opts)
