@@ -142,6 +142,12 @@ class BatchView:
         )
 
     @cached_property
+    def memo(self) -> dict[Any, Any]:
+        """Results of pure functions of this batch that its planner asks for more than once
+        (merge splits, :func:`slimdata.solver.merge.split_group`), by their arguments."""
+        return {}
+
+    @cached_property
     def ranges(self) -> list[range]:
         """``ranges[d]``: the slice indices of document ``d`` (``range(off[d], off[d+1])``)."""
         return list(map(range, self.off[:-1].tolist(), self.off[1:].tolist()))

@@ -64,7 +64,21 @@ def split_group(
     ``base`` (default 0).
 
     Returns the members' slice lists (sorted), their merge loads and the largest member memory.
+    Without ``base`` a split is computed once per batch (the planner tries the same documents
+    at several pack counts) and handed out as fresh lists.
     """
+    if base is not None:
+        return _split(view, slices, k, base)
+    key = (tuple(slices), k)
+    if key not in view.memo:
+        view.memo[key] = _split(view, slices, k, None)
+    members, loads, peak = view.memo[key]
+    return [list(ms) for ms in members], loads.copy(), peak
+
+
+def _split(
+    view: BatchView, slices: Sequence[int], k: int, base: Sequence[float] | None
+) -> tuple[list[list[int]], np.ndarray, float]:
     idx = np.asarray(slices, dtype=np.int64)
     cost = view.fwd[idx] + view.bwd[idx]
     order = np.argsort(-cost, kind="stable")
