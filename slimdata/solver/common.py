@@ -324,23 +324,25 @@ class _SliceRuns:
     ) -> tuple[MicroPack, ...]:
         """MicroPacks of one rank's packs of view slices (``lists``), each priced as the sum
         of its runs' ``price``; pack ``merge_at`` is merge group ``g``'s."""
+        run, slices = self.run_list, self.slices
         out = []
         for i, pack in enumerate(lists):
-            ids = (
-                self.run[np.asarray(pack, dtype=np.int64)]
-                if len(pack)
-                else np.zeros(0, dtype=np.int64)
-            )
-            if len(ids) > 1:
-                ids = ids[np.append(True, ids[1:] != ids[:-1])]
+            ids: list[int] = []
+            for k in pack:  # a pack's slices of one run are consecutive: one entry per run
+                if not ids or run[k] != ids[-1]:
+                    ids.append(run[k])
             out.append(
                 MicroPack(
-                    tuple(map(self.slices.__getitem__, ids.tolist())),
-                    float(price[ids].sum()),
+                    tuple(map(slices.__getitem__, ids)),
+                    float(price[ids].sum()) if ids else 0.0,
                     g if i == merge_at else None,
                 )
             )
         return tuple(out)
+
+    @cached_property
+    def run_list(self) -> list[int]:
+        return self.run.tolist()
 
 
 def _balance_meta(ranks: Sequence[RankStep]) -> dict[str, float]:
