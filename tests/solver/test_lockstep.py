@@ -272,3 +272,32 @@ def test_planner_estimate_is_the_simulated_step_without_communication(pp):
         assert not plan.merges  # merged slices are priced with CP chunk efficiency: not here
         sim = simulate_step(plan, cost, layout, SimConfig(interconnect=free_net))
         assert plan.meta["pipeline_estimate"] == pytest.approx(sim.step_time, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "ragged"])
+def test_plan_estimate_is_the_slowest_ranks_own_pipeline(mode):
+    # every rank's packs through its own order on 4 stages, one by one: the plan's estimate is
+    # the largest, whether ranks share an order (lockstep) or not (other lags, other counts)
+    from dataclasses import replace
+
+    from slimdata.solver.pipeline import plan_pipeline_time
+
+    rng = np.random.default_rng(3)
+    lengths = [8192, 4096, *rng.integers(300, 3000, size=40).tolist()]
+    layout = Layout(dp=3, pp=4, mode="lockstep", context=16384, memory_gib=1000)
+    plan = solve(docs_of(lengths), layout, "slimpack", 0, unit_cost())
+    if mode == "ragged":
+        r0, r1, r2 = plan.ranks
+        m = len(r1.forward)
+        r1 = replace(r1, order=interleaved_order(m, m, 2))
+        r2 = replace(r2, forward=r2.forward[:4], backward=r2.backward[:3])
+        r2 = replace(r2, order=interleaved_order(4, 3, 1))
+        plan = replace(plan, ranks=(r0, r1, r2))
+    each = [
+        pipeline_time([p.cost for p in rs.forward], [p.cost for p in rs.backward], rs.order, 4)
+        for rs in plan.ranks
+    ]
+    orders = {rs.order for rs in plan.ranks}
+    assert len(orders) == (1 if mode == "lockstep" else 3)  # not vacuous
+    assert min(each) > 0
+    assert plan_pipeline_time(plan, 4) == max(each)
