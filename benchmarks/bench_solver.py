@@ -4,8 +4,10 @@ Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--onl
 
 1. Latency of ``solve(..., "slimpack")`` (heuristic, MILP off) on one core for a 1M-token
    global batch over 64 DP ranks and a 4M-token batch over 256 ranks from ``wlb128k.json.gz``
-   (median over batches), plus how it grows with batch size; ``validate=False`` unless
-   ``--validate`` (the per-step solve; tests and plan shards always validate).
+   (median and worst over batches, wall time and this process's CPU time: on a shared
+   machine the CPU time is the figure to compare), plus how it grows with batch size;
+   ``validate=False`` unless ``--validate`` (the per-step solve; tests and plan shards always
+   validate).
    ``--only lockstep-latency``: the same for lockstep plans, 4M tokens over 64 ranks, ``pp``
    1 and 4.
 2. Plan quality from the cost model alone: imbalance degree ``max * n / sum`` of per-rank
