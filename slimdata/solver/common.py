@@ -264,7 +264,7 @@ def assemble_plan(
     return plan.validate() if validate else plan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _SliceRuns:
     """The plan's slices after fusion: a *run* is a maximal stretch of consecutive slices of
     one document on one rank in the same forward and the same backward pack, priced as one

@@ -249,7 +249,7 @@ def pack_rank_lockstep(
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LockstepWork:
     """What :func:`pack_rank_lockstep` derives from one rank's documents and pack count alone,
     before any lag or cap: computed once per rank and pack count and packed at every lag the
