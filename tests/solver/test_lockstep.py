@@ -65,6 +65,24 @@ def test_pack_rank_lockstep_lag_feeds_every_backward_pack():
     assert p1.backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
 
 
+def test_one_rank_prepared_once_packs_every_lag_as_fresh():
+    # the planner prepares a rank once per pack count and packs it at every lag it probes:
+    # each packing must equal a fresh pack_rank_lockstep (nothing carried between lags, the
+    # hand-checked lag 0 and lag 1 packs of the test above among them)
+    from slimdata.solver.micropack import LockstepWork
+
+    ucost = unit_cost()
+    view = BatchView.build(docs_of([512, 128, 128, 128, 128]), ucost)
+    units = [view.slices_of(d) for d in range(5)]
+    work = LockstepWork.of(view, units, (), 4)
+    for lag in (0, 1, 3, 2, 0, 1):
+        again = work.pack(cap=1024, mem=1e30, lag=lag)
+        fresh = pack_rank_lockstep(view, units, cap=1024, mem=1e30, m=4, lag=lag)
+        assert (again.forward, again.backward) == (fresh.forward, fresh.backward)
+    assert work.pack(cap=1024, mem=1e30, lag=1).backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
+    assert work.pack(cap=1024, mem=1e30, lag=0).backward == [[], [3, 2, 1], [0, 4, 5], [6, 7]]
+
+
 def test_pack_rank_lockstep_merge_pack_first_and_caps():
     ucost = unit_cost()
     view = BatchView.build(docs_of([256, 256, 256]), ucost)
