@@ -1,6 +1,6 @@
 """Solver benchmarks (not collected by pytest): heuristic latency and plan quality.
 
-Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|lockstep-latency|quality|pipeline] [--validate]``
+Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|lockstep-latency|lockstep-split|quality|pipeline|memory|free-sim] [--validate]``
 
 1. Latency of ``solve(..., "slimpack")`` (heuristic, MILP off) on one core for a 1M-token
    global batch over 64 DP ranks and a 4M-token batch over 256 ranks from ``wlb128k.json.gz``
@@ -22,6 +22,9 @@ Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--onl
    selective recompute, peak per rank or the solver's refusal.
 5. Free-mode plans in the simulator (``--only free-sim [--no-skew]``, not in the default
    run): step time vs the bound, with and without the skew merges.
+6. Where a lockstep PP 4 solve spends its CPU time (``--only lockstep-split``, not in the
+   default run): phase 1 (all its calls) and the rounds that pack every rank at one pack count
+   and lag, per solve, 4M tokens over 64 ranks.
 """
 
 from __future__ import annotations
@@ -88,6 +91,45 @@ def latency(quick: bool, validate: bool = False, lockstep: bool = False) -> None
             f"{np.median(cpu):>8.1f} {max(cpu):>8.1f} {np.mean(imb, axis=0)[2]:>9.4f}"
             f"  {w[0]:.4f} / {w[1]:.4f} / {w[2]:.4f}"
         )
+
+
+def lockstep_split(quick: bool) -> None:
+    """CPU time of a lockstep PP 4 solve split into phase 1 and the packing rounds, by
+    wrapping the two private steps of :mod:`slimdata.solver.strategies.slimpack`."""
+    import slimdata.solver.strategies.slimpack as sp
+
+    spent = {"phase1": [0, 0.0], "rounds": [0, 0.0]}
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            c0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name][0] += 1
+                spent[name][1] += time.process_time() - c0
+
+        return run
+
+    saved = sp._phase1, sp._lockstep_at
+    sp._phase1, sp._lockstep_at = timed("phase1", saved[0]), timed("rounds", saved[1])
+    layout = Layout(dp=64, pp=4, memory_gib=60, context=131072, mode="lockstep")
+    print("\n== lockstep PP 4, 4M tokens / 64 ranks: CPU ms per solve ==")
+    print(f"{'batch':>5} {'total':>7} {'phase 1':>12} {'pack rounds':>14} {'rest':>6}")
+    try:
+        for k, b in enumerate(batches("wlb128k", 1 << 22, 3 if quick else 8, 131072)):
+            for v in spent.values():
+                v[:] = [0, 0.0]
+            c0 = time.process_time()
+            solve(b, layout, "slimpack", 0, COST, validate=False)
+            total = (time.process_time() - c0) * 1e3
+            (n1, t1), (n2, t2) = spent["phase1"], spent["rounds"]
+            rest = total - 1e3 * (t1 + t2)
+            print(
+                f"{k:>5} {total:>7.1f} {1e3 * t1:>7.1f} ({n1:>2}) {1e3 * t2:>8.1f} ({n2:>2}) {rest:>6.1f}"
+            )
+    finally:
+        sp._phase1, sp._lockstep_at = saved
 
 
 def quality(quick: bool) -> None:
@@ -204,7 +246,15 @@ if __name__ == "__main__":
     ap.add_argument("--quick", action="store_true", help="fewer batches")
     ap.add_argument(
         "--only",
-        choices=["latency", "lockstep-latency", "quality", "pipeline", "memory", "free-sim"],
+        choices=[
+            "latency",
+            "lockstep-latency",
+            "lockstep-split",
+            "quality",
+            "pipeline",
+            "memory",
+            "free-sim",
+        ],
         default=None,
     )
     ap.add_argument("--no-skew", action="store_true", help="free-sim: solve with skew_merge=False")
@@ -220,5 +270,7 @@ if __name__ == "__main__":
         pipeline(args.quick)
     if args.only in (None, "memory"):
         memory(args.quick)
+    if args.only == "lockstep-split":
+        lockstep_split(args.quick)
     if args.only == "free-sim":
         free_sim(args.quick, SolveOptions(skew_merge=not args.no_skew))
