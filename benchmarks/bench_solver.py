@@ -1,11 +1,13 @@
 """Solver benchmarks (not collected by pytest): heuristic latency and plan quality.
 
-Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|lockstep-latency|quality|pipeline] [--validate]``
+Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|lockstep-latency|lockstep-split|quality|pipeline|memory|free-sim] [--validate]``
 
 1. Latency of ``solve(..., "slimpack")`` (heuristic, MILP off) on one core for a 1M-token
    global batch over 64 DP ranks and a 4M-token batch over 256 ranks from ``wlb128k.json.gz``
-   (median over batches), plus how it grows with batch size; ``validate=False`` unless
-   ``--validate`` (the per-step solve; tests and plan shards always validate).
+   (median and worst over batches, wall time and this process's CPU time: on a shared
+   machine the CPU time is the figure to compare), plus how it grows with batch size;
+   ``validate=False`` unless ``--validate`` (the per-step solve; tests and plan shards always
+   validate).
    ``--only lockstep-latency``: the same for lockstep plans, 4M tokens over 64 ranks, ``pp``
    1 and 4.
 2. Plan quality from the cost model alone: imbalance degree ``max * n / sum`` of per-rank
@@ -20,6 +22,9 @@ Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--onl
    selective recompute, peak per rank or the solver's refusal.
 5. Free-mode plans in the simulator (``--only free-sim [--no-skew]``, not in the default
    run): step time vs the bound, with and without the skew merges.
+6. Where a lockstep PP 4 solve spends its CPU time (``--only lockstep-split``, not in the
+   default run): phase 1 (all its calls) and the rounds that pack every rank at one pack count
+   and lag, per solve, 4M tokens over 64 ranks.
 """
 
 from __future__ import annotations
@@ -34,7 +39,14 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths
-from slimdata.solver import STRATEGIES, Layout, apply_oversize, make_batches, solve
+from slimdata.solver import (
+    STRATEGIES,
+    Layout,
+    SolveOptions,
+    apply_oversize,
+    make_batches,
+    solve,
+)
 
 DATA = os.environ.get("SLIMDATA_LENGTHS", "/work/shared/data/lengths")
 FILES = {"wlb128k": f"{DATA}/wlb128k.json.gz", "wikipedia": f"{DATA}/wikipedia.txt.gz"}
@@ -58,7 +70,7 @@ def latency(quick: bool, validate: bool = False, lockstep: bool = False) -> None
     )
     print(
         f"{'tokens':>8} {'dp':>4} {'pp':>3} {'docs':>6} {'median ms':>10} {'max ms':>8} "
-        f"{'imbalance':>9}  worst fwd / bwd / total"
+        f"{'cpu med':>8} {'cpu max':>8} {'imbalance':>9}  worst fwd / bwd / total"
     )
     settings = [(1 << 18, 16, 1), (1 << 20, 64, 1), (1 << 21, 128, 1), (1 << 22, 256, 1)]
     if lockstep:
@@ -66,17 +78,58 @@ def latency(quick: bool, validate: bool = False, lockstep: bool = False) -> None
     for tokens, dp, pp in settings:
         bs = batches("wlb128k", tokens, 3 if quick else 8, 131072)
         layout = Layout(dp=dp, pp=pp, memory_gib=60, context=131072, mode=mode)
-        times, imb = [], []
+        times, cpu, imb = [], [], []
         for b in bs:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             p = solve(b, layout, "slimpack", 0, COST, validate=validate)
             times.append((time.perf_counter() - t0) * 1e3)
+            cpu.append((time.process_time() - c0) * 1e3)
             imb.append((p.meta["imbalance_fwd"], p.meta["imbalance_bwd"], p.meta["imbalance"]))
         w = np.max(imb, axis=0)
         print(
-            f"{tokens:>8} {dp:>4} {pp:>3} {np.mean([len(b) for b in bs]):>6.0f} {np.median(times):>10.1f} {max(times):>8.1f} {np.mean(imb, axis=0)[2]:>9.4f}"
+            f"{tokens:>8} {dp:>4} {pp:>3} {np.mean([len(b) for b in bs]):>6.0f} {np.median(times):>10.1f} {max(times):>8.1f} "
+            f"{np.median(cpu):>8.1f} {max(cpu):>8.1f} {np.mean(imb, axis=0)[2]:>9.4f}"
             f"  {w[0]:.4f} / {w[1]:.4f} / {w[2]:.4f}"
         )
+
+
+def lockstep_split(quick: bool) -> None:
+    """CPU time of a lockstep PP 4 solve split into phase 1 and the packing rounds, by
+    wrapping the two private steps of :mod:`slimdata.solver.strategies.slimpack`."""
+    import slimdata.solver.strategies.slimpack as sp
+
+    spent = {"phase1": [0, 0.0], "rounds": [0, 0.0]}
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            c0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name][0] += 1
+                spent[name][1] += time.process_time() - c0
+
+        return run
+
+    saved = sp._phase1, sp._lockstep_at
+    sp._phase1, sp._lockstep_at = timed("phase1", saved[0]), timed("rounds", saved[1])
+    layout = Layout(dp=64, pp=4, memory_gib=60, context=131072, mode="lockstep")
+    print("\n== lockstep PP 4, 4M tokens / 64 ranks: CPU ms per solve ==")
+    print(f"{'batch':>5} {'total':>7} {'phase 1':>12} {'pack rounds':>14} {'rest':>6}")
+    try:
+        for k, b in enumerate(batches("wlb128k", 1 << 22, 3 if quick else 8, 131072)):
+            for v in spent.values():
+                v[:] = [0, 0.0]
+            c0 = time.process_time()
+            solve(b, layout, "slimpack", 0, COST, validate=False)
+            total = (time.process_time() - c0) * 1e3
+            (n1, t1), (n2, t2) = spent["phase1"], spent["rounds"]
+            rest = total - 1e3 * (t1 + t2)
+            print(
+                f"{k:>5} {total:>7.1f} {1e3 * t1:>7.1f} ({n1:>2}) {1e3 * t2:>8.1f} ({n2:>2}) {rest:>6.1f}"
+            )
+    finally:
+        sp._phase1, sp._lockstep_at = saved
 
 
 def quality(quick: bool) -> None:
@@ -137,14 +190,15 @@ def pipeline(quick: bool) -> None:
             )
 
 
-def free_sim(quick: bool, **options) -> None:
+def free_sim(quick: bool, options: SolveOptions) -> None:
     """Free-mode (DDP) slimpack plans judged by the simulator: the quality settings (dp=16,
     T = 16 x context, 2 batches) and the latency table's 1M/64 and 2M/128 (3 batches); mean
     simulated step time, lower bound, worst of the fwd/bwd/total imbalance degrees and ranks in
-    merge groups. ``options`` go to ``solve`` (e.g. ``skew_merge=False``)."""
+    merge groups. ``options`` go to ``solve`` (e.g. ``SolveOptions(skew_merge=False)``)."""
     from slimdata.sim import SimConfig, simulate_step
 
-    print(f"\n== free-mode slimpack, simulated (DDP, 60 GiB, full recompute) {options or ''} ==")
+    changed = ", ".join(f"{n}={getattr(options, n)}" for n in options.changed())
+    print(f"\n== free-mode slimpack, simulated (DDP, 60 GiB, full recompute) {changed} ==")
     print(
         f"{'file':>10} {'ctx':>5} {'dp':>4} {'step s':>8} {'bound s':>8} {'imb':>7} {'merge ranks':>11}"
     )
@@ -154,7 +208,7 @@ def free_sim(quick: bool, **options) -> None:
         layout = Layout(dp=dp, memory_gib=60, context=ctx)
         rows = []
         for b in batches(name, tokens, n, ctx):
-            p = solve(b, layout, "slimpack", 0, COST, validate=False, **options)
+            p = solve(b, layout, "slimpack", 0, COST, validate=False, options=options)
             r = simulate_step(p, COST, layout, SimConfig())
             imb = max(p.meta["imbalance_fwd"], p.meta["imbalance_bwd"], p.meta["imbalance"])
             rows.append((r.step_time, r.lower_bound, imb, sum(len(g.ranks) for g in p.merges)))
@@ -192,7 +246,15 @@ if __name__ == "__main__":
     ap.add_argument("--quick", action="store_true", help="fewer batches")
     ap.add_argument(
         "--only",
-        choices=["latency", "lockstep-latency", "quality", "pipeline", "memory", "free-sim"],
+        choices=[
+            "latency",
+            "lockstep-latency",
+            "lockstep-split",
+            "quality",
+            "pipeline",
+            "memory",
+            "free-sim",
+        ],
         default=None,
     )
     ap.add_argument("--no-skew", action="store_true", help="free-sim: solve with skew_merge=False")
@@ -208,5 +270,7 @@ if __name__ == "__main__":
         pipeline(args.quick)
     if args.only in (None, "memory"):
         memory(args.quick)
+    if args.only == "lockstep-split":
+        lockstep_split(args.quick)
     if args.only == "free-sim":
-        free_sim(args.quick, **({"skew_merge": False} if args.no_skew else {}))
+        free_sim(args.quick, SolveOptions(skew_merge=not args.no_skew))

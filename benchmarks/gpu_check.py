@@ -46,7 +46,7 @@ from slimdata.cost import MODEL_PRESETS, CostModel, ModelConfig, causal_pairs
 from slimdata.docsource import documents_from_lengths, load_shard_documents
 from slimdata.execution import pack_times
 from slimdata.sim import SimConfig, simulate_step
-from slimdata.solver import Layout, solve
+from slimdata.solver import Layout, SolveOptions, solve
 from slimdata.solver.batches import apply_oversize, make_batches
 from slimdata.solver.memory import rank_memory_trace
 
@@ -193,7 +193,8 @@ def _solved(shape, lengths, dp, cap, mode="free", slice_tokens=None):
     layout = Layout(dp=dp, context=1 << 16, pack_tokens=cap, memory_gib=1e3, mode=mode)
     cost = CostModel.analytic(shape, "h100", "none")
     # no DP-Merge: verify runs the ranks in sequence in one process
-    plan = solve(docs, layout, "slimpack", seed=0, cost=cost, merge_share=1e9, skew_merge=False)
+    no_merges = SolveOptions(merge_share=1e9, skew_merge=False)
+    plan = solve(docs, layout, "slimpack", seed=0, cost=cost, options=no_merges)
     rng = np.random.default_rng(0)
     return plan, [rng.integers(0, shape.vocab, d.length).astype(np.uint32) for d in plan.docs]
 
@@ -497,8 +498,12 @@ def _run_strategy(model, strategy, batches, tokens, layout, cm) -> dict:
     measured, predicted, simulated, ntok, pairs = [], [], [], 0, 0.0
     for step, batch in enumerate(batches):
         # one process runs every rank: no DP-Merge groups (they need a process per rank)
-        opts = {"merge_share": 1e9, "skew_merge": False} if strategy == "slimpack" else {}
-        plan = solve(batch, layout, strategy, seed=step, cost=cm, **opts)
+        opts = (
+            SolveOptions(merge_share=1e9, skew_merge=False)
+            if strategy == "slimpack"
+            else SolveOptions()
+        )
+        plan = solve(batch, layout, strategy, seed=step, cost=cm, options=opts)
         toks = [tokens[d.doc_id] for d in plan.docs]
         per_rank = []
         for r in range(plan.dp):

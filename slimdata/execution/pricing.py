@@ -107,46 +107,13 @@ def pack_times(
     nb = np.array([len(rs.backward) for rs in plan.ranks], dtype=np.int64)
     f_offset = np.concatenate(([0], np.cumsum(nf)[:-1]))
     b_offset = np.concatenate(([0], np.cumsum(nb)[:-1]))
-    rows: list[tuple[int, int, int, int, int]] = []  # rank, doc, start, end, flat fpack
-    bpack_of: dict[tuple[int, int, int], int] = {}
-    for rs in plan.ranks:
-        fo, bo = int(f_offset[rs.rank]), int(b_offset[rs.rank])
-        for i, p in enumerate(rs.forward):
-            rows.extend((rs.rank, s.doc, s.start, s.end, fo + i) for s in p.slices)
-        for j, p in enumerate(rs.backward):
-            for s in p.slices:
-                bpack_of[(s.doc, s.start, rs.rank)] = bo + j
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 5)
-    s_rank, s_doc, s_start, s_end, s_fpack = (arr[:, k] for k in range(5))
-    s_bpack = np.fromiter(
-        (
-            bpack_of[(d, a, r)]
-            for r, d, a in zip(s_rank.tolist(), s_doc.tolist(), s_start.tolist(), strict=True)
-        ),
-        dtype=np.int64,
-        count=len(s_rank),
-    )
+    s_rank, s_doc, s_start, s_end, s_fpack, s_bpack = _plan_slices(plan, f_offset, b_offset)
     sc = cost.slice_costs(s_start, s_end)
     n_f, n_b = int(nf.sum()), int(nb.sum())
     tokens = (s_end - s_start).astype(np.float64)
     f_slices = np.bincount(s_fpack, minlength=n_f).astype(np.float64)
     b_slices = np.bincount(s_bpack, minlength=n_b).astype(np.float64)
-    # how the executor runs them: model calls, graph-free forwards, backward packs that recompute
-    if lockstep:
-        try:
-            check_lockstep(plan)
-        except PlanError:  # the executor refuses it under FSDP; time it by per-rank rules
-            lockstep = False
-    free = np.zeros(n_f, dtype=bool)
-    rec = np.zeros(n_b, dtype=bool)
-    f_calls = np.zeros(n_f, dtype=np.int64)
-    b_calls = np.zeros(n_b, dtype=np.int64)
-    for rs, ex in zip(plan.ranks, execution(plan, lockstep, split), strict=True):
-        fo, bo = int(f_offset[rs.rank]), int(b_offset[rs.rank])
-        free[[fo + i for i in ex.graph_free]] = True
-        rec[[bo + j for j in ex.recomputed]] = True
-        f_calls[fo : fo + len(ex.f_calls)] = ex.f_calls
-        b_calls[bo : bo + len(ex.b_calls)] = ex.b_calls
+    free, rec, f_calls, b_calls = _how_packs_run(plan, lockstep, split, f_offset, b_offset)
     # lockstep padding packs (model calls, no slices) run one-token dummy calls
     f_dummy, b_dummy = padding_call_times(cost)
     f_pad = np.where(f_slices == 0, f_calls * f_dummy, 0.0)
@@ -190,6 +157,60 @@ def pack_times(
         f_calls=f_calls,
         b_calls=b_calls,
     )
+
+
+def _plan_slices(
+    plan: StepPlan, f_offset: np.ndarray, b_offset: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """Per slice of ``plan``, in forward order: ``(rank, doc, start, end, flat forward pack,
+    flat backward pack)``."""
+    rows: list[tuple[int, int, int, int, int]] = []  # rank, doc, start, end, flat fpack
+    bpack_of: dict[tuple[int, int, int], int] = {}
+    for rs in plan.ranks:
+        fo, bo = int(f_offset[rs.rank]), int(b_offset[rs.rank])
+        for i, p in enumerate(rs.forward):
+            rows.extend((rs.rank, s.doc, s.start, s.end, fo + i) for s in p.slices)
+        for j, p in enumerate(rs.backward):
+            for s in p.slices:
+                bpack_of[(s.doc, s.start, rs.rank)] = bo + j
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    s_rank, s_doc, s_start, s_end, s_fpack = (arr[:, k] for k in range(5))
+    s_bpack = np.fromiter(
+        (
+            bpack_of[(d, a, r)]
+            for r, d, a in zip(s_rank.tolist(), s_doc.tolist(), s_start.tolist(), strict=True)
+        ),
+        dtype=np.int64,
+        count=len(s_rank),
+    )
+    return s_rank, s_doc, s_start, s_end, s_fpack, s_bpack
+
+
+def _how_packs_run(
+    plan: StepPlan, lockstep: bool, split: bool, f_offset: np.ndarray, b_offset: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """How the executor runs every flat pack (:func:`slimdata.plan.execution`): forward packs
+    without an autograd graph, backward packs that recompute their forward, and the model
+    calls of each forward and backward pack. A lockstep plan the FSDP executor refuses is
+    timed by the per-rank rules."""
+    if lockstep:
+        try:
+            check_lockstep(plan)
+        except PlanError:
+            lockstep = False
+    n_f = sum(len(rs.forward) for rs in plan.ranks)
+    n_b = sum(len(rs.backward) for rs in plan.ranks)
+    free = np.zeros(n_f, dtype=bool)
+    rec = np.zeros(n_b, dtype=bool)
+    f_calls = np.zeros(n_f, dtype=np.int64)
+    b_calls = np.zeros(n_b, dtype=np.int64)
+    for rs, ex in zip(plan.ranks, execution(plan, lockstep, split), strict=True):
+        fo, bo = int(f_offset[rs.rank]), int(b_offset[rs.rank])
+        free[[fo + i for i in ex.graph_free]] = True
+        rec[[bo + j for j in ex.recomputed]] = True
+        f_calls[fo : fo + len(ex.f_calls)] = ex.f_calls
+        b_calls[bo : bo + len(ex.b_calls)] = ex.b_calls
+    return free, rec, f_calls, b_calls
 
 
 def padding_call_times(cost: CostModel) -> tuple[float, float]:

@@ -128,6 +128,26 @@ class BatchView:
         )
 
     @cached_property
+    def packing_lists(self) -> tuple[list[float], list[float], list[float], list[float]]:
+        """Python lists ``(act + K/V bytes, K/V bytes, fwd / 2, bwd / 2)`` per slice, for the
+        packers' per-slice loops: what a slice adds to a rank's memory when it runs forward,
+        its keys and values alone, and its forward and backward midpoints (a pack closes
+        before a slice whose midpoint passes the pack's cost quantile)."""
+        kv = self.kv_per_token * (self.end - self.start)
+        return (
+            (self.act + kv).tolist(),
+            kv.tolist(),
+            (self.fwd / 2).tolist(),
+            (self.bwd / 2).tolist(),
+        )
+
+    @cached_property
+    def memo(self) -> dict[Any, Any]:
+        """Results of pure functions of this batch that its planner asks for more than once
+        (merge splits, :func:`slimdata.solver.merge.split_group`), by their arguments."""
+        return {}
+
+    @cached_property
     def ranges(self) -> list[range]:
         """``ranges[d]``: the slice indices of document ``d`` (``range(off[d], off[d+1])``)."""
         return list(map(range, self.off[:-1].tolist(), self.off[1:].tolist()))
@@ -216,63 +236,15 @@ def assemble_plan(
     ``validate=False`` skips :meth:`StepPlan.validate` (a per-step caller that trusts the
     solver; tests and plan-shard writing always validate).
     """
+    runs = _SliceRuns.of(view, cost, forward, backward, layout.dp)
     merge_rank_pack = merge_rank_pack or {}
     rank_merge = {r: g for g, (ranks, _d) in enumerate(merges) for r in ranks}
-    n = len(view.doc)
-    fp = np.full(n, -1, dtype=np.int64)
-    bp = np.full(n, -1, dtype=np.int64)
-    owner = np.full(n, -1, dtype=np.int64)
-    for r in range(layout.dp):
-        for i, pack in enumerate(forward[r]):
-            fp[pack] = i
-            owner[pack] = r
-        for j, pack in enumerate(backward[r]):
-            bp[pack] = j
-    # run ids: a new run starts at a document's first slice or where a pack changes
-    new = np.ones(n, dtype=bool)
-    if n > 1:
-        new[1:] = (
-            (view.doc[1:] != view.doc[:-1])
-            | (fp[1:] != fp[:-1])
-            | (bp[1:] != bp[:-1])
-            | (owner[1:] != owner[:-1])
-        )
-    run = np.cumsum(new) - 1
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, n - 1) if n else first
-    r_doc = view.doc[first]
-    r_start = view.start[first]
-    r_end = view.end[last]
-    r_fwd = cost.forward(r_start, r_end) if n else np.zeros(0)
-    r_bwd = cost.backward(r_start, r_end) if n else np.zeros(0)
-    # tolist() gives Python ints already
-    slices = list(map(Slice, r_doc.tolist(), r_start.tolist(), r_end.tolist()))
-
-    def packs(
-        lists: list[list[int]], price: np.ndarray, merge_at: int, g: int | None
-    ) -> tuple[MicroPack, ...]:
-        out = []
-        for i, pack in enumerate(lists):
-            ids = (
-                run[np.asarray(pack, dtype=np.int64)] if len(pack) else np.zeros(0, dtype=np.int64)
-            )
-            if len(ids) > 1:
-                ids = ids[np.append(True, ids[1:] != ids[:-1])]
-            out.append(
-                MicroPack(
-                    tuple(map(slices.__getitem__, ids.tolist())),
-                    float(price[ids].sum()),
-                    g if i == merge_at else None,
-                )
-            )
-        return tuple(out)
-
     ranks: list[RankStep] = []
     for r in range(layout.dp):
         mf, mb = merge_rank_pack.get(r, (-1, -1))
         g = rank_merge.get(r)
-        fpacks = packs(forward[r], r_fwd, mf, g)
-        bpacks = packs(backward[r], r_bwd, mb, g)
+        fpacks = runs.packs(forward[r], runs.fwd, mf, g)
+        bpacks = runs.packs(backward[r], runs.bwd, mb, g)
         order = interleaved_order(len(fpacks), len(bpacks), lag) if mode == "lockstep" else ()
         ranks.append(RankStep(rank=r, forward=fpacks, backward=bpacks, order=order))
     meta = dict(meta or {})
@@ -290,6 +262,87 @@ def assemble_plan(
         meta=meta,
     )
     return plan.validate() if validate else plan
+
+
+@dataclass(frozen=True, eq=False)
+class _SliceRuns:
+    """The plan's slices after fusion: a *run* is a maximal stretch of consecutive slices of
+    one document on one rank in the same forward and the same backward pack, priced as one
+    :class:`Slice`. ``run[i]``: the run of view slice ``i``."""
+
+    run: np.ndarray
+    slices: list[Slice]
+    fwd: np.ndarray
+    """Forward seconds of every run."""
+    bwd: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        view: BatchView,
+        cost: CostModel,
+        forward: list[list[list[int]]],
+        backward: list[list[list[int]]],
+        dp: int,
+    ) -> _SliceRuns:
+        # a document of slices [0,4) [4,8) [8,10) all in forward pack 0 and backward pack 1
+        # of one rank is one run, the Slice [0,10)
+        n = len(view.doc)
+        fp = np.full(n, -1, dtype=np.int64)
+        bp = np.full(n, -1, dtype=np.int64)
+        owner = np.full(n, -1, dtype=np.int64)
+        for r in range(dp):
+            for i, pack in enumerate(forward[r]):
+                fp[pack] = i
+                owner[pack] = r
+            for j, pack in enumerate(backward[r]):
+                bp[pack] = j
+        # run ids: a new run starts at a document's first slice or where a pack changes
+        new = np.ones(n, dtype=bool)
+        if n > 1:
+            new[1:] = (
+                (view.doc[1:] != view.doc[:-1])
+                | (fp[1:] != fp[:-1])
+                | (bp[1:] != bp[:-1])
+                | (owner[1:] != owner[:-1])
+            )
+        first = np.flatnonzero(new)
+        last = np.append(first[1:] - 1, n - 1) if n else first
+        r_start = view.start[first]
+        r_end = view.end[last]
+        # tolist() gives Python ints already
+        slices = list(map(Slice, view.doc[first].tolist(), r_start.tolist(), r_end.tolist()))
+        return cls(
+            run=np.cumsum(new) - 1,
+            slices=slices,
+            fwd=cost.forward(r_start, r_end) if n else np.zeros(0),
+            bwd=cost.backward(r_start, r_end) if n else np.zeros(0),
+        )
+
+    def packs(
+        self, lists: list[list[int]], price: np.ndarray, merge_at: int, g: int | None
+    ) -> tuple[MicroPack, ...]:
+        """MicroPacks of one rank's packs of view slices (``lists``), each priced as the sum
+        of its runs' ``price``; pack ``merge_at`` is merge group ``g``'s."""
+        run, slices = self.run_list, self.slices
+        out = []
+        for i, pack in enumerate(lists):
+            ids: list[int] = []
+            for k in pack:  # a pack's slices of one run are consecutive: one entry per run
+                if not ids or run[k] != ids[-1]:
+                    ids.append(run[k])
+            out.append(
+                MicroPack(
+                    tuple(map(slices.__getitem__, ids)),
+                    float(price[ids].sum()) if ids else 0.0,
+                    g if i == merge_at else None,
+                )
+            )
+        return tuple(out)
+
+    @cached_property
+    def run_list(self) -> list[int]:
+        return self.run.tolist()
 
 
 def _balance_meta(ranks: Sequence[RankStep]) -> dict[str, float]:

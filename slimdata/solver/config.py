@@ -12,6 +12,7 @@ from slimdata.errors import ConfigError
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.batches import OVERSIZE_POLICIES, apply_oversize, make_batches
 from slimdata.solver.layout import Layout
+from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.registry import STRATEGIES, solve
 
 __all__ = ["PlanConfig"]
@@ -52,6 +53,23 @@ class PlanConfig:
         docs = apply_oversize(docs, self.layout.context, self.oversize)
         return make_batches(docs, self.global_batch_tokens, self.seed + epoch)
 
-    def solve(self, batch: Sequence[Document], step: int = 0, **options) -> StepPlan:
-        """The plan of one global batch (deterministic for ``seed``)."""
-        return solve(batch, self.layout, self.strategy, self.seed, self.cost, step=step, **options)
+    def solve(
+        self,
+        batch: Sequence[Document],
+        step: int = 0,
+        *,
+        options: SolveOptions = DEFAULT_OPTIONS,
+        validate: bool = True,
+    ) -> StepPlan:
+        """The plan of one global batch (deterministic for ``seed``); ``options`` and
+        ``validate`` as in :func:`~slimdata.solver.solve`."""
+        return solve(
+            batch,
+            self.layout,
+            self.strategy,
+            self.seed,
+            self.cost,
+            step=step,
+            validate=validate,
+            options=options,
+        )

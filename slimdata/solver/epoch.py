@@ -17,6 +17,7 @@ from slimdata.errors import ConfigError
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.config import PlanConfig
 from slimdata.solver.layout import Layout
+from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.planshards import TokenSource, write_plan_shards
 
 __all__ = ["plan_epoch", "write_epoch_plan"]
@@ -31,7 +32,8 @@ def plan_epoch(
     seed: int = 0,
     cost: CostModel | None = None,
     oversize: str = "error",
-    **options: Any,
+    options: SolveOptions = DEFAULT_OPTIONS,
+    validate: bool = True,
 ) -> Iterator[StepPlan]:
     """Yield the plan of every step of epoch 0 under :class:`PlanConfig`'s rules (the ones
     the runtime loaders apply): the oversize rule against ``layout.context``, seeded batches
@@ -46,7 +48,7 @@ def plan_epoch(
         cost=cost,
     )
     for step, batch in enumerate(config.batches(docs)):
-        plan = config.solve(batch, step, **options)
+        plan = config.solve(batch, step, options=options, validate=validate)
         yield (
             plan
             if layout.cp == 1
@@ -71,7 +73,7 @@ def write_epoch_plan(
     tokens_of: TokenSource | None = None,
     workers_per_rank: int = 1,
     cp: int = 1,
-    **options: Any,
+    options: SolveOptions = DEFAULT_OPTIONS,
 ) -> dict[str, Any]:
     """Solve an epoch for ``nodes x ranks_per_node`` ranks and write plan shards to ``out``.
 
@@ -105,7 +107,8 @@ def write_epoch_plan(
             seed=seed,
             cost=cost,
             oversize=oversize,
-            **{"validate": False, **options},  # write_plan_shards validates every plan once
+            options=options,
+            validate=False,  # write_plan_shards validates every plan once
         )
     )
     extra = {

@@ -64,18 +64,31 @@ def split_group(
     ``base`` (default 0).
 
     Returns the members' slice lists (sorted), their merge loads and the largest member memory.
+    Without ``base`` a split is computed once per batch (the planner tries the same documents
+    at several pack counts) and handed out as fresh lists.
     """
+    if base is not None:
+        return _split(view, slices, k, base)
+    key = (tuple(slices), k)
+    if key not in view.memo:
+        view.memo[key] = _split(view, slices, k, None)
+    members, loads, peak = view.memo[key]
+    return [list(ms) for ms in members], loads.copy(), peak
+
+
+def _split(
+    view: BatchView, slices: Sequence[int], k: int, base: Sequence[float] | None
+) -> tuple[list[list[int]], np.ndarray, float]:
     idx = np.asarray(slices, dtype=np.int64)
     cost = view.fwd[idx] + view.bwd[idx]
-    order = idx[np.argsort(-cost, kind="stable")]
+    order = np.argsort(-cost, kind="stable")
     heap = [(0.0 if base is None else float(base[j]), j) for j in range(k)]
     heapq.heapify(heap)
     members: list[list[int]] = [[] for _ in range(k)]
     loads = np.zeros(k)
-    for i in order.tolist():
+    for i, c in zip(idx[order].tolist(), cost[order].tolist(), strict=True):
         load, j = heapq.heappop(heap)
         members[j].append(i)
-        c = float(view.fwd[i] + view.bwd[i])
         loads[j] += c
         heapq.heappush(heap, (load + c, j))
     for ms in members:
@@ -87,17 +100,16 @@ def member_peak(view: BatchView, slices: Sequence[int]) -> float:
     """Bytes a member holds for its merge pack from its forward to its backward: activations
     and K/V of its own slices (the gathered K/V of the others' slices lives for one layer, the
     merge buffer of :func:`plan_merges`)."""
-    ms = np.asarray(slices, dtype=np.int64)
-    if len(ms) == 0:
+    if len(slices) == 0:
         return 0.0
+    ms = np.asarray(slices, dtype=np.int64)
     return float(view.act[ms].sum()) + view.kv_per_token * member_tokens(view, slices)
 
 
 def member_tokens(view: BatchView, slices: Sequence[int]) -> int:
     """Tokens of a member's merge share: it runs as one MicroPack, so they must stay within
     the pack token cap (``Layout.pack_tokens``)."""
-    ms = np.asarray(slices, dtype=np.int64)
-    return int((view.end[ms] - view.start[ms]).sum()) if len(ms) else 0
+    return sum(map(view.lists[0].__getitem__, slices))
 
 
 def _within_cap(view: BatchView, members: Sequence[Sequence[int]], cap: float) -> bool:

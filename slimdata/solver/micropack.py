@@ -29,6 +29,7 @@ Example (lockstep, m=2, no lag, one 4-slice document with forward costs 1,1,1,1 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import member_peak
 
-__all__ = ["RankPacks", "pack_rank", "pack_rank_lockstep"]
+__all__ = ["LockstepWork", "RankPacks", "pack_rank", "pack_rank_lockstep"]
 
 
 @dataclass
@@ -236,17 +237,91 @@ def pack_rank_lockstep(
     slice is backwarded (:mod:`slimdata.solver.memory`'s rule, the default).
     ``RankPacks.peak`` is the first stage's peak (bytes).
     """
-    units = [u for u in units if len(u)]
-    if units and m - (1 if len(merge_slices) else 0) < 1:  # no pack left for the documents
-        return None
-    rank = _LockstepRank(
-        view, units, merge_slices, cap, mem / layer_share, m, lag, pp, merge_kv, kv_per_slice
+    work = LockstepWork.of(view, units, merge_slices, m)
+    return work.pack(
+        cap=cap,
+        mem=mem,
+        lag=lag,
+        pp=pp,
+        layer_share=layer_share,
+        merge_kv=merge_kv,
+        kv_per_slice=kv_per_slice,
     )
-    if rank.base and not rank.run_merge_forward():
-        return None
-    if not rank.forward_documents(rank.long_documents_first(units)):
-        return None
-    return rank.finish(layer_share)
+
+
+@dataclass(frozen=True, eq=False)
+class LockstepWork:
+    """What :func:`pack_rank_lockstep` derives from one rank's documents and pack count alone,
+    before any lag or cap: computed once per rank and pack count and packed at every lag the
+    planner tries (:meth:`pack`)."""
+
+    view: BatchView
+    stream: list[Sequence[int] | range]
+    """The rank's non-empty documents, long ones first (:func:`_long_documents_first`)."""
+    merge_slices: Sequence[int]
+    m: int
+    total_f: float
+    """Forward seconds of the rank's documents (merge share apart)."""
+    total_b: float
+    merge_bytes: float
+    """Bytes the merge share holds (:func:`~slimdata.solver.merge.member_peak`); 0 without."""
+    merge_tokens: int
+
+    @classmethod
+    def of(
+        cls,
+        view: BatchView,
+        units: Sequence[Sequence[int] | range],
+        merge_slices: Sequence[int],
+        m: int,
+    ) -> LockstepWork:
+        units = [u for u in units if len(u)]
+        tok, fwd, bwd, _act, _doc = view.lists
+        total_f = sum(fwd[i] for u in units for i in u)
+        total_b = sum(bwd[i] for u in units for i in u)
+        rest = m - (1 if len(merge_slices) else 0)
+        return cls(
+            view=view,
+            stream=_long_documents_first(fwd, units, total_f / max(rest, 1)),
+            merge_slices=merge_slices,
+            m=m,
+            total_f=total_f,
+            total_b=total_b,
+            merge_bytes=member_peak(view, sorted(merge_slices)) if len(merge_slices) else 0.0,
+            merge_tokens=sum(map(tok.__getitem__, merge_slices)),
+        )
+
+    def pack(
+        self,
+        *,
+        cap: int,
+        mem: float,
+        lag: int = 0,
+        pp: int = 1,
+        layer_share: float = 1.0,
+        merge_kv: float = 0.0,
+        kv_per_slice: bool = False,
+    ) -> RankPacks | None:
+        """:func:`pack_rank_lockstep` of this rank at ``lag`` under these caps."""
+        if self.stream and self.m - (1 if len(self.merge_slices) else 0) < 1:
+            return None  # no pack left for the documents
+        rank = _LockstepRank(self, cap, mem / layer_share, lag, pp, merge_kv, kv_per_slice)
+        if rank.base and not rank.run_merge_forward():
+            return None
+        if not rank.forward_documents(self.stream):
+            return None
+        return rank.finish(layer_share)
+
+
+def _long_documents_first(
+    fwd: list[float], units: list[Sequence[int] | range], fstar: float
+) -> list[Sequence[int] | range]:
+    """Documents costlier than one pack's forward share ``fstar`` (costliest first), then the
+    rest in their order: a long document then starts at a pack boundary."""
+    ufwd = [sum(fwd[i] for i in u) for u in units]
+    longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
+    shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
+    return [units[k] for k in (*longs, *shorts)]
 
 
 class _LockstepRank:
@@ -271,7 +346,6 @@ class _LockstepRank:
         "fwd",
         "held",
         "kv_per_slice",
-        "kvp",
         "lag",
         "late",
         "m",
@@ -281,6 +355,7 @@ class _LockstepRank:
         "merge_pack",
         "merge_slices",
         "n_b",
+        "over_cap",
         "peak",
         "pending",
         "pp",
@@ -289,24 +364,23 @@ class _LockstepRank:
         "tok",
         "total_b",
         "total_f",
+        "view",
     )
 
     def __init__(
         self,
-        view: BatchView,
-        units: list[Sequence[int] | range],
-        merge_slices: Sequence[int],
+        work: LockstepWork,
         cap: int,
         mem: float,
-        m: int,
         lag: int,
         pp: int,
         merge_kv: float,
         kv_per_slice: bool,
     ):
+        view, merge_slices = work.view, work.merge_slices
+        self.view = view
         self.tok, self.fwd, self.bwd, self.act, self.docl = view.lists
-        self.kvp = view.kv_per_token
-        self.cap, self.mem, self.m, self.lag, self.pp = cap, mem, m, lag, pp
+        self.cap, self.mem, self.m, self.lag, self.pp = cap, mem, work.m, lag, pp
         self.merge_kv, self.kv_per_slice = merge_kv, kv_per_slice
         self.merge_slices = merge_slices
         self.F: list[list[int]] = []
@@ -316,12 +390,10 @@ class _LockstepRank:
             self.F.append(list(merge_slices))
             self.merge_pack = (0, 0)
         self.base = len(self.F)
-        self.rest = m - self.base  # packs for the documents
-        fwd, bwd = self.fwd, self.bwd
-        self.total_f = sum(fwd[i] for u in units for i in u)
-        self.total_b = sum(bwd[i] for u in units for i in u)
+        self.rest = work.m - self.base  # packs for the documents
+        self.total_f, self.total_b = work.total_f, work.total_b
         self.ready: deque[list[int]] = deque()  # completed documents: slices not backwarded
-        self.merge_bytes = member_peak(view, sorted(merge_slices)) if self.base else 0.0
+        self.merge_bytes = work.merge_bytes
         # activation + K/V bytes held now (the merge share until its backward)
         self.held = self.merge_bytes
         # backward packs the plan order has run but the first stage has not yet:
@@ -337,18 +409,8 @@ class _LockstepRank:
         self.cur_tok = 0
         self.n_b = 0  # backward packs emitted (merge pack included)
         self.fits = True  # the merge backward's buffers fit
-
-    def long_documents_first(
-        self, units: list[Sequence[int] | range]
-    ) -> list[Sequence[int] | range]:
-        """Documents costlier than one pack's forward share (costliest first), then the rest in
-        their order: a long document then starts at a pack boundary."""
-        fwd = self.fwd
-        fstar = self.total_f / max(self.rest, 1)
-        ufwd = [sum(fwd[i] for i in u) for u in units]
-        longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
-        shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
-        return [units[k] for k in (*longs, *shorts)]
+        # a backward pack above the token cap (the merge share's, or a lone long slice)
+        self.over_cap = work.merge_tokens > cap
 
     def run_merge_forward(self) -> bool:
         """Forward pack 0 is the merge share, with the group's gathered K/V; with no lag its
@@ -365,39 +427,43 @@ class _LockstepRank:
         """Forward the documents' slices in order into the open pack, closing it first at the
         token cap, at the memory cap (first stage) or at the next forward-cost quantile.
         ``False`` when the caps do not fit ``m`` packs."""
-        tok, fwd, act, kvp, cap, mem = self.tok, self.fwd, self.act, self.kvp, self.cap, self.mem
+        tok, fwd, cap, mem = self.tok, self.fwd, self.cap, self.mem
+        extra_of, kv_of, half_f, _half_b = self.view.packing_lists
         base, rest, total_f, F = self.base, self.rest, self.total_f, self.F
         docl, doc_left, doc_kv, ready = self.docl, self.doc_left, self.doc_kv, self.ready
+
+        def quantile() -> float:  # where the open pack closes on forward cost (not the last)
+            n = len(F) - base
+            return total_f * (n + 1) / rest if n < rest - 1 else math.inf
+
         # the hot loop runs on locals, stored back around close_forward and at the end
         cur, cur_tok, cum_f = self.cur, self.cur_tok, self.cum_f
         held, late, peak = self.held, self.late, self.peak
+        q = quantile()
         for u in stream:
             d = docl[u[0]]
             doc_left[d] = len(u)
             kv = 0.0  # u's K/V bytes (closing a pack frees only completed documents)
             for i in u:
-                extra = act[i] + kvp * tok[i]
+                extra = extra_of[i]
                 if cur and (
-                    cur_tok + tok[i] > cap
-                    or held + late + extra > mem
-                    or (
-                        len(F) - base < rest - 1
-                        and cum_f + fwd[i] / 2 > total_f * (len(F) - base + 1) / rest
-                    )
+                    cur_tok + tok[i] > cap or held + late + extra > mem or cum_f + half_f[i] > q
                 ):
                     self.cur, self.held, self.late, self.peak = cur, held, late, peak
                     self.close_forward()
                     cur, cur_tok, held, late, peak = self.cur, 0, self.held, self.late, self.peak
                     if len(F) - base >= rest or not self.fits:
                         return False
+                    q = quantile()
                 if held + late + extra > mem or tok[i] > cap:
                     return False
                 cur.append(i)
                 cur_tok += tok[i]
                 cum_f += fwd[i]
                 held += extra
-                kv += kvp * tok[i]
-                peak = max(peak, held + late)
+                kv += kv_of[i]
+                if held + late > peak:
+                    peak = held + late
             doc_kv[d] = kv
             ready.append(list(u))
         self.cur, self.cur_tok, self.cum_f = cur, cur_tok, cum_f
@@ -427,7 +493,8 @@ class _LockstepRank:
             self.late += self.merge_bytes
             self.n_b += 1
             return
-        tok, bwd, act, docl, kvp, cap = self.tok, self.bwd, self.act, self.docl, self.kvp, self.cap
+        tok, bwd, act, docl, cap = self.tok, self.bwd, self.act, self.docl, self.cap
+        _extra, kv_of, _half_f, half_b = self.view.packing_lists
         ready, doc_left, doc_kv = self.ready, self.doc_left, self.doc_kv
         kv_per_slice = self.kv_per_slice
         held_before = held = self.held
@@ -439,7 +506,7 @@ class _LockstepRank:
         while ready:
             doc_slices = ready[0]
             i = doc_slices[-1]
-            if pack and (cum_b + bwd[i] / 2 > target or pack_tok + tok[i] > cap):
+            if pack and (cum_b + half_b[i] > target or pack_tok + tok[i] > cap):
                 break
             doc_slices.pop()
             pack.append(i)
@@ -449,13 +516,14 @@ class _LockstepRank:
             d = docl[i]
             doc_left[d] -= 1
             if kv_per_slice:  # the simulator's rule: a slice's K/V goes with its backward
-                held -= kvp * tok[i]
-                doc_kv[d] -= kvp * tok[i]
+                held -= kv_of[i]
+                doc_kv[d] -= kv_of[i]
             if doc_left[d] == 0:
                 held -= doc_kv.pop(d)
             if not doc_slices:
                 ready.popleft()
         self.B.append(pack)
+        self.over_cap = self.over_cap or pack_tok > cap
         self.held, self.cum_b = held, cum_b
         self.pending.append((held_before - held, False))
         self.late += held_before - held
@@ -483,7 +551,6 @@ class _LockstepRank:
         while self.n_b < self.m:
             self.emit_backward(self.n_b == self.m - 1)
         self.first_stage_runs_backward(0)
-        cap, tok = self.cap, self.tok
-        if not self.fits or self.ready or any(sum(tok[i] for i in p) > cap for p in self.B):
+        if not self.fits or self.ready or self.over_cap:
             return None
         return RankPacks(self.F, self.B, self.merge_pack, self.peak * layer_share)

@@ -47,15 +47,7 @@ def refine_assignment(
     cost = view.doc_fwd[rest] + view.doc_bwd[rest]
     free = rest[np.argsort(-cost, kind="stable")][:max_docs].tolist()
     free_set = set(free)
-    F0 = np.zeros(dp)
-    B0 = np.zeros(dp)
-    for r, ms in member_slices.items():
-        F0[r] += view.fwd[list(ms)].sum()
-        B0[r] += view.bwd[list(ms)].sum()
-    for d, r in rank_of.items():
-        if d not in free_set:
-            F0[r] += view.doc_fwd[d]
-            B0[r] += view.doc_bwd[d]
+    F0, B0 = _fixed_loads(view, rank_of, free_set, member_slices, dp)
 
     def objective(where: dict[int, int]) -> float:
         F, B = F0.copy(), B0.copy()
@@ -69,44 +61,22 @@ def refine_assignment(
     h.silent()
     h.setOptionValue("time_limit", float(seconds))
     h.setOptionValue("threads", 1)
-    x = {(d, r): h.addBinary() for d in free for r in range(dp)}
-    z = h.addVariable(lb=0.0)
-    for d in free:
-        h.addConstr(sum(x[d, r] for r in range(dp)) == 1)
-    for r in range(dp):
-        h.addConstr(sum(float(view.doc_fwd[d]) * x[d, r] for d in free) - fs * z <= -float(F0[r]))
-        h.addConstr(sum(float(view.doc_bwd[d]) * x[d, r] for d in free) - bs * z <= -float(B0[r]))
-    n_cols = h.getNumCol()
-    start = np.zeros(n_cols)
-    for (d, r), var in x.items():
-        start[var.index] = 1.0 if rank_of[d] == r else 0.0
-    start[z.index] = before
-    sol = highspy.HighsSolution()
-    sol.col_value = start.tolist()
-    sol.value_valid = True
-    h.setSolution(sol)
+    x, z = _add_model(h, view, free, dp, (fs, bs), (F0, B0))
+    _warm_start(h, x, z, rank_of, before)
     h.changeObjectiveSense(highspy.ObjSense.kMinimize)
     h.changeColCost(z.index, 1.0)
     h.run()
     info = h.getInfo()
-    status = h.modelStatusToString(h.getModelStatus())
     report: dict[str, Any] = {
-        "status": status,
+        "status": h.modelStatusToString(h.getModelStatus()),
         "before": round(before, 6),
         "after": round(before, 6),
         "gap": None,
         "docs": len(free),
         "seconds": seconds,
     }
-    values = h.getSolution().col_value
-    if info.primal_solution_status == 2 and len(values) == n_cols:  # feasible point found
-        where = {
-            d: max(
-                range(dp),
-                key=cast("Callable[[int], float]", lambda r, d=d: values[x[d, r].index]),
-            )
-            for d in free
-        }
+    where = _solution(h, x, free, dp) if info.primal_solution_status == 2 else None
+    if where is not None:  # a feasible point was found
         after = objective(where)
         report["gap"] = float(info.mip_gap) if np.isfinite(info.mip_gap) else None
         if after < before - 1e-9:
@@ -117,3 +87,63 @@ def refine_assignment(
             report["after"] = round(after, 6)
     report["milp_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
     return assign, report
+
+
+def _fixed_loads(
+    view: BatchView,
+    rank_of: Mapping[int, int],
+    free: set[int],
+    member_slices: Mapping[int, Sequence[int]],
+    dp: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-rank forward and backward seconds that stay where they are: merge shares and the
+    documents outside the model."""
+    F0 = np.zeros(dp)
+    B0 = np.zeros(dp)
+    for r, ms in member_slices.items():
+        F0[r] += view.fwd[list(ms)].sum()
+        B0[r] += view.bwd[list(ms)].sum()
+    for d, r in rank_of.items():
+        if d not in free:
+            F0[r] += view.doc_fwd[d]
+            B0[r] += view.doc_bwd[d]
+    return F0, B0
+
+
+def _add_model(h, view: BatchView, free: list[int], dp: int, shares, fixed):
+    """The constraints of the module docstring over documents ``free``: binaries ``x[d, r]``
+    and ``z``; ``shares = (F_share, B_share)``, ``fixed = (F0, B0)``."""
+    (fs, bs), (F0, B0) = shares, fixed
+    x = {(d, r): h.addBinary() for d in free for r in range(dp)}
+    z = h.addVariable(lb=0.0)
+    for d in free:
+        h.addConstr(sum(x[d, r] for r in range(dp)) == 1)
+    for r in range(dp):
+        h.addConstr(sum(float(view.doc_fwd[d]) * x[d, r] for d in free) - fs * z <= -float(F0[r]))
+        h.addConstr(sum(float(view.doc_bwd[d]) * x[d, r] for d in free) - bs * z <= -float(B0[r]))
+    return x, z
+
+
+def _warm_start(h, x, z, rank_of: Mapping[int, int], before: float) -> None:
+    """Start HiGHS from the heuristic assignment (objective ``before``)."""
+    import highspy
+
+    start = np.zeros(h.getNumCol())
+    for (d, r), var in x.items():
+        start[var.index] = 1.0 if rank_of[d] == r else 0.0
+    start[z.index] = before
+    sol = highspy.HighsSolution()
+    sol.col_value = start.tolist()
+    sol.value_valid = True
+    h.setSolution(sol)
+
+
+def _solution(h, x, free: list[int], dp: int) -> dict[int, int] | None:
+    """The rank of every free document in HiGHS's solution (its largest ``x[d, r]``)."""
+    values = h.getSolution().col_value
+    if len(values) != h.getNumCol():
+        return None
+    return {
+        d: max(range(dp), key=cast("Callable[[int], float]", lambda r, d=d: values[x[d, r].index]))
+        for d in free
+    }

@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from slimdata.plan.pipeline import one_f_one_b
-from slimdata.plan.types import StepPlan
+from slimdata.plan.types import RankStep, StepPlan
 
 __all__ = ["pipeline_time", "pipeline_times", "plan_pipeline_time"]
 
@@ -63,20 +63,23 @@ def plan_pipeline_time(plan: StepPlan, pp: int) -> float:
     (:func:`~slimdata.solver.pipeline.pipeline_times`), the slowest rank; no communication.
     Tested equal to the critical path of the plan's programs (:mod:`slimdata.execution`)
     where the packs' ``cost`` is the execution model's price (tests/execution)."""
-    return max(
-        (
-            float(
-                pipeline_times(
-                    np.array([p.cost for p in rs.forward]),
-                    np.array([p.cost for p in rs.backward]),
-                    rs.order,
-                    pp,
-                )[0]
-            )
-            for rs in plan.ranks
-        ),
-        default=0.0,
-    )
+    # on pp > 1 stages, ranks with the same order (every rank of a lockstep plan) go through
+    # one call, a column each (elementwise, so each as alone); on one stage each rank alone
+    # (a column sum's rounding depends on the array's layout)
+    by_order: dict[object, list[RankStep]] = {}
+    for rs in plan.ranks:
+        key = (tuple(rs.order), len(rs.forward), len(rs.backward)) if pp > 1 else rs.rank
+        by_order.setdefault(key, []).append(rs)
+    worst = 0.0
+    for ranks in by_order.values():
+        if len(ranks) == 1:
+            f = np.array([p.cost for p in ranks[0].forward])
+            b = np.array([p.cost for p in ranks[0].backward])
+        else:
+            f = np.array([[p.cost for p in rs.forward] for rs in ranks]).T
+            b = np.array([[p.cost for p in rs.backward] for rs in ranks]).T
+        worst = max(worst, float(pipeline_times(f, b, ranks[0].order, pp).max()))
+    return worst
 
 
 @lru_cache(maxsize=256)

@@ -1,8 +1,10 @@
 """The strategy registry and the per-step solve API (design §6).
 
-``STRATEGIES`` maps a name to a pure function ``(batch, layout, seed, cost, *, step, **options)
--> StepPlan``; every strategy sees the same documents and returns a validated plan whose packs
-carry their predicted seconds and whose ``meta`` carries the seed, options and solve time.
+``STRATEGIES`` maps a name to a pure function ``(batch, layout, seed, cost, *, step, validate)
+-> StepPlan``; the strategies with knobs (:data:`~slimdata.solver.options.OPTIONS_OF`) also
+take ``options``, a :class:`~slimdata.solver.options.SolveOptions`. Every strategy sees the
+same documents and returns a validated plan whose packs carry their predicted seconds and
+whose ``meta`` carries the seed, the knobs it used and the solve time.
 
 ``STREAMS`` maps a name to a strategy that packs the run's *stream* of steps, because it moves
 documents between steps (``wlb``'s outlier delay): a class built as ``(layout, seed, cost, *,
@@ -21,6 +23,7 @@ from slimdata.errors import ConfigError
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import default_cost
 from slimdata.solver.layout import Layout
+from slimdata.solver.options import DEFAULT_OPTIONS, OPTIONS_OF, SolveOptions, check_options
 from slimdata.solver.strategies.bfd import bfd
 from slimdata.solver.strategies.concat import concat
 from slimdata.solver.strategies.dcp import dcp
@@ -64,7 +67,7 @@ def solve(
     *,
     step: int = 0,
     validate: bool = True,
-    **options,
+    options: SolveOptions = DEFAULT_OPTIONS,
 ) -> StepPlan:
     """Plan one step of ``batch`` on ``layout`` with ``strategy``; deterministic for a seed.
 
@@ -72,7 +75,9 @@ def solve(
     :meth:`StepPlan.validate` (about a quarter of a slimpack solve): for per-step callers that
     trust the solver (the simulator, benchmarks); the test suite validates every strategy's
     plans and :func:`~slimdata.solver.planshards.write_plan_shards` validates every plan it
-    writes. Raises :class:`ConfigError` for an unknown strategy and
+    writes. ``options``: the strategy's knobs (:class:`~slimdata.solver.options.SolveOptions`,
+    e.g. ``SolveOptions(skew_merge=False)`` for slimpack). Raises :class:`ConfigError` for an
+    unknown strategy or a knob it does not read, and
     :class:`~slimdata.errors.PlanError` for an impossible layout. ``plan.meta["recompute"]``
     is the cost model's recompute policy, the one the runtime runs.
     """
@@ -84,7 +89,11 @@ def solve(
         )
     if fn is None:
         raise ConfigError(f"strategy={strategy!r}: use one of {', '.join(STRATEGIES)}")
-    plan = fn(batch, layout, seed, cost, step=step, validate=validate, **options)
+    check_options(strategy, options)
+    if strategy in OPTIONS_OF:
+        plan = fn(batch, layout, seed, cost, step=step, validate=validate, options=options)
+    else:
+        plan = fn(batch, layout, seed, cost, step=step, validate=validate)
     # the recompute policy the plan's memory assumes: the runtime runs it (design §9)
     plan.meta["recompute"] = (cost if cost is not None else default_cost()).recompute
     return plan

@@ -19,7 +19,7 @@ from slimdata.hooks.verify import equivalence_report, grad_error, run_plan, whol
 
 from slimdata.cost import CostModel, ModelConfig
 from slimdata.docsource import documents_from_lengths
-from slimdata.solver import Layout, solve
+from slimdata.solver import Layout, SolveOptions, solve
 
 pytestmark = pytest.mark.gpu
 
@@ -73,7 +73,8 @@ def _case(lengths, dp, mode="free"):
     layout = Layout(dp=dp, context=1 << 16, pack_tokens=1024, memory_gib=1e3, mode=mode)
     cost = CostModel.analytic(SHAPE, "h100", "none")
     # no DP-Merge: verify runs the ranks in sequence in one process
-    plan = solve(docs, layout, "slimpack", seed=0, cost=cost, merge_share=1e9, skew_merge=False)
+    no_merges = SolveOptions(merge_share=1e9, skew_merge=False)
+    plan = solve(docs, layout, "slimpack", seed=0, cost=cost, options=no_merges)
     rng = np.random.default_rng(0)
     return plan, [rng.integers(0, 1024, d.length).astype(np.uint32) for d in plan.docs]
 

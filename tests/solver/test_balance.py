@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from slimdata.cost import CostModel
-from slimdata.solver import Layout, solve
+from slimdata.solver import Layout, SolveOptions, solve
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import skew_group_sizes
 from slimdata.solver.refine import refine_costly_slices
@@ -107,7 +107,7 @@ def test_skew_merge_can_be_turned_off():
     docs = synthetic([120000, 90000], 2_000_000, 0)
     layout = Layout(dp=16, memory_gib=60, context=131072)
     on = solve(docs, layout, "slimpack", 0, LLAMA8B)
-    off = solve(docs, layout, "slimpack", 0, LLAMA8B, skew_merge=False)
+    off = solve(docs, layout, "slimpack", 0, LLAMA8B, options=SolveOptions(skew_merge=False))
     ranks = lambda p: sum(len(g.ranks) for g in p.merges)  # noqa: E731
     assert ranks(off) < ranks(on)
     assert max(off.meta["imbalance_fwd"], off.meta["imbalance_bwd"]) > 1.02
@@ -119,7 +119,12 @@ def test_members_merge_shares_stay_within_the_group_largest():
     docs = synthetic([120000], 1 << 20, 0)
     plan = solve(docs, Layout(dp=64, memory_gib=60, context=131072), "slimpack", 0, LLAMA8B)
     solo = solve(
-        docs, Layout(dp=64, memory_gib=60, context=131072), "slimpack", 0, LLAMA8B, improve_rounds=0
+        docs,
+        Layout(dp=64, memory_gib=60, context=131072),
+        "slimpack",
+        0,
+        LLAMA8B,
+        options=SolveOptions(improve_rounds=0),
     )
     for g, g0 in zip(plan.merges, solo.merges, strict=True):
         assert g.ranks == g0.ranks

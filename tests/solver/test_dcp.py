@@ -6,7 +6,7 @@ import pytest
 
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths
-from slimdata.solver import Layout, solve
+from slimdata.solver import Layout, SolveOptions, solve
 from slimdata.solver.strategies.dcp import dcp_cp_size, default_max_seqlen
 
 
@@ -32,7 +32,7 @@ def test_groups_follow_the_formula_and_balance_short_documents():
     # per rank 1000 tokens: 3000 -> cp 4, 1500 -> cp 2, the rest cp 1
     docs = documents_from_lengths([3000, 1500, 900, 800, 700, 600, 500, 400])
     lay = Layout(dp=8, context=4096, memory_gib=100)
-    plan = solve(docs, lay, "dcp", 0, cost, max_seqlen_per_rank=1000)
+    plan = solve(docs, lay, "dcp", 0, cost, options=SolveOptions(max_seqlen_per_rank=1000))
     sizes = {plan.docs[d].length: len(m.ranks) for m in plan.merges for d in m.docs}
     assert sizes == {3000: 4, 1500: 2}
     assert sorted(r for m in plan.merges for r in m.ranks) == [0, 1, 2, 3, 4, 5]
@@ -64,5 +64,7 @@ def test_lockstep_plan_is_valid():
     cost = CostModel.analytic("llama-1b")
     docs = documents_from_lengths([3000, 1500, 900, 800, 700, 600, 500, 400, 300, 200])
     lay = Layout(dp=4, pp=2, context=4096, memory_gib=100, mode="lockstep")
-    plan = solve(docs, lay, "dcp", 0, cost, max_seqlen_per_rank=1000).validate()
+    plan = solve(
+        docs, lay, "dcp", 0, cost, options=SolveOptions(max_seqlen_per_rank=1000)
+    ).validate()
     assert len({len(rs.forward) for rs in plan.ranks}) == 1

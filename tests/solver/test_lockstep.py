@@ -65,6 +65,24 @@ def test_pack_rank_lockstep_lag_feeds_every_backward_pack():
     assert p1.backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
 
 
+def test_one_rank_prepared_once_packs_every_lag_as_fresh():
+    # the planner prepares a rank once per pack count and packs it at every lag it probes:
+    # each packing must equal a fresh pack_rank_lockstep (nothing carried between lags, the
+    # hand-checked lag 0 and lag 1 packs of the test above among them)
+    from slimdata.solver.micropack import LockstepWork
+
+    ucost = unit_cost()
+    view = BatchView.build(docs_of([512, 128, 128, 128, 128]), ucost)
+    units = [view.slices_of(d) for d in range(5)]
+    work = LockstepWork.of(view, units, (), 4)
+    for lag in (0, 1, 3, 2, 0, 1):
+        again = work.pack(cap=1024, mem=1e30, lag=lag)
+        fresh = pack_rank_lockstep(view, units, cap=1024, mem=1e30, m=4, lag=lag)
+        assert (again.forward, again.backward) == (fresh.forward, fresh.backward)
+    assert work.pack(cap=1024, mem=1e30, lag=1).backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
+    assert work.pack(cap=1024, mem=1e30, lag=0).backward == [[], [3, 2, 1], [0, 4, 5], [6, 7]]
+
+
 def test_pack_rank_lockstep_merge_pack_first_and_caps():
     ucost = unit_cost()
     view = BatchView.build(docs_of([256, 256, 256]), ucost)
@@ -272,3 +290,32 @@ def test_planner_estimate_is_the_simulated_step_without_communication(pp):
         assert not plan.merges  # merged slices are priced with CP chunk efficiency: not here
         sim = simulate_step(plan, cost, layout, SimConfig(interconnect=free_net))
         assert plan.meta["pipeline_estimate"] == pytest.approx(sim.step_time, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "ragged"])
+def test_plan_estimate_is_the_slowest_ranks_own_pipeline(mode):
+    # every rank's packs through its own order on 4 stages, one by one: the plan's estimate is
+    # the largest, whether ranks share an order (lockstep) or not (other lags, other counts)
+    from dataclasses import replace
+
+    from slimdata.solver.pipeline import plan_pipeline_time
+
+    rng = np.random.default_rng(3)
+    lengths = [8192, 4096, *rng.integers(300, 3000, size=40).tolist()]
+    layout = Layout(dp=3, pp=4, mode="lockstep", context=16384, memory_gib=1000)
+    plan = solve(docs_of(lengths), layout, "slimpack", 0, unit_cost())
+    if mode == "ragged":
+        r0, r1, r2 = plan.ranks
+        m = len(r1.forward)
+        r1 = replace(r1, order=interleaved_order(m, m, 2))
+        r2 = replace(r2, forward=r2.forward[:4], backward=r2.backward[:3])
+        r2 = replace(r2, order=interleaved_order(4, 3, 1))
+        plan = replace(plan, ranks=(r0, r1, r2))
+    each = [
+        pipeline_time([p.cost for p in rs.forward], [p.cost for p in rs.backward], rs.order, 4)
+        for rs in plan.ranks
+    ]
+    orders = {rs.order for rs in plan.ranks}
+    assert len(orders) == (1 if mode == "lockstep" else 3)  # not vacuous
+    assert min(each) > 0
+    assert plan_pipeline_time(plan, 4) == max(each)

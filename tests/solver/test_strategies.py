@@ -169,3 +169,19 @@ def test_slimpack_respects_memory_with_continuation():
     plan = solve(docs_of([180, 90, 90, 30]), Layout(dp=1, memory_gib=2.0), "slimpack", cost=cost)
     assert plan_peak_memory(plan, cost)[0] <= 2 * (1 << 30)
     assert len(plan.ranks[0].forward) >= 2
+
+
+def test_split_group_hands_out_fresh_lists_of_one_split(ucost):
+    # slices of 5 x 128 and 1 x 72 tokens (unit cost: forward+backward 384 and 216 s) over
+    # 2 members by LPT, ties to the first member: {0, 2, 4} | {1, 3, 5}
+    from slimdata.solver.merge import split_group
+
+    view = BatchView.build(docs_of([512, 200]), ucost)
+    slices = list(range(len(view.doc)))
+    assert (view.end - view.start).tolist() == [128, 128, 128, 128, 128, 72]
+    members, loads, _peak = split_group(view, slices, 2)
+    assert members == [[0, 2, 4], [1, 3, 5]] and loads.tolist() == [1152.0, 984.0]
+    members[0].append(99)
+    loads[0] = -1.0
+    again, loads2, _ = split_group(view, slices, 2)  # the batch's memo is not changed
+    assert again == [[0, 2, 4], [1, 3, 5]] and loads2.tolist() == [1152.0, 984.0]

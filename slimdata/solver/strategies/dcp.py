@@ -46,6 +46,7 @@ from slimdata.cost import CostModel
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, assemble_plan, default_cost
 from slimdata.solver.layout import Layout
+from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.strategies.base import now
 
 __all__ = ["dcp", "dcp_cp_size", "default_max_seqlen"]
@@ -152,15 +153,16 @@ def dcp(
     *,
     step: int = 0,
     validate: bool = True,
-    max_seqlen_per_rank: int | None = None,
-    min_cp: int = 1,
+    options: SolveOptions = DEFAULT_OPTIONS,
 ) -> StepPlan:
+    """Plan one step the way Megatron's dynamic CP does (module docstring); reads
+    ``options.max_seqlen_per_rank`` and ``options.min_cp``."""
     t0 = now()
     cost = cost or default_cost()
     dp = layout.dp
-    mslpr = max_seqlen_per_rank or default_max_seqlen(layout, cost)
+    mslpr = options.max_seqlen_per_rank or default_max_seqlen(layout, cost)
     lengths = np.fromiter((d.length for d in batch), dtype=np.int64, count=len(batch))
-    short, groups = _assign(lengths, dp, mslpr, min_cp)
+    short, groups = _assign(lengths, dp, mslpr, options.min_cp)
     docs = list(batch)
     for rk, ds in zip(groups.ranks, groups.docs, strict=True):
         for d in ds:

@@ -41,7 +41,7 @@ from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
-from slimdata.solver.common import BatchView, assemble_plan, interleaved_order
+from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
 from slimdata.solver.layout import Layout
 from slimdata.solver.merge import (
     MergePlan,
@@ -50,7 +50,8 @@ from slimdata.solver.merge import (
     member_tokens,
     plan_merges,
 )
-from slimdata.solver.micropack import RankPacks, pack_rank, pack_rank_lockstep
+from slimdata.solver.micropack import LockstepWork, RankPacks, pack_rank
+from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.pipeline import pipeline_times, plan_pipeline_time
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
 
@@ -60,10 +61,6 @@ MORE_PACKS = (4, 6)
 """With ``pp > 1``, when the best plan of the usual pack counts (1x, 2x, 3x the fewest) has a
 lag below its pack count minus one (memory held the warm-up down), these multiples are tried
 too: smaller packs let the first pipeline stage hold more of them in flight."""
-
-SKEW_MERGE = True
-"""Free mode: also merge documents whose backward/forward skew leaves their rank unbalanced
-(:func:`~slimdata.solver.merge.skew_group_sizes`)."""
 
 MERGE_GATHER = 2.0
 """Merge members are sized for the merge buffers (:meth:`CostModel.gathered_kv_bytes`): one
@@ -92,6 +89,39 @@ def assign_lpt(
     nearly proportional items and O(log dp). Returns per-rank document lists and per-rank merge
     slice lists.
     """
+    items = _lpt_items(view, docs, dp, groups)
+    out_docs: list[list[int]] = [[] for _ in range(dp)]
+    out_merge: list[list[int]] = [[] for _ in range(dp)]
+    members = [list(r) for r, _s in groups]
+    load = _place_by_both_loads(items, members, dp, out_docs, out_merge)
+    _place_by_summed_load(items, members, load, out_docs, out_merge)
+    for ms in out_merge:
+        ms.sort()
+    return out_docs, out_merge
+
+
+@dataclass
+class _LptItems:
+    """What :func:`assign_lpt` places, in placement order: normalized forward and backward
+    cost (over the balanced per-rank share), the document or slice index, and its merge
+    group (-1: a whole document); ``next`` is the first not placed yet."""
+
+    fn: list[float]
+    bn: list[float]
+    ids: list[int]
+    grp: list[int]
+    next: int = 0
+
+
+def _lpt_items(
+    view: BatchView,
+    docs: np.ndarray,
+    dp: int,
+    groups: Sequence[tuple[tuple[int, ...], Sequence[int]]],
+) -> _LptItems:
+    """Merge slices first (they can only go to their members; a group's merge pack runs in
+    lockstep on its members, so their shares should be equal), then documents; each part in
+    decreasing time order."""
     gslices = [np.asarray(sl, dtype=np.int64) for _r, sl in groups]
     f = np.concatenate([view.doc_fwd[docs], *[view.fwd[s] for s in gslices]])
     b = np.concatenate([view.doc_bwd[docs], *[view.bwd[s] for s in gslices]])
@@ -101,43 +131,63 @@ def assign_lpt(
     ).astype(np.int64)
     fshare = max(float(f.sum()) / dp, 1e-30)
     bshare = max(float(b.sum()) / dp, 1e-30)
-    # constrained items first (merge slices can only go to their members; a group's merge pack
-    # runs in lockstep on its members, so their shares should be equal), then documents; each
-    # part in decreasing time order
     order = np.lexsort((-(f / fshare + b / bshare), grp < 0))
-    fn = (f / fshare)[order].tolist()
-    bn = (b / bshare)[order].tolist()
-    ids_l = ids[order].tolist()
-    grp_l = grp[order].tolist()
-    members = [np.asarray(r, dtype=np.int64) for r, _s in groups]
+    return _LptItems(
+        fn=(f / fshare)[order].tolist(),
+        bn=(b / bshare)[order].tolist(),
+        ids=ids[order].tolist(),
+        grp=grp[order].tolist(),
+    )
+
+
+def _place_by_both_loads(
+    items: _LptItems,
+    members: list[list[int]],
+    dp: int,
+    out_docs: list[list[int]],
+    out_merge: list[list[int]],
+) -> list[float]:
+    """Merge slices and items of at least 4% of a share: each to the eligible rank whose
+    ``max(forward, backward)`` load is lowest after adding it. Returns the summed loads."""
+    fn, bn, ids, grp = items.fn, items.bn, items.ids, items.grp
+    cands = [np.asarray(r, dtype=np.int64) for r in members]
     F = np.zeros(dp)
     Bl = np.zeros(dp)
-    out_docs: list[list[int]] = [[] for _ in range(dp)]
-    out_merge: list[list[int]] = [[] for _ in range(dp)]
-    n = len(ids_l)
-    k = 0
-    while k < n and (grp_l[k] >= 0 or fn[k] + bn[k] >= 0.04):
-        g = grp_l[k]
-        cand = members[g] if g >= 0 else None
-        if cand is None:
+    k = items.next
+    while k < len(ids) and (grp[k] >= 0 or fn[k] + bn[k] >= 0.04):
+        g = grp[k]
+        if g < 0:
             r = int(np.argmin(np.maximum(F + fn[k], Bl + bn[k])))
-            out_docs[r].append(ids_l[k])
+            out_docs[r].append(ids[k])
         else:
+            cand = cands[g]
             r = int(cand[np.argmin(np.maximum(F[cand] + fn[k], Bl[cand] + bn[k]))])
-            out_merge[r].append(ids_l[k])
+            out_merge[r].append(ids[k])
         F[r] += fn[k]
         Bl[r] += bn[k]
         k += 1
-    load = (F + Bl).tolist()
-    heap = [(load[r], r) for r in range(dp)]
+    items.next = k
+    return (F + Bl).tolist()
+
+
+def _place_by_summed_load(
+    items: _LptItems,
+    members: list[list[int]],
+    load: list[float],
+    out_docs: list[list[int]],
+    out_merge: list[list[int]],
+) -> None:
+    """The small items left: each to the rank with the lowest summed load (a lazy heap,
+    O(log dp); equivalent for small, nearly proportional items), merge slices to their first
+    least loaded member."""
+    heap = [(load[r], r) for r in range(len(load))]
     heapq.heapify(heap)
-    for k in range(k, n):  # noqa: B020 - continues the loop above
-        c = fn[k] + bn[k]
-        g = grp_l[k]
+    for k in range(items.next, len(items.ids)):
+        c = items.fn[k] + items.bn[k]
+        g = items.grp[k]
         if g >= 0:
-            cand = members[g]
-            r = int(cand[np.argmin(np.asarray(load)[cand])])
-            out_merge[r].append(ids_l[k])
+            r = min(members[g], key=load.__getitem__)
+            out_merge[r].append(items.ids[k])
             load[r] += c
             continue
         while True:
@@ -145,12 +195,10 @@ def assign_lpt(
             if lr == load[r]:
                 break
             heapq.heappush(heap, (load[r], r))
-        out_docs[r].append(ids_l[k])
+        out_docs[r].append(items.ids[k])
         load[r] += c
         heapq.heappush(heap, (load[r], r))
-    for ms in out_merge:
-        ms.sort()
-    return out_docs, out_merge
+    items.next = len(items.ids)
 
 
 def improve(
@@ -323,10 +371,17 @@ class _LocalSearch:
             kind, xs, yid, yown = cand[:4]
             pm = self.pair_max(hi, cand)
             flat = pm.ravel()
-            if float(flat.min()) >= bar:
+            low = flat.min()
+            if float(low) >= bar:
                 continue
-            few = np.argpartition(flat, 8)[:8] if len(flat) > 8 else np.arange(len(flat))
-            for jj in few[np.argsort(flat[few], kind="stable")].tolist():
+            if kind == "doc" and np.count_nonzero(flat == low) == 1:
+                # a document move is always allowed, so only the lowest is looked at: when it
+                # is unique, it is the first of the 8 lowest below (no partial sort needed)
+                lowest = [int(flat.argmin())]
+            else:
+                few = np.argpartition(flat, 8)[:8] if len(flat) > 8 else np.arange(len(flat))
+                lowest = few[np.argsort(flat[few], kind="stable")].tolist()
+            for jj in lowest:
                 val = float(pm.flat[jj])
                 if val >= bar or (best is not None and val >= best[0]):
                     break
@@ -411,9 +466,9 @@ def _slice_move_within_cap(
 ) -> bool:
     """Does ``lo``'s merge share (one pack) stay within ``cap`` tokens after the move of
     :func:`_slice_move_fits` (and ``hi``'s)?"""
-    tok = view.end - view.start
-    new_lo = member_tokens(view, shares[lo]) + int(tok[x]) - (int(tok[y]) if y >= 0 else 0)
-    new_hi = member_tokens(view, shares[hi]) - int(tok[x]) + (int(tok[y]) if y >= 0 else 0)
+    tok = view.lists[0]
+    new_lo = member_tokens(view, shares[lo]) + tok[x] - (tok[y] if y >= 0 else 0)
+    new_hi = member_tokens(view, shares[hi]) - tok[x] + (tok[y] if y >= 0 else 0)
     return max(new_lo, new_hi) <= cap
 
 
@@ -424,58 +479,29 @@ def slimpack(
     cost: CostModel | None = None,
     *,
     step: int = 0,
-    merge_share: float = 1.0,
-    milp_seconds: float = 0.0,
-    improve_rounds: int = 400,
-    refine_share: float = REFINE_SHARE,
-    skew_merge: bool = SKEW_MERGE,
     validate: bool = True,
+    options: SolveOptions = DEFAULT_OPTIONS,
 ) -> StepPlan:
-    """Plan one step with SlimPack (see the module docstring).
-
-    ``merge_share``: documents costlier than this fraction of the balanced per-rank time are
-    merged (1.0: only those that cannot be balanced otherwise). ``seed`` only breaks ties (the
-    heuristic is deterministic for a batch). ``improve_rounds``: moves of the local search after
-    LPT (0 turns it off). ``refine_share`` (free mode): slices costlier than this fraction of
-    the balanced per-rank time are cut finer first (:mod:`slimdata.solver.refine`; 0 turns it
-    off).
+    """Plan one step with SlimPack (see the module docstring); reads ``options.merge_share``,
+    ``improve_rounds``, ``milp_seconds``, ``refine_share`` and ``skew_merge``
+    (:class:`~slimdata.solver.options.SolveOptions`). ``seed`` only breaks ties (the heuristic
+    is deterministic for a batch).
     """
-    from slimdata.solver.common import default_cost
-
     t0 = time.perf_counter()
     cost = cost or default_cost()
-    view = BatchView.build(batch, cost)
-    if refine_share > 0 and layout.mode == "free":
-        finer = refine_costly_slices(view, layout.dp, cost, share=refine_share)
-        if finer is not None:
-            view = BatchView.build(finer, cost)
-    cap, mem = layout.token_cap, layout.memory_bytes
+    view = _batch_view(batch, layout, cost, options.refine_share)
     with _recompute_advice(cost):
-        _check_slices(view, cap, mem)
-    meta: dict = {"seed": seed, "merge_share": merge_share, "layout": _layout_meta(layout)}
-    opts: dict[str, Any] = {
-        "merge_share": merge_share,
-        "improve_rounds": improve_rounds,
-        "milp_seconds": milp_seconds,
-        "skew_merge": skew_merge,
-    }
-    if refine_share != REFINE_SHARE:
-        meta["refine_share"] = refine_share
+        _check_slices(view, layout.token_cap, layout.memory_bytes)
+    estimate = None
     if layout.mode == "free":
         with _recompute_advice(cost):
-            p1 = _phase1(view, layout, packs=1, mem=mem, gather=MERGE_GATHER, **opts)
+            p1 = _phase1(view, layout, options, packs=1, mem=layout.memory_bytes)
         packs, lag = _free(view, p1.units, p1.member_slices, layout), 0
     else:
-        share = stage_share(cost.layers, layout.pp)
-        # per pipeline stage, in full-model bytes; merge members hold the simulator's buffers
-        opts.update(gather=MERGE_GATHER, layer_share=share)
         with _recompute_advice(cost):
-            best = _solve_lockstep(view, layout, opts, share)
-        _est, packs, lag, p1 = best
-        meta["pipeline_estimate"] = round(_est, 6)
-    meta.update(improve_moves=p1.moves, lag=lag, microbatches=len(packs[0].forward) if packs else 0)
-    if p1.milp is not None:
-        meta["milp"] = p1.milp
+            estimate, packs, lag, p1 = _solve_lockstep(
+                view, layout, options, stage_share(cost.layers, layout.pp)
+            )
     plan = assemble_plan(
         view=view,
         layout=layout,
@@ -488,14 +514,52 @@ def slimpack(
         merge_rank_pack={r: p.merge_pack for r, p in enumerate(packs) if p.merge_pack is not None},
         mode=layout.mode,
         lag=lag,
-        meta=meta,
+        meta=_meta(seed, layout, options, p1, estimate, lag, packs),
         t0=t0,
         validate=validate,
     )
-    _check_pack_cap(plan, cap)
+    _check_pack_cap(plan, layout.token_cap)
     if layout.mode != "free":  # the estimate of the plan as assembled (fused slices priced)
         plan.meta["pipeline_estimate"] = round(plan_pipeline_time(plan, layout.pp), 6)
     return plan
+
+
+def _batch_view(
+    batch: Sequence[Document], layout: Layout, cost: CostModel, refine_share: float
+) -> BatchView:
+    """The batch's slices; in free mode, slices costlier than ``refine_share`` of the balanced
+    per-rank time cut finer first (:func:`~slimdata.solver.refine.refine_costly_slices`)."""
+    view = BatchView.build(batch, cost)
+    if refine_share > 0 and layout.mode == "free":
+        finer = refine_costly_slices(view, layout.dp, cost, share=refine_share)
+        if finer is not None:
+            view = BatchView.build(finer, cost)
+    return view
+
+
+def _meta(
+    seed: int,
+    layout: Layout,
+    options: SolveOptions,
+    p1: _Phase1,
+    estimate: float | None,
+    lag: int,
+    packs: list[RankPacks],
+) -> dict[str, Any]:
+    """What a slimpack plan records of how it was found (``StepPlan.meta``)."""
+    meta: dict[str, Any] = {
+        "seed": seed,
+        "merge_share": options.merge_share,
+        "layout": _layout_meta(layout),
+    }
+    if options.refine_share != REFINE_SHARE:
+        meta["refine_share"] = options.refine_share
+    if estimate is not None:
+        meta["pipeline_estimate"] = round(estimate, 6)
+    meta.update(improve_moves=p1.moves, lag=lag, microbatches=len(packs[0].forward) if packs else 0)
+    if p1.milp is not None:
+        meta["milp"] = p1.milp
+    return meta
 
 
 @contextmanager
@@ -535,57 +599,30 @@ class _Phase1:
 def _phase1(
     view: BatchView,
     layout: Layout,
+    options: SolveOptions,
     *,
     packs: int,
-    merge_share: float,
-    improve_rounds: int,
-    milp_seconds: float,
     mem: float,
-    gather: float = 0.0,
+    gather: float = MERGE_GATHER,
     layer_share: float = 1.0,
-    whole: float | None = None,
-    skew_merge: bool = True,
 ) -> _Phase1:
     """DP-Merge groups (member shares sized to one of ``packs`` packs), two-dimensional LPT,
     local search, optional MILP. ``mem``: bytes a rank may hold (full-model bytes: the device
     cap over the first pipeline stage's share of the layers); ``gather``: merge members also
-    hold that many times their group's K/V; ``whole``: documents above it must merge
-    (:func:`~slimdata.solver.merge.plan_merges`)."""
-    dp = layout.dp
+    hold that many times their group's K/V (:func:`~slimdata.solver.merge.plan_merges`)."""
     merges = plan_merges(
         view,
-        dp,
+        layout.dp,
         mem,
-        share=merge_share,
+        share=options.merge_share,
         packs=packs,
         gather=gather,
         layer_share=layer_share,
-        whole=whole,
-        balance_ratio=skew_merge,
+        balance_ratio=options.skew_merge,
         cap=layout.token_cap,
     )
-
-    def buffers(shares) -> dict[int, float]:
-        """Each member's merge buffers under ``shares`` (full-model bytes, as ``mem``)."""
-        return _member_buffers(view, merges.groups, shares, gather / layer_share)
-
     rest = np.asarray(sorted(set(range(len(view.docs))) - merges.merged_docs), dtype=np.int64)
-    groups = [
-        (ranks, sorted(i for r in ranks for i in merges.member_slices[r]))
-        for ranks, _d in merges.groups
-    ]
-    assign, shares = assign_lpt(view, rest, dp, groups)
-    held = buffers(shares)
-    if any(
-        member_peak(view, shares[r]) + held[r] > mem
-        or member_tokens(view, shares[r]) > layout.token_cap
-        for r in merges.member_slices
-    ):
-        # the joint LPT overloaded a member's memory or pack: keep phase 1's safe split
-        shares = [merges.member_slices.get(r, []) for r in range(dp)]
-        assign, _ = assign_lpt(view, rest, dp, [((r,), shares[r]) for r in merges.member_slices])
-        held = buffers(shares)
-    member_slices = {r: shares[r] for r in merges.member_slices}
+    assign, member_slices, held = _distribute(view, layout, merges, rest, mem, gather / layer_share)
     group_ranks = [ranks for ranks, _d in merges.groups]
     moves = (
         improve(
@@ -594,22 +631,48 @@ def _phase1(
             member_slices,
             group_ranks,
             mem,
-            rounds=improve_rounds,
+            rounds=options.improve_rounds,
             buffers=[held[g[0]] for g in group_ranks],
             cap=layout.token_cap,
         )
-        if improve_rounds
+        if options.improve_rounds
         else 0
     )
     info = None
-    if milp_seconds > 0:
+    if options.milp_seconds > 0:
         from slimdata.solver.milp import refine_assignment
 
         assign, info = refine_assignment(
-            view, rest, assign, dp, member_slices, seconds=milp_seconds
+            view, rest, assign, layout.dp, member_slices, seconds=options.milp_seconds
         )
     units = [list(map(view.ranges.__getitem__, ds)) for ds in assign]
     return _Phase1(merges, units, member_slices, moves, info)
+
+
+def _distribute(
+    view: BatchView, layout: Layout, merges: MergePlan, rest: np.ndarray, mem: float, scale: float
+) -> tuple[list[list[int]], dict[int, list[int]], dict[int, float]]:
+    """Documents ``rest`` and the merge groups' slices over the ranks by one joint LPT
+    (:func:`assign_lpt`); if that overloads a member's memory (its share plus ``scale`` x its
+    group's gathered K/V above ``mem``) or its merge pack (above the token cap), the merge
+    planner's own split is kept and only the documents are dealt. Returns per-rank documents,
+    each member's merge slices and each member's merge buffer bytes."""
+    dp = layout.dp
+    groups = [
+        (ranks, sorted(i for r in ranks for i in merges.member_slices[r]))
+        for ranks, _d in merges.groups
+    ]
+    assign, shares = assign_lpt(view, rest, dp, groups)
+    held = _member_buffers(view, merges.groups, shares, scale)
+    if any(
+        member_peak(view, shares[r]) + held[r] > mem
+        or member_tokens(view, shares[r]) > layout.token_cap
+        for r in merges.member_slices
+    ):
+        shares = [merges.member_slices.get(r, []) for r in range(dp)]
+        assign, _ = assign_lpt(view, rest, dp, [((r,), shares[r]) for r in merges.member_slices])
+        held = _member_buffers(view, merges.groups, shares, scale)
+    return assign, {r: shares[r] for r in merges.member_slices}, held
 
 
 def _member_buffers(view: BatchView, groups, shares, scale: float) -> dict[int, float]:
@@ -668,10 +731,14 @@ def _lockstep(
     gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / share)
     for m in counts:
         tried: dict[int, tuple[float, list[RankPacks]] | None] = {}
+        works = [
+            LockstepWork.of(view, p1.units[r], p1.member_slices.get(r, ()), m)
+            for r in range(layout.dp)
+        ]
 
-        def fits(lag: int, m: int = m, tried=tried) -> bool:
+        def fits(lag: int, works=works, tried=tried) -> bool:
             if lag not in tried:
-                tried[lag] = _lockstep_at(view, p1, layout, m, lag, share, gather)
+                tried[lag] = _lockstep_at(works, layout, lag, share, gather)
             return tried[lag] is not None
 
         # invariant: every lag below lo fits, none above hi; on one stage a lag only adds
@@ -693,27 +760,22 @@ def _lockstep(
 
 
 def _lockstep_at(
-    view: BatchView,
-    p1: _Phase1,
+    works: Sequence[LockstepWork],
     layout: Layout,
-    m: int,
     lag: int,
     share: float,
     gather: dict[int, float],
 ) -> tuple[float, list[RankPacks]] | None:
-    """Every rank's lockstep packs for ``m`` packs and backward ``lag`` (``gather``: each merge
-    member's buffers, full-model bytes), with the 1F1B estimate: the slowest rank's pipeline
-    (ranks meet at the gradient reduction, as under DDP or ZeRO-1/2; FSDP's per-pack gathers
-    can only add to it); ``None`` when a rank does not fit."""
+    """Every rank's lockstep packs (``works[r]``: rank ``r``'s documents and pack count) at
+    backward ``lag`` (``gather``: each merge member's buffers, full-model bytes), with the 1F1B
+    estimate: the slowest rank's pipeline (ranks meet at the gradient reduction, as under DDP
+    or ZeRO-1/2; FSDP's per-pack gathers can only add to it); ``None`` when a rank does not
+    fit."""
     packs = []
-    for r in range(layout.dp):
-        p = pack_rank_lockstep(
-            view,
-            p1.units[r],
-            p1.member_slices.get(r, ()),
+    for r, work in enumerate(works):
+        p = work.pack(
             cap=layout.token_cap,
             mem=layout.memory_bytes,
-            m=m,
             lag=lag,
             pp=layout.pp,
             layer_share=share,
@@ -723,14 +785,15 @@ def _lockstep_at(
         if p is None:
             return None
         packs.append(p)
-    _tok, fwd, bwd, _act, _doc = view.lists
-    f = np.array([[sum(fwd[k] for k in i) for i in p.forward] for p in packs]).T
-    b = np.array([[sum(bwd[k] for k in j) for j in p.backward] for p in packs]).T
+    _tok, fwd, bwd, _act, _doc = works[0].view.lists
+    f = np.array([[sum(map(fwd.__getitem__, i)) for i in p.forward] for p in packs]).T
+    b = np.array([[sum(map(bwd.__getitem__, j)) for j in p.backward] for p in packs]).T
+    m = works[0].m
     est = float(pipeline_times(f, b, interleaved_order(m, m, lag), layout.pp).max())
     return est, packs
 
 
-def _solve_lockstep(view: BatchView, layout: Layout, opts: dict, share: float):
+def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, share: float):
     """Phase 1 and lockstep packs for the candidate pack counts; the best 1F1B estimate wins.
 
     Phase 1 sizes merges for a budget of the device cap (in full-model bytes: over the first
@@ -748,7 +811,7 @@ def _solve_lockstep(view: BatchView, layout: Layout, opts: dict, share: float):
         if budget <= 0:
             return None
         try:
-            return _phase1(view, layout, packs=m, mem=budget, **opts)
+            return _phase1(view, layout, options, packs=m, mem=budget, layer_share=share)
         except PlanError:
             if widen == 1 and pp == 1:
                 raise
