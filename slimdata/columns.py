@@ -105,8 +105,8 @@ def check_manifest(table: Any, manifest: str | Path) -> None:
     if not np.array_equal(samples, np.arange(n)):
         bad = int(np.flatnonzero(samples != np.arange(n))[0])
         raise InputError(
-            f"{manifest}: row {bad} has sample {samples[bad]}, expected {bad} (samples must be "
-            "0..n-1, one row each): the manifest is damaged; rebuild with `slimdata build`"
+            f"{manifest}: its samples are not 0..{n - 1}, one row each (sample {samples[bad]} "
+            f"where sample {bad} belongs): the manifest is damaged; rebuild with `slimdata build`"
         )
     loss = table.column("loss_tokens").to_numpy().astype(np.int64)
     bad_loss = np.flatnonzero((loss < 0) | (loss > np.maximum(lengths - 1, 0)))
