@@ -180,7 +180,7 @@ def check_sample(sample: Mapping[str, Any], doc: Document, where: str) -> np.nda
     diagnosis of a sample that differs is the slow path."""
     tokens = sample["tokens"]
     if len(tokens) == sample["length"] == doc.length and (
-        tuple(sample["slices"].tolist()) == doc.cuts
+        tuple(np.asarray(sample["slices"]).tolist()) == doc.cuts
     ):
         return tokens
     tokens, cuts = _tokens_and_cuts(sample, where)
