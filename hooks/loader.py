@@ -9,8 +9,10 @@ Two sources, both stock mosaicml-streaming datasets:
   Reading by index, rather than exchanging tokens through torch.distributed, costs each
   rank only its own documents' bytes, needs no collective (so no rank waits on another's
   I/O), and makes resumption a pure function of a document count.
-  Document metadata (lengths, cuts) comes from ``manifest.parquet`` when available
-  (:func:`slimdata.docsource.load_shard_documents`), else from the samples themselves.
+  Document metadata (lengths, slice boundaries) is what the build wrote: the samples'
+  ``slices`` columns, or ``manifest.parquet`` when the caller passes
+  :func:`slimdata.docsource.load_shard_documents`; every sample read for its tokens is
+  checked against its document (:class:`slimdata.columns.SampleReader`).
 - :class:`PlanShardLoader` over *plan shards* (``slimdata plan`` / ``build --plan``): reads
   payload ``(step, rank)`` and checks its stamp; a misaligned shard raises
   :class:`~slimdata.errors.PlanError` instead of training on another rank's tokens.
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 from slimdata.hooks.payload import StepPayload
 
+from slimdata.columns import SampleReader, sample_document
 from slimdata.cost import CostModel, ModelConfig
 from slimdata.errors import ConfigError, PlanError, SlimdataError
 from slimdata.mdsindex import check_dataset, local_dirs
@@ -110,20 +113,11 @@ def _num_samples(dataset: Any) -> int:
 
 
 def documents_of(dataset: Any) -> list[Document]:
-    """Document metadata read from the samples (``length``, ``slices``, ``doc_id``)."""
-    out = []
-    for i in range(_num_samples(dataset)):
-        s = dataset[i]
-        cuts = tuple(int(c) for c in np.asarray(s["slices"]))
-        out.append(
-            Document(
-                doc_id=str(s["doc_id"]),
-                length=int(s["length"]),
-                cuts=cuts or (0, int(s["length"])),
-                sample=i,
-            )
-        )
-    return out
+    """Document metadata read from the samples: ``doc_id``, ``length`` and the build's slice
+    boundaries (``slices``), each checked against the sample's tokens
+    (:func:`slimdata.columns.sample_document`). Decodes every sample: for a ``slimdata build``
+    output, :func:`slimdata.docsource.load_shard_documents` reads the same from its manifest."""
+    return [sample_document(dataset[i], i) for i in range(_num_samples(dataset))]
 
 
 class DocumentLoader:
@@ -147,8 +141,12 @@ class DocumentLoader:
                 "documents need their sample index (Document.sample) to read tokens by index"
             )
         self.epoch, self.consumed, self.step = 0, 0, 0
-        self.cost = config.resolved_cost() or _shards_cost(dataset)
+        given = config.resolved_cost()
+        self.cost = given or _shards_cost(dataset)
         """The cost model every plan is solved with (:class:`LoaderConfig`)."""
+        # every sample read is checked against its document; the cost columns only against
+        # the build's own model (a model of the user's prices slices its own way)
+        self._read = SampleReader(dataset, self.documents, cost=None if given else self.cost)
 
     def batches(self, epoch: int) -> list[list[Document]]:
         """Global batches of ``epoch`` (oversize rule, seeded shuffle; ``PlanConfig.batches``)."""
@@ -198,7 +196,7 @@ class DocumentLoader:
         for s in plan.ranks[self.rank].slices():
             d = plan.docs[s.doc]
             if d.sample not in cache:
-                cache[d.sample] = np.asarray(self.dataset[d.sample]["tokens"], dtype=np.uint32)
+                cache[d.sample] = np.asarray(self._read(d.sample), dtype=np.uint32)
             parts.append(cache[d.sample][d.offset + s.start : d.offset + s.end])
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
 

@@ -16,6 +16,7 @@ from typing import cast
 
 import numpy as np
 
+from slimdata.columns import check_manifest
 from slimdata.errors import ConfigError, InputError
 from slimdata.mdsindex import check_index
 from slimdata.plan.types import Document
@@ -113,14 +114,11 @@ def load_shard_documents(directory: str | Path) -> list[Document]:
         raise InputError(f"{directory} has no {MANIFEST_NAME}: was it written by `slimdata build`?")
     columns = ["sample", "doc_id", "length", "loss_tokens", "cuts"]
     try:
-        rows = pq.read_table(manifest, columns=columns).sort_by("sample").to_pylist()
+        table = pq.read_table(manifest, columns=columns).sort_by("sample")
+        rows = table.to_pylist()
     except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors subclass these
         raise InputError(f"{manifest}: unreadable or not a slimdata manifest ({exc})") from None
-    for value in (max(r["length"] for r in rows), min(r["length"] for r in rows)) if rows else ():
-        try:
-            check_length(value, f"{manifest}: document length")
-        except ConfigError as exc:
-            raise InputError(str(exc)) from None
+    check_manifest(table, manifest)  # lengths, loss tokens and the build's cut points
     return [
         Document(
             doc_id=row["doc_id"],

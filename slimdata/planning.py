@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from slimdata.columns import SampleReader
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
 from slimdata.errors import ConfigError, InputError, OutputExistsError
@@ -67,7 +68,7 @@ def plan_to_shards(
     context: int = 131072,
     mode: str = "free",
     oversize: str = "split",
-    slice_tokens: int = DEFAULT_SLICE_TOKENS,
+    slice_tokens: int | None = None,
     workers_per_rank: int = 1,
     cost: CostModel | None = None,
     cp: int = 1,
@@ -75,9 +76,11 @@ def plan_to_shards(
     """Solve every step of one epoch and write one MDS sample per (step, rank) to ``out``.
 
     Exactly one of ``shards`` (a ``slimdata build`` output; payloads then carry the tokens)
-    and ``lengths`` (a lengths file; payloads carry no tokens) is needed. ``cp``: static
-    context parallelism (:func:`slimdata.solver.epoch.write_epoch_plan`). Returns the
-    summary that is also written to ``out/plan.json``.
+    and ``lengths`` (a lengths file; payloads carry no tokens) is needed. ``slice_tokens``
+    cuts the documents of a lengths file (default :data:`DEFAULT_SLICE_TOKENS`); shards keep
+    the slices they were built with. ``cp``: static context parallelism
+    (:func:`slimdata.solver.epoch.write_epoch_plan`). Returns the summary that is also written
+    to ``out/plan.json``.
     """
     from slimdata.solver.epoch import write_epoch_plan
 
@@ -88,18 +91,30 @@ def plan_to_shards(
         raise OutputExistsError(f"{out} exists and is not empty; choose a new output directory")
     tokens_of = None
     if lengths is not None:
-        docs = documents_from_lengths(load_lengths(lengths), slice_tokens)
+        docs = documents_from_lengths(
+            load_lengths(lengths), DEFAULT_SLICE_TOKENS if slice_tokens is None else slice_tokens
+        )
     else:
         assert shards is not None  # exactly one of shards/lengths, checked above
-        docs = load_shard_documents(shards)
+        if slice_tokens is not None:
+            raise ConfigError(
+                f"slice_tokens (--slice-tokens) applies to a lengths file: the documents of {shards} keep the slices "
+                f"they were built with (slice_tokens in its {SIDECAR_NAME}); rebuild them with "
+                "`slimdata build --slice-tokens N` to change it"
+            )
+        docs = load_shard_documents(shards)  # the build's slice boundaries, checked
+        # The build's cost columns are its cost model's prices of these boundaries: with that
+        # model (the default) the plan prices the same numbers, and the first samples it reads
+        # are checked to agree. A cost model the user gives prices the slices its own way:
+        # recomputing is right then, and the columns are not compared.
+        built = cost is None
         if cost is None:
             cost = build_cost_model(shards)
         from streaming import LocalDataset
 
-        dataset = LocalDataset(local=str(shards))
-
-        def tokens_of(sample: int):
-            return dataset[sample]["tokens"]
+        tokens_of = SampleReader(
+            LocalDataset(local=str(shards)), docs, where=f"{shards}: ", cost=cost if built else None
+        )
 
     return write_epoch_plan(
         docs,

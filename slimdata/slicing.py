@@ -21,6 +21,7 @@ __all__ = [
     "check_slice_tokens",
     "cut_points",
     "cut_points_of",
+    "first_bad_tiling",
     "slice_cuts",
 ]
 
@@ -106,3 +107,29 @@ def check_cuts(cuts, length: int) -> None:
         )
     if len(cuts) > 1 and np.any(np.diff(cuts) <= 0):
         raise ConfigError("cut points must be strictly increasing")
+
+
+def first_bad_tiling(lengths, counts, values) -> int:
+    """Index of the first document whose cut points do not tile ``[0, length)`` in strictly
+    increasing order (what :func:`check_cuts` requires of one document), or -1 if all do.
+
+    The documents' cut points lie end to end in ``values``, ``counts[i]`` of them for
+    document ``i`` (an Arrow list column's layout): lengths ``[10, 3]``, cut points
+    ``(0, 4, 10)`` and ``(0, 3)`` are ``counts=[3, 2]``, ``values=[0, 4, 10, 0, 3]``. A few
+    numpy passes, no Python loop over the documents.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    values = np.asarray(values, dtype=np.int64)
+    ends = np.cumsum(counts)
+    bad = counts < 1
+    has = ~bad
+    bad[has] |= values[ends[has] - counts[has]] != 0
+    bad[has] |= values[ends[has] - 1] != lengths[has]
+    # steps values[j] -> values[j + 1] that go down or stay, ignoring those from one
+    # document's last cut point to the next document's first
+    falls = np.diff(values) <= 0
+    falls[ends[(ends > 0) & (ends < len(values))] - 1] = False
+    bad[np.searchsorted(ends, np.flatnonzero(falls), side="right")] = True
+    hits = np.flatnonzero(bad)
+    return int(hits[0]) if len(hits) else -1

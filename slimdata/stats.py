@@ -18,6 +18,7 @@ import numpy as np
 from slimdata.cost import causal_pairs
 from slimdata.docsource import MANIFEST_NAME
 from slimdata.errors import InputError
+from slimdata.planning import SIDECAR_NAME
 
 __all__ = ["PERCENTILES", "THRESHOLDS", "format_stats", "load_lengths_frame", "shard_stats"]
 
@@ -59,7 +60,7 @@ def shard_stats(directory: str | Path) -> dict[str, Any]:
     df = load_lengths_frame(directory)
     if df.height == 0:
         raise InputError(f"{directory}: the manifest holds no document")
-    sidecar_path = directory / "slimdata.json"
+    sidecar_path = directory / SIDECAR_NAME
     sidecar = json.loads(sidecar_path.read_text()) if sidecar_path.is_file() else {}
     lengths = df["length"].cast(pl.Float64)
     total_tokens = float(lengths.sum())

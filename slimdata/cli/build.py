@@ -309,7 +309,7 @@ def _write_plan(
         layout["nodes"] * layout["ranks_per_node"],
         1,
     )
-    plan = plan_to_shards(plan_dir, shards=output, slice_tokens=config.slice_tokens, **layout)
+    plan = plan_to_shards(plan_dir, shards=output, **layout)
     if echo:
         click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
         click.echo(

@@ -34,9 +34,9 @@ _COST_OPTIONS = ("model", "device", "recompute", "cost_profile")
 @click.option(
     "--slice-tokens",
     type=POSITIVE_INT,
-    default=2048,
-    show_default=True,
-    help="Slice length when planning from --lengths.",
+    default=None,
+    help="Slice length when planning from --lengths [default: 2048]; SHARDS keep the slices "
+    "they were built with.",
 )
 @click.option(
     "--cp",

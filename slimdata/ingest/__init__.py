@@ -9,10 +9,10 @@ resumes interrupted builds and merges; :mod:`~slimdata.ingest.output` owns the d
 
 from __future__ import annotations
 
+from slimdata.columns import COLUMNS, COST_COLUMNS
 from slimdata.ingest.config import DEFAULT_SIZE_LIMIT, BuildConfig, parse_size
 from slimdata.ingest.output import PLAN_NAME, SIDECAR_NAME
 from slimdata.ingest.run import BuildSummary, build, plan_build
-from slimdata.ingest.stages import COLUMNS, COST_COLUMNS
 from slimdata.ingest.task import QUARANTINE_NAME
 
 __all__ = [

@@ -32,6 +32,7 @@ from slimdata.docsource import MANIFEST_NAME
 from slimdata.errors import ConfigError, OutputExistsError
 from slimdata.ingest.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, task_dir
 from slimdata.plan.types import loss_token_count
+from slimdata.planning import SIDECAR_NAME
 
 __all__ = [
     "PLAN_NAME",
@@ -43,7 +44,6 @@ __all__ = [
 ]
 
 PLAN_NAME = "build_plan.json"
-SIDECAR_NAME = "slimdata.json"
 _OURS = (PLAN_NAME, SIDECAR_NAME, "index.json")
 _log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from slimdata import __version__
+from slimdata.columns import COLUMNS
 from slimdata.corpus import DEFAULT_CORPUS_SOURCE, corpus_info, default_corpus_config
 from slimdata.cost import CostModel, resolve_cost_model
 from slimdata.cost.costmodel import Recompute
@@ -29,7 +30,6 @@ from slimdata.errors import ConfigError, InputError, SlimdataError
 from slimdata.ingest.config import COMPRESSIONS, HASHES, BuildConfig
 from slimdata.ingest.orphans import die_with_parent
 from slimdata.ingest.output import SIDECAR_NAME, finalize, output_lock, prepare_output
-from slimdata.ingest.stages import COLUMNS
 from slimdata.ingest.task import (
     QUARANTINE_NAME,
     TaskJob,

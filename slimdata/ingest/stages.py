@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slimdata.columns import COST_COLUMNS
 from slimdata.cost import CostModel
 from slimdata.readers import ReadResult, Record, Rejected
 from slimdata.slicing import slice_cuts
 from slimdata.tokenize import TextTokenizer
 
 __all__ = [
-    "COLUMNS",
-    "COST_COLUMNS",
     "Document",
     "annotate_cost",
     "append_eos",
@@ -31,28 +30,6 @@ __all__ = [
     "tokenize_batch",
     "truncate_tokens",
 ]
-
-COST_COLUMNS: tuple[str, ...] = (
-    "fwd",
-    "bwd",
-    "fwd_lin",
-    "fwd_att",
-    "bwd_lin",
-    "bwd_att",
-    "act_bytes",
-    "kv_bytes",
-)
-"""Per-slice cost columns (float64 arrays aligned with the slices), from ``CostModel.cuts_costs``."""
-
-COLUMNS: dict[str, str] = {
-    "tokens": "ndarray:uint32",
-    "slices": "ndarray:uint32",
-    **{name: "ndarray:float64" for name in COST_COLUMNS},
-    "length": "int",
-    "doc_id": "str",
-    "source": "str",
-}
-"""MDS columns of document shards (one sample per document)."""
 
 
 @dataclass

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from slimdata.columns import COLUMNS
 from slimdata.cost import CostModel
 from slimdata.ingest.config import BuildConfig
 from slimdata.ingest.mds import writer_class
 from slimdata.ingest.stages import (
-    COLUMNS,
     Document,
     append_eos,
     batch_records,
