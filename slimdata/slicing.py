@@ -21,7 +21,6 @@ __all__ = [
     "check_slice_tokens",
     "cut_points",
     "cut_points_of",
-    "first_bad_tiling",
     "slice_cuts",
 ]
 
