@@ -51,6 +51,7 @@ DOC, START, END, FPACK, BPACK, RANK = range(6)
 """Columns of the slice table (one row per slice of the plan)."""
 
 _BOUNDS = operator.attrgetter("doc", "start", "end")
+_LENGTH = operator.attrgetter("length")
 
 
 def _slice(row) -> Slice:
@@ -205,7 +206,7 @@ def _doc_failures(
 ) -> list[tuple[int, int, int]]:
     """``(doc, kind, row)`` of the first failure of each kind (0 tiling, 1 end, 2 owner,
     3 order within the document); ``t`` is sorted by (doc, start)."""
-    lengths = np.array([d.length for d in plan.docs], dtype=np.int64)
+    lengths = np.fromiter(map(_LENGTH, plan.docs), dtype=np.int64, count=len(plan.docs))
     first = np.r_[True, t[1:, DOC] != t[:-1, DOC]] if len(t) else np.zeros(0, bool)
     expect = np.where(first, 0, np.r_[0, t[:-1, END]]) if len(t) else t[:, START]
     out = []
