@@ -12,12 +12,15 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
 from slimdata.errors import ConfigError, InputError, OutputExistsError
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
+
+if TYPE_CHECKING:
+    from slimdata.solver.planshards import TokenSource
 
 __all__ = ["SIDECAR_NAME", "build_cost_model", "plan_to_shards"]
 
@@ -84,21 +87,12 @@ def plan_to_shards(
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise OutputExistsError(f"{out} exists and is not empty; choose a new output directory")
-    tokens_of = None
     if lengths is not None:
-        docs = documents_from_lengths(load_lengths(lengths), slice_tokens)
+        docs, tokens_of = documents_from_lengths(load_lengths(lengths), slice_tokens), None
     else:
         assert shards is not None  # exactly one of shards/lengths, checked above
-        docs = load_shard_documents(shards)
-        if cost is None:
-            cost = build_cost_model(shards)
-        from streaming import LocalDataset
-
-        dataset = LocalDataset(local=str(shards))
-
-        def tokens_of(sample: int):
-            return dataset[sample]["tokens"]
-
+        docs, tokens_of = load_shard_documents(shards), _shard_tokens(shards)
+        cost = cost if cost is not None else build_cost_model(shards)
     return write_epoch_plan(
         docs,
         out,
@@ -115,3 +109,12 @@ def plan_to_shards(
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
     )
+
+
+def _shard_tokens(shards: str | Path) -> TokenSource:
+    """``sample index -> tokens`` of a ``slimdata build`` output (read when a payload needs
+    them)."""
+    from streaming import LocalDataset
+
+    dataset = LocalDataset(local=str(shards))
+    return lambda sample: dataset[sample]["tokens"]

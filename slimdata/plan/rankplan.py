@@ -36,9 +36,9 @@ from slimdata.errors import PlanError, PlanFormatError
 from slimdata.plan.schedule import LockstepSchedule, check_lockstep, lockstep_schedule
 from slimdata.plan.types import (
     DOCUMENT_ROW,
-    Document,
     SLICE_DOC,
     SLICE_ROW,
+    Document,
     MergeGroup,
     MicroPack,
     RankStep,

@@ -339,43 +339,9 @@ def validate_rank_plan(view: RankPlan) -> None:
     the rank has. Raises :class:`PlanError` naming the slice. What needs other ranks' packs
     (rule 4 across ranks, equal pack counts of a lockstep plan) is checked when the whole
     plan is validated, before its views are written."""
-    if view.mode not in ("free", "lockstep"):
-        raise PlanError(f"mode={view.mode!r} must be 'free' or 'lockstep'")
-    if not 0 <= view.rank < view.dp:
-        raise PlanError(f"plan of rank {view.rank} for a step of {view.dp} ranks")
-    for r, rs in view.ranks.items():
-        if rs.rank != r:
-            raise PlanError(f"the plan of rank {view.rank} files rank {rs.rank} as rank {r}")
-    _check_groups(view.merges, view.dp)
-    g = view.merge_of_rank(view.rank)
-    members = sorted(view.merges[g].ranks) if g is not None else [view.rank]
-    if sorted(view.ranks) != members:
-        raise PlanError(
-            f"the plan of rank {view.rank} holds ranks {sorted(view.ranks)}; it needs {members} "
-            "(the rank and the other members of its merge group)"
-        )
-    index = tuple(sorted(view.docs))
-    local = {d: k for k, d in enumerate(index)}
-    if g is not None:
-        missing = sorted(set(view.merges[g].docs) - set(local))
-        if missing:
-            raise PlanError(f"the plan of rank {view.rank} lacks merged documents {missing}")
-    for r in members:
-        rs = view.ranks[r]
-        if r != view.rank and (len(rs.forward), len(rs.backward)) != (1, 1):
-            raise PlanError(
-                f"the plan of rank {view.rank} must hold exactly the merge packs of member {r}, "
-                f"got {len(rs.forward)} forward and {len(rs.backward)} backward packs"
-            )
-    scope = _Scope(
-        docs=tuple(view.docs[d] for d in index),
-        doc_index=index,
-        merges=tuple(
-            type(m)(m.ranks, tuple(local[d] for d in m.docs if d in local)) for m in view.merges
-        ),
-        dp=view.dp,
-    )
-    merged = np.full(len(index), -1, dtype=np.int64)
+    members = _check_view_shape(view)
+    scope, local = _view_scope(view)
+    merged = np.full(len(scope.docs), -1, dtype=np.int64)
     for k, m in enumerate(scope.merges):
         merged[list(m.docs)] = k
     tables = []
@@ -392,17 +358,72 @@ def validate_rank_plan(view: RankPlan) -> None:
             f"{view.loss_tokens}"
         )
     if view.lockstep is not None:
-        own = view.ranks[view.rank]
-        s = view.lockstep
-        nf, nb = len(own.forward), len(own.backward)
-        fs = set(s.kept) | set(s.idle_forward) | {i for v in s.unions.values() for i in v}
-        bs = set(s.unions) | set(s.idle_backward)
-        if (
-            view.mode != "lockstep"
-            or any(not 0 <= i < nf for i in fs)
-            or any(not 0 <= j < nb for j in bs)
-        ):
+        _check_view_schedule(view)
+
+
+def _check_view_shape(view: RankPlan) -> list[int]:
+    """The view's mode, rank and merge groups are well-formed, it holds exactly the rank and
+    the other members of its merge group (those with one merge pack per pass), and every
+    document of its group. Returns the members (``[rank]`` outside a group)."""
+    if view.mode not in ("free", "lockstep"):
+        raise PlanError(f"mode={view.mode!r} must be 'free' or 'lockstep'")
+    if not 0 <= view.rank < view.dp:
+        raise PlanError(f"plan of rank {view.rank} for a step of {view.dp} ranks")
+    for r, rs in view.ranks.items():
+        if rs.rank != r:
+            raise PlanError(f"the plan of rank {view.rank} files rank {rs.rank} as rank {r}")
+    _check_groups(view.merges, view.dp)
+    g = view.merge_of_rank(view.rank)
+    members = sorted(view.merges[g].ranks) if g is not None else [view.rank]
+    if sorted(view.ranks) != members:
+        raise PlanError(
+            f"the plan of rank {view.rank} holds ranks {sorted(view.ranks)}; it needs {members} "
+            "(the rank and the other members of its merge group)"
+        )
+    if g is not None:
+        missing = sorted(set(view.merges[g].docs) - set(view.docs))
+        if missing:
+            raise PlanError(f"the plan of rank {view.rank} lacks merged documents {missing}")
+    for r in members:
+        rs = view.ranks[r]
+        if r != view.rank and (len(rs.forward), len(rs.backward)) != (1, 1):
             raise PlanError(
-                f"the plan of rank {view.rank} has a lockstep schedule that does not fit its "
-                f"{nf} forward and {nb} backward packs (mode {view.mode!r})"
+                f"the plan of rank {view.rank} must hold exactly the merge packs of member {r}, "
+                f"got {len(rs.forward)} forward and {len(rs.backward)} backward packs"
             )
+    return members
+
+
+def _view_scope(view: RankPlan) -> tuple[_Scope, dict[int, int]]:
+    """The view's documents numbered ``0..k-1`` in step order, its merge groups over those
+    numbers, and ``step number -> view number``."""
+    index = tuple(sorted(view.docs))
+    local = {d: k for k, d in enumerate(index)}
+    scope = _Scope(
+        docs=tuple(view.docs[d] for d in index),
+        doc_index=index,
+        merges=tuple(
+            type(m)(m.ranks, tuple(local[d] for d in m.docs if d in local)) for m in view.merges
+        ),
+        dp=view.dp,
+    )
+    return scope, local
+
+
+def _check_view_schedule(view: RankPlan) -> None:
+    """A lockstep schedule names only forward and backward packs the rank has."""
+    assert view.lockstep is not None
+    own = view.ranks[view.rank]
+    s = view.lockstep
+    nf, nb = len(own.forward), len(own.backward)
+    fs = set(s.kept) | set(s.idle_forward) | {i for v in s.unions.values() for i in v}
+    bs = set(s.unions) | set(s.idle_backward)
+    if (
+        view.mode != "lockstep"
+        or any(not 0 <= i < nf for i in fs)
+        or any(not 0 <= j < nb for j in bs)
+    ):
+        raise PlanError(
+            f"the plan of rank {view.rank} has a lockstep schedule that does not fit its "
+            f"{nf} forward and {nb} backward packs (mode {view.mode!r})"
+        )

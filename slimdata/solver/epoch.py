@@ -66,15 +66,12 @@ def write_epoch_plan(
 ) -> dict[str, Any]:
     """Solve an epoch for ``nodes x ranks_per_node`` DP ranks and write plan shards to ``out``.
 
-    Returns the summary also written to ``out/plan.json`` (steps, layout, strategy, mean
-    imbalance, total solve milliseconds).
+    Returns the summary written to ``out/plan.json`` (steps, layout, strategy, mean
+    imbalance, per-step loss tokens), plus the total solve milliseconds that it leaves out.
     """
+    dp = nodes * ranks_per_node
     layout = Layout(
-        dp=nodes * ranks_per_node,
-        ranks_per_node=ranks_per_node,
-        memory_gib=memory_gib,
-        context=context,
-        mode=mode,
+        dp=dp, ranks_per_node=ranks_per_node, memory_gib=memory_gib, context=context, mode=mode
     )
     plans = list(
         plan_epoch(
@@ -88,7 +85,7 @@ def write_epoch_plan(
             **{"validate": False, **options},  # write_plan_shards validates every plan once
         )
     )
-    extra = {
+    settings = {
         "seed": seed,
         "global_batch_tokens": global_batch_tokens,
         "memory_gib": memory_gib,
@@ -96,11 +93,6 @@ def write_epoch_plan(
         "mode": mode,
         "oversize": oversize,
         "cost_model": (cost.label if cost is not None else "llama-8b (analytic)"),
-        "mean_imbalance": float(np.mean([p.meta.get("imbalance", 1.0) for p in plans]))
-        if plans
-        else 1.0,
-        "solve_ms_total": float(sum(p.meta.get("solve_ms", 0.0) for p in plans)),
-        "merge_groups": int(sum(len(p.merges) for p in plans)),
     }
     return write_plan_shards(
         plans,
@@ -109,5 +101,17 @@ def write_epoch_plan(
         ranks_per_node=ranks_per_node,
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
-        extra=extra,
+        extra={**settings, **_epoch_stats(plans)},
     )
+
+
+def _epoch_stats(plans: Sequence[StepPlan]) -> dict[str, Any]:
+    """Mean imbalance over the steps, total solve milliseconds (not written to plan.json:
+    a timing) and merge-group count of an epoch's plans."""
+    return {
+        "mean_imbalance": float(np.mean([p.meta.get("imbalance", 1.0) for p in plans]))
+        if plans
+        else 1.0,
+        "solve_ms_total": float(sum(p.meta.get("solve_ms", 0.0) for p in plans)),
+        "merge_groups": int(sum(len(p.merges) for p in plans)),
+    }

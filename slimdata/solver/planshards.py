@@ -43,11 +43,11 @@ from slimdata.plan.rankplan import RankPlan, rank_views
 from slimdata.plan.types import StepPlan
 
 __all__ = [
+    "MAX_SIDECAR_BYTES",
     "PLAN_COLUMNS",
     "PLAN_SHARDS_FORMAT",
     "PLAN_SIDECAR",
     "TIMING_KEYS",
-    "MAX_SIDECAR_BYTES",
     "check_payload",
     "check_plan_sidecar",
     "check_step_fields",
