@@ -250,7 +250,7 @@ def read_plan_sidecar(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
         if path.stat().st_size > MAX_SIDECAR_BYTES:
-            raise ValueError(f"over {MAX_SIDECAR_BYTES >> 20} MiB")
+            raise ValueError(f"over {MAX_SIDECAR_BYTES} bytes")
         summary = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
         raise PlanError(f"{path}: unreadable plan sidecar ({str(exc)[:100]})") from None
