@@ -91,12 +91,11 @@ class Slice:
         return self.end - self.start
 
     def to_list(self) -> list[int]:
-        return list(SLICE_ROW(self))
+        return list(_SLICE_ROW(self))
 
 
-SLICE_ROW = operator.attrgetter("doc", "start", "end")
-"""``SLICE_ROW(s)``: ``(doc, start, end)`` of a slice (its JSON row, as a tuple)."""
-SLICE_DOC = operator.attrgetter("doc")
+_SLICE_ROW = operator.attrgetter("doc", "start", "end")
+_SLICE_DOC = operator.attrgetter("doc")
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ class MicroPack:
         return sum(s.tokens for s in self.slices)
 
     def to_dict(self) -> dict[str, Any]:
-        slices = list(map(list, map(SLICE_ROW, self.slices)))  # [[doc, start, end], ...]
+        slices = list(map(list, map(_SLICE_ROW, self.slices)))  # [[doc, start, end], ...]
         out: dict[str, Any] = {"slices": slices, "cost": self.cost}
         if self.merge is not None:
             out["merge"] = self.merge
@@ -142,9 +141,9 @@ def eager_order(
     """
     last_fwd: dict[int, int] = {}  # document -> its last forward pack
     for i, pack in enumerate(forward):
-        last_fwd.update(dict.fromkeys(map(SLICE_DOC, pack.slices), i))
+        last_fwd.update(dict.fromkeys(map(_SLICE_DOC, pack.slices), i))
     ready_after = [
-        max(map(last_fwd.get, map(SLICE_DOC, p.slices), itertools.repeat(-1)), default=-1)
+        max(map(last_fwd.get, map(_SLICE_DOC, p.slices), itertools.repeat(-1)), default=-1)
         for p in backward
     ]
     return interleave(len(forward), ready_after)
@@ -289,8 +288,6 @@ class Document:
         )
 
 
-_DOC_LENGTH = operator.attrgetter("length")
-_DOC_LOSS_TOKENS = operator.attrgetter("loss_tokens")
 _ROW_FIELDS = ("doc_id", "length", "loss_tokens", "cuts", "sample", "offset")
 DOCUMENT_ROW = operator.attrgetter(*_ROW_FIELDS)
 """``DOCUMENT_ROW(d)``: the fields of :meth:`Document.to_row` as a tuple (no list built)."""
@@ -317,11 +314,11 @@ class StepPlan:
     @property
     def loss_tokens(self) -> int:
         """Global count of loss tokens: the step loss is (sum of token losses) / this."""
-        return sum(map(_DOC_LOSS_TOKENS, self.docs))
+        return sum([d.loss_tokens for d in self.docs])
 
     @property
     def tokens(self) -> int:
-        return sum(map(_DOC_LENGTH, self.docs))
+        return sum([d.length for d in self.docs])
 
     def merge_of_rank(self, rank: int) -> int | None:
         return group_of_rank(self.merges, rank)

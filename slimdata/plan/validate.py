@@ -11,6 +11,8 @@ Errors name the slice, its document id and the rank.
 Cost: linear in the plan's slices plus a sort, done with numpy on one ``(n, 6)`` integer
 table per plan (document, start, end, forward pack, backward pack, rank), so steps of tens
 of thousands of short documents validate in milliseconds (``benchmarks/bench_validate.py``).
+The per-rank checks run on all ranks at once (:func:`~slimdata.plan.ranktable.plan_table`);
+only a plan that fails them is checked rank by rank, to name the failing slice.
 
 :func:`validate_rank_plan` applies the same rules to one rank's view of a plan
 (:class:`~slimdata.plan.rankplan.RankPlan`): the rank's own slices, and every member's
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slimdata.errors import PlanError
+from slimdata.plan.ranktable import plan_table
 
 if TYPE_CHECKING:
     from slimdata.plan.rankplan import RankPlan
@@ -51,7 +54,6 @@ DOC, START, END, FPACK, BPACK, RANK = range(6)
 """Columns of the slice table (one row per slice of the plan)."""
 
 _BOUNDS = operator.attrgetter("doc", "start", "end")
-_LENGTH = operator.attrgetter("length")
 
 
 def _slice(row) -> Slice:
@@ -190,15 +192,22 @@ def validate_plan(plan: StepPlan) -> None:
         if rs.rank != r:
             raise PlanError(f"ranks must be listed in order: position {r} holds rank {rs.rank}")
     merged = _check_merges(plan)
+    table = plan_table(plan, merged)  # every rank at once; None: some rank fails a check
+    if table is None:
+        table = _rank_by_rank(plan, merged)  # the same checks, naming the failing slice
+    _check_documents(plan, table[np.lexsort((table[:, START], table[:, DOC]))], merged)
+    if plan.mode == "lockstep":
+        _check_lockstep(plan)
+
+
+def _rank_by_rank(plan: StepPlan, merged: np.ndarray) -> np.ndarray:
+    """Each rank's pass and order checks in turn; the per-rank tables end to end."""
     tables = []
     for rs in plan.ranks:
         table = _check_passes(plan, rs, merged)
         _check_order(plan, rs, table)
         tables.append(table)
-    table = np.concatenate(tables) if tables else np.zeros((0, 6), np.int64)
-    _check_documents(plan, table[np.lexsort((table[:, START], table[:, DOC]))], merged)
-    if plan.mode == "lockstep":
-        _check_lockstep(plan)
+    return np.concatenate(tables) if tables else np.zeros((0, 6), np.int64)
 
 
 def _doc_failures(
@@ -206,7 +215,7 @@ def _doc_failures(
 ) -> list[tuple[int, int, int]]:
     """``(doc, kind, row)`` of the first failure of each kind (0 tiling, 1 end, 2 owner,
     3 order within the document); ``t`` is sorted by (doc, start)."""
-    lengths = np.fromiter(map(_LENGTH, plan.docs), dtype=np.int64, count=len(plan.docs))
+    lengths = np.array([d.length for d in plan.docs], dtype=np.int64)
     first = np.r_[True, t[1:, DOC] != t[:-1, DOC]] if len(t) else np.zeros(0, bool)
     expect = np.where(first, 0, np.r_[0, t[:-1, END]]) if len(t) else t[:, START]
     out = []
