@@ -12,8 +12,10 @@ Two sources, both stock mosaicml-streaming datasets:
   Document metadata (lengths, cuts) comes from ``manifest.parquet`` when available
   (:func:`slimdata.docsource.load_shard_documents`), else from the samples themselves.
 - :class:`PlanShardLoader` over *plan shards* (``slimdata plan`` / ``build --plan``): reads
-  payload ``(step, rank)`` and checks its stamp; a misaligned shard raises
-  :class:`~slimdata.errors.PlanError` instead of training on another rank's tokens.
+  payload ``(step, rank)`` and checks its stamp, and its loss-token total and step-wide
+  fields against ``plan.json``; a misaligned or damaged shard raises
+  :class:`~slimdata.errors.PlanError` instead of training on another rank's tokens or a
+  wrong loss normalisation.
 
 ``state_dict()`` / ``load_state_dict()`` resume exactly: the document loader counts
 *documents* consumed in the epoch (not rows or steps), the plan loader counts steps.
