@@ -1,6 +1,6 @@
 """Scale to many small documents (issue 18): plan validation and `slimdata plan` end to end.
 
-Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_validate.py [--docs 20000] [--plan-docs 1000000]``
+Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_validate.py [--docs 20000] [--plan-docs 1000000] [--phases]``
 
 1. ``StepPlan.validate`` of one step of ``--docs`` documents (best of 5): one-token documents
    over 8 ranks (the shape that took 175 s before), and instruction-data lengths
@@ -12,6 +12,9 @@ Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_validate.py [--docs 20000]
    per payload: ``slimdata.plan.RankPlan``). Skip with ``--plan-docs 0``. The plan shards
    are written to a temporary directory and deleted. On a shared machine the wall time
    includes waiting for the core; the CPU time is what the command itself costs.
+3. ``--phases``: the same pipeline in this process, the CPU time of each phase (imports,
+   reading lengths, documents, batches, solving, validating, rank views, JSON encoding, MDS
+   writing), cyclic GC off as in ``slimdata plan``. Where the end-to-end time goes.
 """
 
 from __future__ import annotations
@@ -67,11 +70,74 @@ def end_to_end(n: int) -> tuple[float, float]:
         return seconds, cpu
 
 
+def phases(n: int) -> dict[str, float]:
+    """CPU seconds of each phase of ``slimdata plan --lengths`` on ``n`` documents, run in this
+    process in the order ``plan_to_shards`` runs them."""
+    import dataclasses
+    import gc
+    import shutil
+
+    gc.disable()
+    cpu: dict[str, float] = {}
+    last = [time.process_time()]
+
+    def done(phase: str) -> None:
+        now = time.process_time()
+        cpu[phase], last[0] = now - last[0], now
+
+    from slimdata.docsource import load_lengths
+    from slimdata.ingest.mds import writer_class
+    from slimdata.plan.rankplan import rank_views
+    from slimdata.solver.config import PlanConfig
+    from slimdata.solver.planshards import PLAN_COLUMNS, without_timings
+
+    writer = writer_class()
+    done("imports (streaming's writer)")
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savetxt(Path(tmp) / "lengths.txt", instruction_lengths(n), fmt="%d")
+        last[0] = time.process_time()
+        lengths = load_lengths(Path(tmp) / "lengths.txt")
+        done("read lengths")
+        docs = documents_from_lengths(lengths, 2048)
+        done("documents")
+        layout = Layout(dp=64, ranks_per_node=8, memory_gib=60, context=32768)
+        config = PlanConfig(layout=layout, global_batch_tokens=3_300_000, oversize="split")
+        batches = config.batches(docs)
+        done("batches")
+        plans = [config.solve(b, i, validate=False) for i, b in enumerate(batches)]
+        done("solve")
+        for p in plans:
+            p.validate()
+        done("validate")
+        views = [rank_views(dataclasses.replace(p, meta=without_timings(p.meta))) for p in plans]
+        done("rank views")
+        texts = [[v.to_json() for v in vs] for vs in views]
+        done("JSON")
+        empty = np.zeros(1, dtype=np.uint32)
+        with writer(out=str(Path(tmp) / "plan"), columns=PLAN_COLUMNS, size_limit=1 << 26) as w:
+            for step, row in enumerate(texts):
+                for rank, text in enumerate(row):
+                    w.write(
+                        {"step": step, "rank": rank, "plan": text, "tokens": empty, "ntokens": 0}
+                    )
+        done("MDS write")
+        shutil.rmtree(Path(tmp) / "plan")
+    return cpu
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=20_000)
     ap.add_argument("--plan-docs", type=int, default=1_000_000)
+    ap.add_argument("--phases", action="store_true", help="CPU time of each phase, in process")
     args = ap.parse_args()
+    if args.phases:
+        cpu = phases(args.plan_docs)
+        print(f"phases of slimdata plan --lengths ({args.plan_docs} documents), CPU seconds:")
+        for phase, seconds in cpu.items():
+            print(f"  {phase:30s} {seconds:6.2f}")
+        print(f"  {'total':30s} {sum(cpu.values()):6.2f}")
+        return
     s, n = best_validate([1] * args.docs, Layout(dp=8, memory_gib=60))
     print(f"validate: {args.docs} one-token documents, dp 8, {n} slices: {s * 1e3:.1f} ms")
     lengths = instruction_lengths(args.docs)

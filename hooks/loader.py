@@ -14,8 +14,10 @@ Two sources, both stock mosaicml-streaming datasets:
   :func:`slimdata.docsource.load_shard_documents`; every sample read for its tokens is
   checked against its document (:class:`slimdata.columns.SampleReader`).
 - :class:`PlanShardLoader` over *plan shards* (``slimdata plan`` / ``build --plan``): reads
-  payload ``(step, rank)`` and checks its stamp; a misaligned shard raises
-  :class:`~slimdata.errors.PlanError` instead of training on another rank's tokens.
+  payload ``(step, rank)`` and checks its stamp, and its loss-token total and step-wide
+  fields against ``plan.json``; a misaligned or damaged shard raises
+  :class:`~slimdata.errors.PlanError` instead of training on another rank's tokens or a
+  wrong loss normalisation.
 
 ``state_dict()`` / ``load_state_dict()`` resume exactly: the document loader counts
 *documents* consumed in the epoch (not rows or steps), the plan loader counts steps.
@@ -33,12 +35,18 @@ from slimdata.hooks.payload import StepPayload
 
 from slimdata.columns import SampleReader, sample_document
 from slimdata.cost import CostModel, ModelConfig
-from slimdata.errors import ConfigError, PlanError, SlimdataError
+from slimdata.errors import ConfigError, InputError, PlanError, SlimdataError
 from slimdata.mdsindex import check_dataset, local_dirs
 from slimdata.plan import Document
 from slimdata.planning import SIDECAR_NAME, build_cost_model
 from slimdata.solver import Layout, PlanConfig, solve  # noqa: F401  (Layout: LoaderConfig's inherited annotation, resolved by the API reference)
-from slimdata.solver.planshards import check_payload, check_plan_sidecar, payload_positions
+from slimdata.solver.planshards import (
+    check_payload,
+    check_plan_sidecar,
+    check_step_fields,
+    payload_positions,
+    read_plan_sidecar,
+)
 
 __all__ = ["DocumentLoader", "LoaderConfig", "PlanShardLoader", "documents_of"]
 
@@ -106,6 +114,23 @@ def _shards_cost(dataset: Any) -> CostModel | None:
         if dataset is None:
             break
     return None
+
+
+def _plan_sidecar(dataset: Any, plan_json: str | Path | None) -> dict[str, Any]:
+    """The ``plan.json`` summary of plan shards: ``plan_json`` if given, else the one in the
+    dataset's local directory. Every local ``plan.json`` is format-checked either way."""
+    dirs = local_dirs(dataset)
+    found = [s for s in map(check_plan_sidecar, dirs) if s is not None]
+    if plan_json is not None:
+        return read_plan_sidecar(plan_json)
+    if len(found) != 1:
+        where = ", ".join(map(str, dirs)) or "no local directory"
+        raise InputError(
+            f"plan shards need exactly one plan.json beside them, found {len(found)} ({where}): "
+            "pass plan_json=<the plan.json `slimdata plan` wrote> so every payload's "
+            "step-wide totals can be checked"
+        )
+    return found[0]
 
 
 def _num_samples(dataset: Any) -> int:
@@ -205,13 +230,17 @@ class PlanShardLoader:
     """This rank's payloads from plan shards, stamp-checked.
 
     ``mode="index"`` reads payload ``(step, rank)`` at the global sample position the shard
-    layout defines (``nodes``/``ranks_per_node`` from ``plan.json``); ``mode="iterate"`` walks
-    a stock ``StreamingDataset(shuffle=False, batch_size=1, num_canonical_nodes=nodes)`` as
-    streaming partitions it for this rank. Both check every payload's (step, rank) stamp.
-    Under static CP (``cp`` in ``plan.json``) process ``rank`` gets the payload of DP rank
-    ``rank // cp`` (:mod:`slimdata.hooks.cp`).
-    Each payload carries this rank's view of its step's plan (:class:`RankPlan`); plan shards
-    of an older format raise :class:`~slimdata.errors.PlanFormatError` here, before any read.
+    layout defines (``nodes``/``ranks_per_node``, as written to ``plan.json``); ``mode="iterate"``
+    walks a stock ``StreamingDataset(shuffle=False, batch_size=1, num_canonical_nodes=nodes)``
+    as streaming partitions it for this rank. Both check every payload's (step, rank) stamp,
+    and its step-wide fields (the loss-token total it normalises by, and the digest of the
+    rest) against ``plan.json``, which is read from the dataset's local directory, or from
+    ``plan_json`` for a stream whose local cache does not hold it
+    (:func:`~slimdata.solver.planshards.check_step_fields`). Under static CP (``cp`` in
+    ``plan.json``) process ``rank`` gets the payload of DP rank ``rank // cp``
+    (:mod:`slimdata.hooks.cp`). Each payload carries this rank's view of its step's plan
+    (:class:`RankPlan`); plan shards of an older format raise
+    :class:`~slimdata.errors.PlanFormatError` here, before any read.
     """
 
     def __init__(
@@ -222,23 +251,36 @@ class PlanShardLoader:
         nodes: int = 1,
         ranks_per_node: int = 1,
         mode: str = "index",
+        plan_json: str | Path | None = None,
     ) -> None:
         if mode not in ("index", "iterate"):
             raise ConfigError(f"mode={mode!r}: use 'index' or 'iterate'")
         check_dataset(dataset)
-        sidecars = [check_plan_sidecar(directory) for directory in local_dirs(dataset)]
+        self.sidecar = _plan_sidecar(dataset, plan_json)
+        """The ``plan.json`` summary every payload is checked against."""
         self.dataset, self.rank, self.mode = dataset, rank, mode
         self.nodes, self.ranks_per_node = nodes, ranks_per_node
+        ranks = nodes * ranks_per_node
         # static CP: process ``rank`` runs DP rank ``rank // cp`` (plan.json records cp)
-        cps = {s.get("cp", 1) for s in sidecars if s} or {1}
-        self.cp = cps.pop()
-        if cps or not isinstance(self.cp, int) or self.cp < 1 or (nodes * ranks_per_node) % self.cp:
+        self.cp = self.sidecar.get("cp", 1)
+        if (
+            not isinstance(self.cp, int)
+            or isinstance(self.cp, bool)
+            or self.cp < 1
+            or ranks % self.cp
+        ):
             raise PlanError(
                 f"plan.json records cp={self.cp!r}: need one integer >= 1 dividing the "
-                f"{nodes * ranks_per_node} ranks; re-run `slimdata plan --cp`"
+                f"{ranks} ranks; re-run `slimdata plan --cp`"
             )
-        self.dp = nodes * ranks_per_node // self.cp
-        self.steps = _num_samples(dataset) // (nodes * ranks_per_node)
+        self.dp = ranks // self.cp
+        self.steps = _num_samples(dataset) // ranks
+        if self.sidecar["steps"] != self.steps:
+            raise PlanError(
+                f"plan.json records {self.sidecar['steps']} steps; the plan shards hold "
+                f"{self.steps} steps of {ranks} ranks: give the loader the nodes and "
+                "ranks_per_node recorded in plan.json, and the plan.json of these shards"
+            )
         self.step = 0
 
     def state_dict(self) -> dict[str, int]:
@@ -253,6 +295,7 @@ class PlanShardLoader:
 
     def _payload(self, sample: dict, step: int) -> StepPayload:
         plan, tokens = check_payload(sample, step, self.rank, self.dp, self.cp)
+        check_step_fields(plan, self.sidecar)
         return StepPayload(plan=plan, rank=self.rank // self.cp, tokens=tokens)
 
     def __iter__(self) -> Iterator[StepPayload]:

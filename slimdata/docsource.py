@@ -93,10 +93,10 @@ def documents_from_lengths(
     lengths, slice_tokens: int = DEFAULT_SLICE_TOKENS, first_id: int = 0
 ) -> list[Document]:
     """Documents with ids ``first_id, first_id + 1, ...`` cut at ``slice_tokens``."""
-    return [
-        Document(doc_id=first_id + i, length=cuts[-1], loss_tokens=max(cuts[-1] - 1, 0), cuts=cuts)
-        for i, cuts in enumerate(cut_points_of(lengths, slice_tokens))
-    ]
+    cuts = cut_points_of(lengths, slice_tokens)  # checks every length
+    ends = [c[-1] for c in cuts]
+    ids = range(first_id, first_id + len(cuts))
+    return list(map(Document, ids, ends, [max(n - 1, 0) for n in ends], cuts))
 
 
 def load_shard_documents(directory: str | Path) -> list[Document]:

@@ -12,13 +12,17 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slimdata.columns import SampleReader
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
 from slimdata.errors import ConfigError, InputError, OutputExistsError
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
+
+if TYPE_CHECKING:
+    from slimdata.plan import Document
+    from slimdata.solver.planshards import TokenSource
 
 __all__ = ["SIDECAR_NAME", "build_cost_model", "plan_to_shards"]
 
@@ -89,33 +93,12 @@ def plan_to_shards(
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise OutputExistsError(f"{out} exists and is not empty; choose a new output directory")
-    tokens_of = None
     if lengths is not None:
-        docs = documents_from_lengths(
-            load_lengths(lengths), DEFAULT_SLICE_TOKENS if slice_tokens is None else slice_tokens
-        )
+        size = DEFAULT_SLICE_TOKENS if slice_tokens is None else slice_tokens
+        docs, tokens_of = documents_from_lengths(load_lengths(lengths), size), None
     else:
         assert shards is not None  # exactly one of shards/lengths, checked above
-        if slice_tokens is not None:
-            raise ConfigError(
-                f"slice_tokens (--slice-tokens) applies to a lengths file: the documents of {shards} keep the slices "
-                f"they were built with (slice_tokens in its {SIDECAR_NAME}); rebuild them with "
-                "`slimdata build --slice-tokens N` to change it"
-            )
-        docs = load_shard_documents(shards)  # the build's slice boundaries, checked
-        # The build's cost columns are its cost model's prices of these boundaries: with that
-        # model (the default) the plan prices the same numbers, and the first samples it reads
-        # are checked to agree. A cost model the user gives prices the slices its own way:
-        # recomputing is right then, and the columns are not compared.
-        built = cost is None
-        if cost is None:
-            cost = build_cost_model(shards)
-        from streaming import LocalDataset
-
-        tokens_of = SampleReader(
-            LocalDataset(local=str(shards)), docs, where=f"{shards}: ", cost=cost if built else None
-        )
-
+        docs, tokens_of, cost = _shard_source(shards, slice_tokens, cost)
     return write_epoch_plan(
         docs,
         out,
@@ -133,3 +116,30 @@ def plan_to_shards(
         workers_per_rank=workers_per_rank,
         cp=cp,
     )
+
+
+def _shard_source(
+    shards: str | Path, slice_tokens: int | None, cost: CostModel | None
+) -> tuple[list[Document], TokenSource, CostModel]:
+    """The documents of a ``slimdata build`` output with the slice boundaries it recorded
+    (checked), a reader of their tokens (checked against them, read when a payload needs
+    them), and the cost model to plan with (the build's unless ``cost`` is given)."""
+    from streaming import LocalDataset
+
+    if slice_tokens is not None:
+        raise ConfigError(
+            f"slice_tokens (--slice-tokens) applies to a lengths file: the documents of {shards} keep the slices "
+            f"they were built with (slice_tokens in its {SIDECAR_NAME}); rebuild them with "
+            "`slimdata build --slice-tokens N` to change it"
+        )
+    docs = load_shard_documents(shards)
+    # The build's cost columns are its cost model's prices of these boundaries: with that
+    # model (the default) the plan prices the same numbers, and the first samples it reads
+    # are checked to agree. A cost model the user gives prices the slices its own way:
+    # recomputing is right then, and the columns are not compared.
+    built = cost is None
+    cost = build_cost_model(shards) if cost is None else cost
+    reader = SampleReader(
+        LocalDataset(local=str(shards)), docs, where=f"{shards}: ", cost=cost if built else None
+    )
+    return docs, reader, cost

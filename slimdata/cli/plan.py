@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 from click.core import ParameterSource
 
@@ -16,6 +18,9 @@ from slimdata.cli.options import (
     resolve_memory,
     write_json,
 )
+
+if TYPE_CHECKING:
+    from slimdata.cost import CostModel
 
 __all__ = ["command"]
 
@@ -82,11 +87,10 @@ def command(
     The memory budget defaults to what the --cost-device leaves after the model states
     (--parallelism, --optimizer), as in `slimdata simulate`; --memory-gib sets it.
     """
-    from slimdata.planning import build_cost_model, plan_to_shards
+    from slimdata.planning import plan_to_shards
 
     if out is None:
         raise click.UsageError("Missing option '-o' / '--output'.")
-
     explicit = any(
         ctx.get_parameter_source(name) != ParameterSource.DEFAULT for name in _COST_OPTIONS
     )
@@ -96,26 +100,45 @@ def command(
         else None
     )
     budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
-    given = budget["memory_gib"] is not None or cost is not None
-    layout["memory_gib"], how = resolve_memory(
-        budget["memory_gib"],
-        device,
-        cost if given else build_cost_model(shards),  # the model whose states are left out
-        budget["parallelism"],
-        budget["optimizer"],
-        layout["nodes"] * layout["ranks_per_node"],
-        1,
-    )
+    layout["memory_gib"], how = _memory_budget(budget, device, cost, shards, layout)
     summary = plan_to_shards(out, shards=shards, lengths=lengths, cost=cost, **layout)
     result = {**summary, "memory_gib": layout["memory_gib"], "memory_budget": how}
     if json_path == "-":
         write_json(result, json_path)
         return
+    _echo_summary(summary, layout, out, how)
+    if json_path is not None:
+        write_json(result, json_path)
+
+
+def _memory_budget(
+    budget: dict[str, Any],
+    device: str,
+    cost: CostModel | None,
+    shards: str | None,
+    layout: dict[str, Any],
+) -> tuple[float, str]:
+    """Per-device memory budget in GiB and how it was chosen (``resolve_memory``): the model
+    whose states are left out is the given cost model's, else the build's (``cost`` is None
+    only when planning from shards without cost options)."""
+    from slimdata.planning import build_cost_model
+
+    given = budget["memory_gib"] is not None or cost is not None
+    return resolve_memory(
+        budget["memory_gib"],
+        device,
+        cost if given or shards is None else build_cost_model(shards),
+        budget["parallelism"],
+        budget["optimizer"],
+        layout["nodes"] * layout["ranks_per_node"],
+        1,
+    )
+
+
+def _echo_summary(summary: dict[str, Any], layout: dict[str, Any], out: str, how: str) -> None:
     click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
     click.echo(
         f"wrote {summary['steps']} steps x {layout['nodes'] * layout['ranks_per_node']} ranks to {out} "
         f"(strategy {layout['strategy']}, mean imbalance {summary['mean_imbalance']:.4f}, "
         f"solve {summary['solve_ms_total']:.0f} ms total)"
     )
-    if json_path is not None:
-        write_json(result, json_path)

@@ -26,6 +26,7 @@ about 1/64 of the step's JSON.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from slimdata.plan.types import (
     DOCUMENT_ROW,
     Document,
     MergeGroup,
+    MicroPack,
     RankStep,
     _int,
     _ints,
@@ -90,6 +92,14 @@ class RankPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **self._header(),
+            "docs": [[i, *DOCUMENT_ROW(d)] for i, d in sorted(self.docs.items())],
+            "ranks": [rs.to_dict() for _r, rs in sorted(self.ranks.items())],
+        }
+
+    def _header(self) -> dict[str, Any]:
+        """Every serialized field but ``docs`` and ``ranks``."""
+        return {
             "format": RANK_PLAN_FORMAT,
             "step": self.step,
             "strategy": self.strategy,
@@ -97,12 +107,21 @@ class RankPlan:
             "dp": self.dp,
             "rank": self.rank,
             "loss_tokens": self.loss_tokens,
-            "docs": [[i, *DOCUMENT_ROW(d)] for i, d in sorted(self.docs.items())],
-            "ranks": [rs.to_dict() for _r, rs in sorted(self.ranks.items())],
             "merges": [m.to_dict() for m in self.merges],
             "lockstep": None if self.lockstep is None else _schedule_to_dict(self.lockstep),
             "meta": self.meta,
         }
+
+    def step_digest(self) -> str:
+        """16 hex digits of SHA-256 over the step-wide fields (every serialized field but
+        ``rank``, ``docs`` and ``ranks``: step, strategy, mode, dp, loss_tokens, merges,
+        lockstep, meta), equal in every rank's view of one step. ``plan.json`` records it per
+        step, so a loader can tell a payload whose shared fields were damaged
+        (:func:`~slimdata.solver.planshards.check_step_fields`)."""
+        header = self._header()
+        del header["rank"]
+        text = _ENCODER.encode(json.loads(_ENCODER.encode(header)))  # as a payload decodes
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RankPlan:
@@ -139,7 +158,42 @@ class RankPlan:
         )
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+        """``json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)``, byte for
+        byte, built faster for plan shards (an epoch of 1M short documents writes 10^6 rows):
+        document rows and slices as tuples read in comprehensions (JSON arrays all the same),
+        encoded without the circular-reference check (the value is a tree)."""
+        fields = {
+            **self._header(),
+            "docs": [
+                (i, d.doc_id, d.length, d.loss_tokens, d.cuts, d.sample, d.offset)
+                for i, d in sorted(self.docs.items())
+            ],
+            "ranks": [_rank_step_fields(rs) for _r, rs in sorted(self.ranks.items())],
+        }
+        return _ENCODER.encode(fields)
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, check_circular=False)
+
+
+def _rank_step_fields(rs: RankStep) -> dict[str, Any]:
+    """:meth:`RankStep.to_dict` with every slice ``[doc, start, end]`` as a tuple."""
+
+    def pack(p: MicroPack) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "slices": [(s.doc, s.start, s.end) for s in p.slices],
+            "cost": p.cost,
+        }
+        if p.merge is not None:
+            out["merge"] = p.merge
+        return out
+
+    return {
+        "rank": rs.rank,
+        "forward": list(map(pack, rs.forward)),
+        "backward": list(map(pack, rs.backward)),
+        "order": [f"{k}{i}" for k, i in rs.order],
+    }
 
 
 def check_format(d: dict[str, Any]) -> None:
@@ -202,7 +256,7 @@ def rank_views(plan: StepPlan, only: int | None = None) -> list[RankPlan]:
     views = []
     for rs in plan.ranks if only is None else (plan.ranks[only],):
         ranks = {rs.rank: rs}
-        used = {s.doc for s in rs.slices()}
+        used = {s.doc for p in rs.forward for s in p.slices}
         g = group_of.get(rs.rank)
         if g is not None:
             used.update(plan.merges[g].docs)

@@ -314,11 +314,11 @@ class StepPlan:
     @property
     def loss_tokens(self) -> int:
         """Global count of loss tokens: the step loss is (sum of token losses) / this."""
-        return sum(d.loss_tokens for d in self.docs)
+        return sum([d.loss_tokens for d in self.docs])
 
     @property
     def tokens(self) -> int:
-        return sum(d.length for d in self.docs)
+        return sum([d.length for d in self.docs])
 
     def merge_of_rank(self, rank: int) -> int | None:
         return group_of_rank(self.merges, rank)

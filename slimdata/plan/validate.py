@@ -11,6 +11,8 @@ Errors name the slice, its document id and the rank.
 Cost: linear in the plan's slices plus a sort, done with numpy on one ``(n, 6)`` integer
 table per plan (document, start, end, forward pack, backward pack, rank), so steps of tens
 of thousands of short documents validate in milliseconds (``benchmarks/bench_validate.py``).
+The per-rank checks run on all ranks at once (:func:`~slimdata.plan.ranktable.plan_table`);
+only a plan that fails them is checked rank by rank, to name the failing slice.
 
 :func:`validate_rank_plan` applies the same rules to one rank's view of a plan
 (:class:`~slimdata.plan.rankplan.RankPlan`): the rank's own slices, and every member's
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slimdata.errors import PlanError
+from slimdata.plan.ranktable import plan_table
 
 if TYPE_CHECKING:
     from slimdata.plan.rankplan import RankPlan
@@ -189,15 +192,22 @@ def validate_plan(plan: StepPlan) -> None:
         if rs.rank != r:
             raise PlanError(f"ranks must be listed in order: position {r} holds rank {rs.rank}")
     merged = _check_merges(plan)
+    table = plan_table(plan, merged)  # every rank at once; None: some rank fails a check
+    if table is None:
+        table = _rank_by_rank(plan, merged)  # the same checks, naming the failing slice
+    _check_documents(plan, table[np.lexsort((table[:, START], table[:, DOC]))], merged)
+    if plan.mode == "lockstep":
+        _check_lockstep(plan)
+
+
+def _rank_by_rank(plan: StepPlan, merged: np.ndarray) -> np.ndarray:
+    """Each rank's pass and order checks in turn; the per-rank tables end to end."""
     tables = []
     for rs in plan.ranks:
         table = _check_passes(plan, rs, merged)
         _check_order(plan, rs, table)
         tables.append(table)
-    table = np.concatenate(tables) if tables else np.zeros((0, 6), np.int64)
-    _check_documents(plan, table[np.lexsort((table[:, START], table[:, DOC]))], merged)
-    if plan.mode == "lockstep":
-        _check_lockstep(plan)
+    return np.concatenate(tables) if tables else np.zeros((0, 6), np.int64)
 
 
 def _doc_failures(
@@ -338,43 +348,9 @@ def validate_rank_plan(view: RankPlan) -> None:
     the rank has. Raises :class:`PlanError` naming the slice. What needs other ranks' packs
     (rule 4 across ranks, equal pack counts of a lockstep plan) is checked when the whole
     plan is validated, before its views are written."""
-    if view.mode not in ("free", "lockstep"):
-        raise PlanError(f"mode={view.mode!r} must be 'free' or 'lockstep'")
-    if not 0 <= view.rank < view.dp:
-        raise PlanError(f"plan of rank {view.rank} for a step of {view.dp} ranks")
-    for r, rs in view.ranks.items():
-        if rs.rank != r:
-            raise PlanError(f"the plan of rank {view.rank} files rank {rs.rank} as rank {r}")
-    _check_groups(view.merges, view.dp)
-    g = view.merge_of_rank(view.rank)
-    members = sorted(view.merges[g].ranks) if g is not None else [view.rank]
-    if sorted(view.ranks) != members:
-        raise PlanError(
-            f"the plan of rank {view.rank} holds ranks {sorted(view.ranks)}; it needs {members} "
-            "(the rank and the other members of its merge group)"
-        )
-    index = tuple(sorted(view.docs))
-    local = {d: k for k, d in enumerate(index)}
-    if g is not None:
-        missing = sorted(set(view.merges[g].docs) - set(local))
-        if missing:
-            raise PlanError(f"the plan of rank {view.rank} lacks merged documents {missing}")
-    for r in members:
-        rs = view.ranks[r]
-        if r != view.rank and (len(rs.forward), len(rs.backward)) != (1, 1):
-            raise PlanError(
-                f"the plan of rank {view.rank} must hold exactly the merge packs of member {r}, "
-                f"got {len(rs.forward)} forward and {len(rs.backward)} backward packs"
-            )
-    scope = _Scope(
-        docs=tuple(view.docs[d] for d in index),
-        doc_index=index,
-        merges=tuple(
-            type(m)(m.ranks, tuple(local[d] for d in m.docs if d in local)) for m in view.merges
-        ),
-        dp=view.dp,
-    )
-    merged = np.full(len(index), -1, dtype=np.int64)
+    members = _check_view_shape(view)
+    scope, local = _view_scope(view)
+    merged = np.full(len(scope.docs), -1, dtype=np.int64)
     for k, m in enumerate(scope.merges):
         merged[list(m.docs)] = k
     tables = []
@@ -391,17 +367,72 @@ def validate_rank_plan(view: RankPlan) -> None:
             f"{view.loss_tokens}"
         )
     if view.lockstep is not None:
-        own = view.ranks[view.rank]
-        s = view.lockstep
-        nf, nb = len(own.forward), len(own.backward)
-        fs = set(s.kept) | set(s.idle_forward) | {i for v in s.unions.values() for i in v}
-        bs = set(s.unions) | set(s.idle_backward)
-        if (
-            view.mode != "lockstep"
-            or any(not 0 <= i < nf for i in fs)
-            or any(not 0 <= j < nb for j in bs)
-        ):
+        _check_view_schedule(view)
+
+
+def _check_view_shape(view: RankPlan) -> list[int]:
+    """The view's mode, rank and merge groups are well-formed, it holds exactly the rank and
+    the other members of its merge group (those with one merge pack per pass), and every
+    document of its group. Returns the members (``[rank]`` outside a group)."""
+    if view.mode not in ("free", "lockstep"):
+        raise PlanError(f"mode={view.mode!r} must be 'free' or 'lockstep'")
+    if not 0 <= view.rank < view.dp:
+        raise PlanError(f"plan of rank {view.rank} for a step of {view.dp} ranks")
+    for r, rs in view.ranks.items():
+        if rs.rank != r:
+            raise PlanError(f"the plan of rank {view.rank} files rank {rs.rank} as rank {r}")
+    _check_groups(view.merges, view.dp)
+    g = view.merge_of_rank(view.rank)
+    members = sorted(view.merges[g].ranks) if g is not None else [view.rank]
+    if sorted(view.ranks) != members:
+        raise PlanError(
+            f"the plan of rank {view.rank} holds ranks {sorted(view.ranks)}; it needs {members} "
+            "(the rank and the other members of its merge group)"
+        )
+    if g is not None:
+        missing = sorted(set(view.merges[g].docs) - set(view.docs))
+        if missing:
+            raise PlanError(f"the plan of rank {view.rank} lacks merged documents {missing}")
+    for r in members:
+        rs = view.ranks[r]
+        if r != view.rank and (len(rs.forward), len(rs.backward)) != (1, 1):
             raise PlanError(
-                f"the plan of rank {view.rank} has a lockstep schedule that does not fit its "
-                f"{nf} forward and {nb} backward packs (mode {view.mode!r})"
+                f"the plan of rank {view.rank} must hold exactly the merge packs of member {r}, "
+                f"got {len(rs.forward)} forward and {len(rs.backward)} backward packs"
             )
+    return members
+
+
+def _view_scope(view: RankPlan) -> tuple[_Scope, dict[int, int]]:
+    """The view's documents numbered ``0..k-1`` in step order, its merge groups over those
+    numbers, and ``step number -> view number``."""
+    index = tuple(sorted(view.docs))
+    local = {d: k for k, d in enumerate(index)}
+    scope = _Scope(
+        docs=tuple(view.docs[d] for d in index),
+        doc_index=index,
+        merges=tuple(
+            type(m)(m.ranks, tuple(local[d] for d in m.docs if d in local)) for m in view.merges
+        ),
+        dp=view.dp,
+    )
+    return scope, local
+
+
+def _check_view_schedule(view: RankPlan) -> None:
+    """A lockstep schedule names only forward and backward packs the rank has."""
+    assert view.lockstep is not None
+    own = view.ranks[view.rank]
+    s = view.lockstep
+    nf, nb = len(own.forward), len(own.backward)
+    fs = set(s.kept) | set(s.idle_forward) | {i for v in s.unions.values() for i in v}
+    bs = set(s.unions) | set(s.idle_backward)
+    if (
+        view.mode != "lockstep"
+        or any(not 0 <= i < nf for i in fs)
+        or any(not 0 <= j < nb for j in bs)
+    ):
+        raise PlanError(
+            f"the plan of rank {view.rank} has a lockstep schedule that does not fit its "
+            f"{nf} forward and {nb} backward packs (mode {view.mode!r})"
+        )

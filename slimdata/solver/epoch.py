@@ -79,25 +79,11 @@ def write_epoch_plan(
 
     ``cp > 1``: static context parallelism, the ranks form ``nodes * ranks_per_node / cp``
     DP ranks of ``cp`` consecutive ranks each (:attr:`Layout.cp`); every rank of a group gets
-    its DP rank's payload. Returns the summary also written to ``out/plan.json`` (steps,
-    layout, strategy, mean imbalance, total solve milliseconds).
+    its DP rank's payload. Returns the summary written to ``out/plan.json`` (steps, layout,
+    strategy, mean imbalance, per-step loss tokens), plus the total solve milliseconds that
+    it leaves out.
     """
-    ranks = nodes * ranks_per_node
-    if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
-        raise ConfigError(f"cp={cp!r}: static context parallelism needs an integer >= 1 (1: none)")
-    if ranks % cp:
-        raise ConfigError(
-            f"cp={cp!r} does not divide the {ranks} ranks ({nodes} nodes x {ranks_per_node} "
-            "ranks per node): choose a static CP size that divides them"
-        )
-    layout = Layout(
-        dp=ranks // cp,
-        ranks_per_node=max(1, ranks_per_node // cp),
-        memory_gib=memory_gib,
-        context=context,
-        mode=mode,
-        cp=cp,
-    )
+    layout = _epoch_layout(nodes, ranks_per_node, cp, memory_gib, context, mode)
     plans = list(
         plan_epoch(
             docs,
@@ -111,7 +97,7 @@ def write_epoch_plan(
             validate=False,  # write_plan_shards validates every plan once
         )
     )
-    extra = {
+    settings = {
         "seed": seed,
         "global_batch_tokens": global_batch_tokens,
         "memory_gib": memory_gib,
@@ -119,11 +105,6 @@ def write_epoch_plan(
         "mode": mode,
         "oversize": oversize,
         "cost_model": (cost.label if cost is not None else "llama-8b (analytic)"),
-        "mean_imbalance": float(np.mean([p.meta.get("imbalance", 1.0) for p in plans]))
-        if plans
-        else 1.0,
-        "solve_ms_total": float(sum(p.meta.get("solve_ms", 0.0) for p in plans)),
-        "merge_groups": int(sum(len(p.merges) for p in plans)),
     }
     return write_plan_shards(
         plans,
@@ -132,6 +113,40 @@ def write_epoch_plan(
         ranks_per_node=ranks_per_node,
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
-        extra=extra,
+        extra={**settings, **_epoch_stats(plans)},
         cp=cp,
     )
+
+
+def _epoch_layout(
+    nodes: int, ranks_per_node: int, cp: int, memory_gib: float, context: int, mode: str
+) -> Layout:
+    """The layout an epoch is solved for: ``nodes * ranks_per_node / cp`` DP ranks."""
+    ranks = nodes * ranks_per_node
+    if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
+        raise ConfigError(f"cp={cp!r}: static context parallelism needs an integer >= 1 (1: none)")
+    if ranks % cp:
+        raise ConfigError(
+            f"cp={cp!r} does not divide the {ranks} ranks ({nodes} nodes x {ranks_per_node} "
+            "ranks per node): choose a static CP size that divides them"
+        )
+    return Layout(
+        dp=ranks // cp,
+        ranks_per_node=max(1, ranks_per_node // cp),
+        memory_gib=memory_gib,
+        context=context,
+        mode=mode,
+        cp=cp,
+    )
+
+
+def _epoch_stats(plans: Sequence[StepPlan]) -> dict[str, Any]:
+    """Mean imbalance over the steps, total solve milliseconds (not written to plan.json:
+    a timing) and merge-group count of an epoch's plans."""
+    return {
+        "mean_imbalance": float(np.mean([p.meta.get("imbalance", 1.0) for p in plans]))
+        if plans
+        else 1.0,
+        "solve_ms_total": float(sum(p.meta.get("solve_ms", 0.0) for p in plans)),
+        "merge_groups": int(sum(len(p.merges) for p in plans)),
+    }

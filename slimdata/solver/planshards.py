@@ -17,10 +17,14 @@ count) and ``workers_per_rank`` DataLoader workers (1 = iterating the dataset di
 sidecar ``plan.json`` records them and the runtime checks every payload's stamp with
 :func:`check_payload`.
 
-Format: ``plan.json`` has ``"slimdata_plan_shards": 2`` (:data:`PLAN_SHARDS_FORMAT`), the
-payloads ``"format": 2``. Format 1 stored the whole step plan in every payload (64 copies of
-it per step at DP 64); reading it raises :class:`~slimdata.errors.PlanFormatError`
-(:func:`check_plan_sidecar`, :func:`read_plan_payload`).
+Format: ``plan.json`` has ``"slimdata_plan_shards": 3`` (:data:`PLAN_SHARDS_FORMAT`), the
+payloads ``"format": 2``. ``plan.json`` also records, per step, the loss-token total and a
+digest of the step-wide fields (``step_loss_tokens``, ``step_digests``), against which
+:func:`check_step_fields` checks every payload at load: a rank divides its loss by the total
+its payload carries, which no single payload can prove. Format 1 stored the whole step plan in
+every payload (64 copies of it per step at DP 64), format 2 had no per-step records; reading
+either raises :class:`~slimdata.errors.PlanFormatError` (:func:`read_plan_sidecar`,
+:func:`read_plan_payload`).
 """
 
 from __future__ import annotations
@@ -39,15 +43,18 @@ from slimdata.plan.rankplan import RankPlan, rank_views
 from slimdata.plan.types import StepPlan
 
 __all__ = [
+    "MAX_SIDECAR_BYTES",
     "PLAN_COLUMNS",
     "PLAN_SHARDS_FORMAT",
     "PLAN_SIDECAR",
     "TIMING_KEYS",
     "check_payload",
     "check_plan_sidecar",
+    "check_step_fields",
     "payload_positions",
     "rank_tokens",
     "read_plan_payload",
+    "read_plan_sidecar",
     "without_timings",
     "write_plan_shards",
 ]
@@ -60,8 +67,12 @@ PLAN_COLUMNS = {
     "ntokens": "int",
 }
 PLAN_SIDECAR = "plan.json"
-PLAN_SHARDS_FORMAT = 2
-"""``slimdata_plan_shards`` in ``plan.json``: 2 = one rank's view per payload."""
+PLAN_SHARDS_FORMAT = 3
+"""``slimdata_plan_shards`` in ``plan.json``: 3 = one rank's view per payload, and per-step
+loss-token totals and digests in ``plan.json`` (2 had no per-step records)."""
+MAX_SIDECAR_BYTES = 64 << 20
+"""Largest ``plan.json`` read (64 MiB): its per-step records take about 40 bytes a step, so
+this bounds a loader's parse while leaving room for 1.5 million steps."""
 
 TIMING_KEYS = frozenset({"solve_ms", "milp_ms", "solve_ms_total"})
 """Wall-clock measurements in plan metadata: kept in memory and in the returned summary (the
@@ -145,50 +156,19 @@ def write_plan_shards(
     """Write plan shards to ``out`` (must be empty or absent); returns the sidecar summary.
 
     Deterministic: payloads and ``plan.json`` carry no wall-clock timings
-    (:data:`TIMING_KEYS`); the returned summary still has them.
+    (:data:`TIMING_KEYS`); the returned summary still has them. ``plan.json`` records every
+    step's loss-token total and step-wide digest (:func:`check_step_fields`).
 
     Every plan must have ``nodes * ranks_per_node / cp`` ranks and steps ``0..n-1`` in order.
     Static CP (``cp > 1``): the payload of process ``r`` (stamped ``rank = r``) is DP rank
     ``r // cp``'s view and tokens, so each member of a CP group reads its DP rank's payload.
     """
-    from slimdata.ingest.mds import writer_class
-
-    writer = writer_class()  # streaming.MDSWriter, imported without all of streaming
-    plans = list(plans)
-    ranks = nodes * ranks_per_node
-    dp = ranks // cp
-    for i, p in enumerate(plans):
-        if p.step != i or p.dp != dp:
-            raise PlanError(
-                f"plan #{i} has step {p.step} and {p.dp} ranks; expected step {i} and {dp} ranks"
-            )
-        p.validate()  # always at write time, whatever the per-step solve skipped
     if workers_per_rank < 1:
         raise ConfigError(f"workers_per_rank={workers_per_rank!r} must be >= 1")
-    pos = payload_positions(len(plans), nodes, ranks_per_node, workers_per_rank)
-    by_pos = np.empty(pos.size, dtype=np.int64)
-    by_pos[pos.reshape(-1)] = np.arange(pos.size)
-    out = Path(out)
-    jsons = [
-        [v.to_json() for v in rank_views(dataclasses.replace(p, meta=without_timings(p.meta)))]
-        for p in plans
-    ]
-    with writer(
-        out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
-    ) as w:
-        for flat in by_pos.tolist():
-            step, rank = divmod(flat, ranks)
-            toks = rank_tokens(plans[step], rank // cp, tokens_of)
-            stored = toks if len(toks) else np.zeros(1, dtype=np.uint32)
-            w.write(
-                {
-                    "step": step,
-                    "rank": rank,
-                    "plan": jsons[step][rank // cp],
-                    "tokens": stored,
-                    "ntokens": len(toks),
-                }
-            )
+    plans = _checked_plans(plans, nodes * ranks_per_node // cp)
+    views = [rank_views(dataclasses.replace(p, meta=without_timings(p.meta))) for p in plans]
+    order = _sample_order(len(plans), nodes, ranks_per_node, workers_per_rank)
+    _write_payloads(plans, views, order, out, tokens_of, compression, size_limit, cp)
     summary = {
         "slimdata_plan_shards": PLAN_SHARDS_FORMAT,
         "steps": len(plans),
@@ -201,20 +181,82 @@ def write_plan_shards(
         "tokens": int(sum(p.tokens for p in plans)),
         "documents": int(sum(len(p.docs) for p in plans)),
         **(extra or {}),
+        "step_loss_tokens": [v[0].loss_tokens for v in views],
+        "step_digests": [v[0].step_digest() for v in views],
     }
-    (out / PLAN_SIDECAR).write_text(json.dumps(without_timings(summary), indent=2))
+    (Path(out) / PLAN_SIDECAR).write_text(json.dumps(without_timings(summary), indent=2))
     return summary
 
 
+def _checked_plans(plans: Iterable[StepPlan], dp: int) -> list[StepPlan]:
+    """``plans`` as a list, each validated once, with steps ``0..n-1`` of ``dp`` ranks."""
+    plans = list(plans)
+    for i, p in enumerate(plans):
+        if p.step != i or p.dp != dp:
+            raise PlanError(
+                f"plan #{i} has step {p.step} and {p.dp} ranks; expected step {i} and {dp} ranks"
+            )
+        p.validate()  # always at write time, whatever the per-step solve skipped
+    return plans
+
+
+def _sample_order(steps: int, nodes: int, ranks_per_node: int, workers: int) -> list[int]:
+    """``step * ranks + rank`` of the payload at every global sample index, in sample order."""
+    pos = payload_positions(steps, nodes, ranks_per_node, workers)
+    by_pos = np.empty(pos.size, dtype=np.int64)
+    by_pos[pos.reshape(-1)] = np.arange(pos.size)
+    return by_pos.tolist()
+
+
+def _write_payloads(
+    plans: list[StepPlan],
+    views: list[list[RankPlan]],
+    order: list[int],
+    out: str | Path,
+    tokens_of: TokenSource | None,
+    compression: str | None,
+    size_limit: int | str,
+    cp: int = 1,
+) -> None:
+    """One MDS sample per (step, process rank) in ``order``: stamp, rank view, tokens (under
+    static CP, process ``r`` gets DP rank ``r // cp``'s)."""
+    from slimdata.ingest.mds import writer_class
+
+    writer = writer_class()  # streaming.MDSWriter, imported without all of streaming
+    ranks = (plans[0].dp if plans else 1) * cp
+    with writer(
+        out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
+    ) as w:
+        for flat in order:
+            step, rank = divmod(flat, ranks)
+            toks = rank_tokens(plans[step], rank // cp, tokens_of)
+            stored = toks if len(toks) else np.zeros(1, dtype=np.uint32)
+            w.write(
+                {
+                    "step": step,
+                    "rank": rank,
+                    "plan": views[step][rank // cp].to_json(),
+                    "tokens": stored,
+                    "ntokens": len(toks),
+                }
+            )
+
+
 def check_plan_sidecar(directory: str | Path) -> dict[str, Any] | None:
-    """The ``plan.json`` of plan shards in ``directory`` (None if it has none); raises
-    :class:`PlanFormatError` if they were written in another format."""
+    """The ``plan.json`` of plan shards in ``directory`` (None if it has none):
+    :func:`read_plan_sidecar`."""
     path = Path(directory) / PLAN_SIDECAR
-    if not path.is_file():
-        return None
+    return read_plan_sidecar(path) if path.is_file() else None
+
+
+def read_plan_sidecar(path: str | Path) -> dict[str, Any]:
+    """The summary in a ``plan.json``, at most :data:`MAX_SIDECAR_BYTES` of it read; raises
+    :class:`PlanFormatError` if the shards were written in another format, :class:`PlanError`
+    if it is unreadable or its per-step records are malformed."""
+    path = Path(path)
     try:
-        if path.stat().st_size > 1 << 20:  # a summary of a few hundred bytes
-            raise ValueError("over 1 MiB")
+        if path.stat().st_size > MAX_SIDECAR_BYTES:
+            raise ValueError(f"over {MAX_SIDECAR_BYTES} bytes")
         summary = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
         raise PlanError(f"{path}: unreadable plan sidecar ({str(exc)[:100]})") from None
@@ -222,10 +264,56 @@ def check_plan_sidecar(directory: str | Path) -> dict[str, Any] | None:
     if fmt != PLAN_SHARDS_FORMAT:
         raise PlanFormatError(
             f"{path}: plan shards of format {fmt!r:.20}; this slimdata reads format "
-            f"{PLAN_SHARDS_FORMAT} (one rank's view per payload): re-run `slimdata plan` (or "
-            "`slimdata build --plan`) to rewrite them"
+            f"{PLAN_SHARDS_FORMAT} (one rank's view per payload, per-step totals in plan.json): "
+            "re-run `slimdata plan` (or `slimdata build --plan`) to rewrite them"
         )
+    _check_step_records(path, summary)
     return summary
+
+
+def _check_step_records(path: Path, summary: dict[str, Any]) -> None:
+    """``step_loss_tokens`` (non-negative integers) and ``step_digests`` (strings) list one
+    entry for each of the ``steps``."""
+    steps = summary.get("steps")
+    losses, digests = summary.get("step_loss_tokens"), summary.get("step_digests")
+    ok = (
+        type(steps) is int
+        and isinstance(losses, list)
+        and isinstance(digests, list)
+        and len(losses) == len(digests) == steps
+        and all(type(x) is int and x >= 0 for x in losses)
+        and all(isinstance(x, str) for x in digests)
+    )
+    if not ok:
+        raise PlanError(
+            f"{path}: per-step records are damaged (step_loss_tokens and step_digests must "
+            "list one non-negative integer and one digest for each of the 'steps'): re-run "
+            "`slimdata plan` to rewrite the plan shards"
+        )
+
+
+def check_step_fields(plan: RankPlan, summary: dict[str, Any]) -> None:
+    """Raise :class:`PlanError` unless ``plan`` (a payload's view) carries the step-wide fields
+    that ``plan.json`` (``summary``, checked by :func:`read_plan_sidecar`) records for its
+    step: the loss-token total every rank divides its loss by, and the digest of the rest
+    (:meth:`RankPlan.step_digest`). One rank's payload cannot prove its step's total; the
+    sidecar, written once per plan, can."""
+    step, rank = plan.step, plan.rank
+    where = f"payload (step {step}, rank {rank})"
+    fix = "the plan shards or plan.json are damaged; re-run `slimdata plan` to rewrite them"
+    if not 0 <= step < summary["steps"]:
+        raise PlanError(f"{where}: plan.json records only {summary['steps']} steps; {fix}")
+    expected = summary["step_loss_tokens"][step]
+    if plan.loss_tokens != expected:
+        raise PlanError(
+            f"{where} divides its loss by {plan.loss_tokens} loss tokens; plan.json records "
+            f"{expected} for step {step}: {fix}"
+        )
+    if plan.step_digest() != summary["step_digests"][step]:
+        raise PlanError(
+            f"{where} disagrees with plan.json on the step's shared fields (strategy, mode, "
+            f"merge groups, lockstep schedule or metadata): {fix}"
+        )
 
 
 def read_plan_payload(

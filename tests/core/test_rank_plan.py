@@ -4,6 +4,7 @@ needs, a JSON round trip, and validation of the view on its own."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -78,6 +79,43 @@ def test_views_round_trip_through_json_and_validate():
         assert json.loads(text)["format"] == 2
         back = parse_rank_plan(text, dp=3)
         assert back == view and back.meta == {"seed": 0}
+
+
+def test_to_json_is_the_compact_sorted_json_of_to_dict():
+    """The fast encoder (tuples, no circular check) writes exactly what json.dumps of
+    to_dict() writes: string and integer doc ids, cut documents, merge packs, lockstep."""
+    a, b = Slice(0, 0, 4), Slice(1, 0, 3)
+    lock = StepPlan(
+        step=1,
+        strategy="hand",
+        docs=(Document(doc_id=7, length=4), Document(doc_id='q"\\u', length=3, sample=2)),
+        ranks=(RankStep(0, (P(a), P()), (P(a), P())), RankStep(1, (P(b), P()), (P(b), P()))),
+        mode="lockstep",
+        meta={"imbalance": 1.25, "layout": {"dp": 2}},
+    ).validate()
+    views = [*rank_views(merge_plan()), *rank_views(lock)]
+    assert any(v.lockstep is not None for v in views) and any(v.merges for v in views)
+    for v in views:
+        assert v.to_json() == json.dumps(v.to_dict(), separators=(",", ":"), sort_keys=True)
+
+
+def test_the_step_digest_covers_every_step_wide_field_and_nothing_else():
+    v0, v1, v2 = rank_views(merge_plan())
+    digest = v0.step_digest()
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert {v1.step_digest(), v2.step_digest()} == {digest}  # same step, other ranks
+    assert parse_rank_plan(v1.to_json(), dp=3).step_digest() == digest  # as a payload decodes
+    changes = [
+        {"step": 5},
+        {"strategy": "other"},
+        {"mode": "lockstep"},
+        {"dp": 4},
+        {"loss_tokens": 15},
+        {"merges": ()},
+        {"meta": {"seed": 1}},
+    ]
+    assert len({replace(v0, **c).step_digest() for c in changes} | {digest}) == len(changes) + 1
+    assert replace(v0, rank=1, docs={}, ranks={}).step_digest() == digest  # rank-own fields
 
 
 def test_a_view_is_a_fraction_of_the_plan():

@@ -141,4 +141,6 @@ def test_misaligned_plan_shards_fail_loudly(plan_shards, tmp_path):
             w.write({k: s[k] for k in PLAN_COLUMNS})
     bad_ds = StreamingDataset(local=str(bad), shuffle=False, batch_size=1)
     with pytest.raises(PlanError, match="misaligned"):
-        list(PlanShardLoader(bad_ds, rank=0, nodes=1, ranks_per_node=2))
+        list(
+            PlanShardLoader(bad_ds, rank=0, nodes=1, ranks_per_node=2, plan_json=out / "plan.json")
+        )

@@ -191,7 +191,7 @@ def test_plan_shard_loader_refuses_a_damaged_shard(plan, tmp_path):
     from slimdata.hooks.loader import PlanShardLoader
     from streaming import LocalDataset, MDSWriter
 
-    from slimdata.solver.planshards import PLAN_COLUMNS, payload_positions
+    from slimdata.solver.planshards import PLAN_COLUMNS, payload_positions, write_plan_shards
 
     pos = payload_positions(1, 1, 2)
     damaged = plan.rank_view(1).to_dict()
@@ -199,6 +199,12 @@ def test_plan_shard_loader_refuses_a_damaged_shard(plan, tmp_path):
     with MDSWriter(out=str(tmp_path / "plan"), columns=PLAN_COLUMNS) as w:
         for flat in np.argsort(pos.reshape(-1)).tolist():
             w.write(payload(damaged if flat == 1 else plan.rank_view(flat).to_dict(), rank=flat))
-    loader = PlanShardLoader(LocalDataset(local=str(tmp_path / "plan")), rank=1, ranks_per_node=2)
+    write_plan_shards([plan], tmp_path / "intact", nodes=1, ranks_per_node=2)  # its plan.json
+    loader = PlanShardLoader(
+        LocalDataset(local=str(tmp_path / "plan")),
+        rank=1,
+        ranks_per_node=2,
+        plan_json=tmp_path / "intact" / "plan.json",
+    )
     with pytest.raises(PlanError, match="is not in exactly one forward and one backward pack"):
         next(iter(loader))

@@ -152,7 +152,7 @@ def test_payloads_hold_one_rank_view_and_old_shards_are_refused(tmp_path):
     out = tmp_path / "p"
     write_plan_shards(plans, out, nodes=1, ranks_per_node=4, tokens_of=tokens.__getitem__)
     sidecar = json.loads((out / "plan.json").read_text())
-    assert sidecar["slimdata_plan_shards"] == 2
+    assert sidecar["slimdata_plan_shards"] == 3
     ds = LocalDataset(local=str(out))
     views = [read_plan_payload(ds[i])[2] for i in range(ds.num_samples)]
     # every payload is one rank's view: its own slices, the documents of its slices and of
@@ -167,8 +167,10 @@ def test_payloads_hold_one_rank_view_and_old_shards_are_refused(tmp_path):
     loader = PlanShardLoader(ds, rank=2, nodes=1, ranks_per_node=4)
     assert [p.plan for p in loader] == [p.rank_view(2) for p in plans]
     # shards of format 1 (a whole StepPlan per payload) are refused before any payload is read
-    (out / "plan.json").write_text(json.dumps({**sidecar, "slimdata_plan_shards": 1}))
-    with pytest.raises(
-        PlanFormatError, match="plan shards of format 1; this slimdata reads format 2"
-    ):
-        PlanShardLoader(LocalDataset(local=str(out)), rank=0, nodes=1, ranks_per_node=4)
+    # and so are shards of format 2 (no per-step records in plan.json)
+    for old in (1, 2):
+        (out / "plan.json").write_text(json.dumps({**sidecar, "slimdata_plan_shards": old}))
+        with pytest.raises(
+            PlanFormatError, match=f"plan shards of format {old}; this slimdata reads format 3"
+        ):
+            PlanShardLoader(LocalDataset(local=str(out)), rank=0, nodes=1, ranks_per_node=4)
