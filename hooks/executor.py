@@ -579,7 +579,12 @@ def run_step(
     :mod:`slimdata.hooks.recompute`); default: the policy of the cost model the plan was solved
     with (``plan.meta["recompute"]``), else ``"none"``. Under FSDP only ``"none"`` runs
     (:class:`~slimdata.errors.ConfigError` otherwise).
+
+    ``cp``: static context parallelism (default: ``plan.meta["cp"]``, else 1): this process is
+    a member of its DP rank's group of ``cp`` processes, runs load-balanced chunks of every
+    slice and exchanges keys/values per layer with the group (:mod:`slimdata.hooks.cp`).
     """
+    # long only by its docstring (one paragraph per option); the body is the step's stages
     t_step = time.perf_counter()
     opts = _resolve_options(
         model, payload, forward, reduce_grads, group, fsdp_grad_sync, asymmetric, recompute

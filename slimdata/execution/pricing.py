@@ -95,6 +95,7 @@ class PackTimes:
         return float(self.bwd[self.b_offset[rank] + j])
 
 
+# 62 lines: 24 of them construct the result, one named field per line
 def pack_times(
     plan: StepPlan, cost: CostModel, lockstep: bool = False, split: bool = False
 ) -> PackTimes:
