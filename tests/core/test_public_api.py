@@ -26,7 +26,7 @@ PUBLIC = {  # module -> its __all__, in order
         "split_calls validate_plan"
     ),
     "slimdata.solver": (
-        "ALL_STRATEGIES OVERSIZE_POLICIES STRATEGIES STREAMS Layout PlanConfig apply_oversize "
+        "ALL_STRATEGIES OVERSIZE_POLICIES STRATEGIES STREAMS Layout PlanConfig SolveOptions apply_oversize "
         "make_batches plan_peak_memory solve"
     ),
     "slimdata.execution": (
