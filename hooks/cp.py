@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from slimdata.hooks.merge import gather_kv, merge_group
+from slimdata.hooks.merge import gather_kv, join_pieces, merge_group
 
 from slimdata.errors import ConfigError, PlanError
 from slimdata.execution.cp import cp_chunks
@@ -103,11 +103,7 @@ class CpRuntime:
                 for a, b in self.chunks(s, m):
                     pieces[s].append((a, gathered[m, :, off : off + b - a]))
                     off += b - a
-        out = {}
-        for s, ps in pieces.items():
-            whole = torch.cat([t for _a, t in sorted(ps, key=lambda x: x[0])], dim=1)
-            out[s] = (whole[0], whole[1])
-        return out
+        return join_pieces(pieces)
 
 
 def cp_runtime(plan: StepPlan | RankPlan, rank: int, cp: int) -> CpRuntime | None:

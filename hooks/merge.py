@@ -91,6 +91,16 @@ class _GatherKV(torch.autograd.Function):
         return own.view(grad.shape[1:]), None, None, None
 
 
+def join_pieces(pieces: dict) -> dict:
+    """Per key, its ``(start, [k|v, tokens, ...])`` pieces gathered from a group's members,
+    concatenated in token order along dim 1 and split into ``(keys, values)``."""
+    out = {}
+    for key, ps in pieces.items():
+        full = torch.cat([t for _start, t in sorted(ps, key=lambda x: x[0])], dim=1)
+        out[key] = (full[0], full[1])
+    return out
+
+
 def gather_kv(own: torch.Tensor, group, index: int, world: int) -> torch.Tensor:
     return _GatherKV.apply(own, group, index, world)
 
@@ -160,11 +170,7 @@ class MergeRuntime:
             for s, a, b in self.rows(p):
                 pieces[s.doc].append((a, gathered[m_i, :, off : off + b - a]))
                 off += b - a
-        out = {}
-        for d, ps in pieces.items():
-            full = torch.cat([t for _start, t in sorted(ps, key=lambda x: x[0])], dim=1)
-            out[d] = (full[0], full[1])
-        return out
+        return join_pieces(pieces)
 
     def gather_tokens(self, local: dict[Slice, torch.Tensor]) -> dict[int, torch.Tensor]:
         """All-gather the token ids (and any per-token int data) of merged slices: doc -> full
