@@ -107,6 +107,19 @@ def cost_model_from_options(
     return resolve_cost_model(model, device, rc, cost_profile)  # type: ignore[arg-type]
 
 
+COST_OPTIONS = ("model", "device", "recompute", "cost_profile")
+"""The options that choose a cost model (:func:`cost_model_options`)."""
+
+
+def cost_options_given(ctx: click.Context) -> bool:
+    """Whether the user gave any cost-model option; without one, a command reading
+    ``slimdata build`` shards uses the cost model the build recorded in its sidecar."""
+    return any(
+        ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
+        for name in COST_OPTIONS
+    )
+
+
 def cost_model_options_auto(fn: Callable[..., Any]) -> Callable[..., Any]:
     """:func:`cost_model_options` with ``--recompute auto`` (``plan`` and ``simulate``)."""
     return cost_model_options(fn, recompute="auto")

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import click
-from click.core import ParameterSource
 
 from slimdata.cli.options import (
     MEMORY_BUDGET_OPTIONS,
     POSITIVE_INT,
     cost_model_from_options,
     cost_model_options_auto,
+    cost_options_given,
     json_option,
     plan_layout_options,
     renamed_option,
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from slimdata.cost import CostModel
 
 __all__ = ["command"]
-
-_COST_OPTIONS = ("model", "device", "recompute", "cost_profile")
 
 
 @click.command("plan")
@@ -91,12 +89,9 @@ def command(
 
     if out is None:
         raise click.UsageError("Missing option '-o' / '--output'.")
-    explicit = any(
-        ctx.get_parameter_source(name) != ParameterSource.DEFAULT for name in _COST_OPTIONS
-    )
     cost = (
         cost_model_from_options(model, device, recompute, cost_profile, layout["context"])
-        if explicit or shards is None
+        if cost_options_given(ctx) or shards is None
         else None
     )
     budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}

@@ -16,6 +16,7 @@ from slimdata.cli.options import (
     FiniteFloatRange,
     cost_model_from_options,
     cost_model_options_auto,
+    cost_options_given,
     json_option,
     memory_budget_options,
     renamed_option,
@@ -25,6 +26,7 @@ from slimdata.cli.options import (
 from slimdata.errors import ConfigError
 
 if TYPE_CHECKING:
+    from slimdata.cost import CostModel
     from slimdata.plan import Document
     from slimdata.sim import Comparison
     from slimdata.solver import Layout
@@ -130,7 +132,9 @@ __all__ = ["command"]
     help="Write a Gantt chart (PNG) of the first step of every strategy.",
 )
 # one parameter per option; the body below is the command's steps
+@click.pass_context
 def command(
+    ctx: click.Context,
     shards: str | None,
     lengths: str | None,
     model: str,
@@ -174,7 +178,7 @@ def command(
     from slimdata.solver import ALL_STRATEGIES
 
     docs = _documents(shards, lengths)
-    cost = cost_model_from_options(model, device, recompute, cost_profile, context)
+    cost = _cost_model(ctx, shards, model, device, recompute, cost_profile, context)
     memory_gib, memory_how = resolve_memory(
         memory_gib, device, cost, parallelism, optimizer, dp, pp
     )
@@ -197,7 +201,7 @@ def command(
         baseline_config=baseline_config,
     )
     cmp.config.update(
-        model=model,
+        model=model if cost_options_given(ctx) or shards is None else cost.label,
         device=device,
         recompute=cost.recompute,
         cost_profile=cost_profile,
@@ -205,6 +209,24 @@ def command(
         memory_budget=memory_how,
     )
     _report(cmp, json_path, gantt)
+
+
+def _cost_model(
+    ctx: click.Context,
+    shards: str | None,
+    model: str,
+    device: str,
+    recompute: str,
+    cost_profile: str | None,
+    context: int,
+) -> CostModel:
+    """The cost model of the options; for shards without any cost option, the one the build
+    recorded (as `slimdata plan` does)."""
+    if shards is not None and not cost_options_given(ctx):
+        from slimdata.planning import build_cost_model
+
+        return build_cost_model(shards)
+    return cost_model_from_options(model, device, recompute, cost_profile, context)
 
 
 def _documents(shards: str | None, lengths: str | None) -> list[Document]:

@@ -218,3 +218,26 @@ def test_plan_derives_the_memory_budget_simulate_derives(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "s.json").read_text())["config"]["memory_gib"] == planned
     assert 0 < planned < 80
+
+
+def test_simulate_on_shards_uses_the_cost_model_the_build_recorded(tmp_path):
+    # shards built for llama-1b: without cost options `simulate` prices them with that model
+    # (as `plan` does), not with its own default llama-8b; a cost option given wins
+    from slimdata.cli import cli
+    from slimdata.ingest import BuildConfig, build
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(f'{{"text": "{"word " * (40 + 7 * i)}"}}\n' for i in range(12)))
+    tokenizer = str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny_tokenizer.json")
+    build(BuildConfig(inputs=(str(src),), tokenizer=tokenizer, model="llama-1b"), tmp_path / "ds")
+    built = json.loads((tmp_path / "ds" / "slimdata.json").read_text())["cost_model"]["label"]
+    args = ["simulate", str(tmp_path / "ds"), "--dp", "2", "--strategies", "bfd", "--json"]
+    res = CliRunner().invoke(cli, [*args, str(tmp_path / "a.json")])
+    assert res.exit_code == 0, res.output
+    config = json.loads((tmp_path / "a.json").read_text())["config"]
+    assert config["cost_model"] == built and "llama-1b" in built
+    more = ["--model", "llama-1b", "--cost-device", "a100"]
+    res = CliRunner().invoke(cli, [*args, str(tmp_path / "b.json"), *more])
+    assert res.exit_code == 0, res.output
+    given = json.loads((tmp_path / "b.json").read_text())["config"]["cost_model"]
+    assert given != built and "a100" in given
