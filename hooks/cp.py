@@ -92,15 +92,16 @@ class CpRuntime:
     ) -> dict[Slice, tuple[torch.Tensor, torch.Tensor]]:
         """Whole keys/values of every slice of ``items`` from this member's chunks ``own``
         (aligned with ``items``): one all-gather, each member's rows padded to the longest."""
-        rows = [sum(b - a for s in items for a, b in self.chunks(s, m)) for m in range(self.cp)]
+        held = [[(s, self.chunks(s, m)) for s in items] for m in range(self.cp)]
+        rows = [sum(b - a for _s, ch in member for a, b in ch) for member in held]
         kv = torch.stack([torch.cat([k for k, _ in own]), torch.cat([v for _, v in own])])
         kv = F.pad(kv, (0, 0, 0, 0, 0, max(rows) - kv.shape[1]))
         gathered = gather_kv(kv, self.group, self.member, self.cp)
         pieces: dict[Slice, list[tuple[int, torch.Tensor]]] = {s: [] for s in items}
-        for m in range(self.cp):
+        for m, member in enumerate(held):
             off = 0
-            for s in items:
-                for a, b in self.chunks(s, m):
+            for s, ch in member:
+                for a, b in ch:
                     pieces[s].append((a, gathered[m, :, off : off + b - a]))
                     off += b - a
         return join_pieces(pieces)
