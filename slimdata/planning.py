@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from slimdata.columns import SampleReader
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
-from slimdata.errors import ConfigError, InputError, OutputExistsError
+from slimdata.errors import ConfigError, InputError, OutputExistsError, PlanError
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def plan_to_shards(
     slice_tokens: int | None = None,
     workers_per_rank: int = 1,
     cost: CostModel | None = None,
-    cp: int = 1,
+    cp: int | str = 1,
 ) -> dict[str, Any]:
     """Solve every step of one epoch and write one MDS sample per (step, rank) to ``out``.
 
@@ -83,7 +83,8 @@ def plan_to_shards(
     and ``lengths`` (a lengths file; payloads carry no tokens) is needed. ``slice_tokens``
     cuts the documents of a lengths file (default :data:`DEFAULT_SLICE_TOKENS`); shards keep
     the slices they were built with. ``cp``: static context parallelism
-    (:func:`slimdata.solver.epoch.write_epoch_plan`). Returns the summary that is also written
+    (:func:`slimdata.solver.epoch.write_epoch_plan`); ``"auto"`` chooses it
+    (:mod:`slimdata.autocp`) and the summary's ``cp_choice`` says how. Returns the summary that is also written
     to ``out/plan.json``.
     """
     from slimdata.solver.epoch import write_epoch_plan
@@ -99,9 +100,7 @@ def plan_to_shards(
     else:
         assert shards is not None  # exactly one of shards/lengths, checked above
         docs, tokens_of, cost = _shard_source(shards, slice_tokens, cost)
-    return write_epoch_plan(
-        docs,
-        out,
+    common = dict(
         nodes=nodes,
         ranks_per_node=ranks_per_node,
         global_batch_tokens=global_batch_tokens,
@@ -114,7 +113,40 @@ def plan_to_shards(
         oversize=oversize,
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
-        cp=cp,
+    )
+    if cp != "auto":
+        return write_epoch_plan(docs, out, cp=cp, **common)  # type: ignore[arg-type]
+    return _plan_auto_cp(docs, out, common)
+
+
+def _plan_auto_cp(docs: list[Document], out: Path, common: dict[str, Any]) -> dict[str, Any]:
+    """The epoch at the first static CP size of :func:`slimdata.autocp.cp_preference`'s order
+    that plans every step; the summary says which and why (``cp_choice``)."""
+    from slimdata.autocp import cp_preference
+    from slimdata.solver.epoch import write_epoch_plan
+
+    keys = ("global_batch_tokens", "memory_gib", "context", "mode", "strategy", "seed", "cost")
+    choice = cp_preference(
+        docs,
+        ranks=common["nodes"] * common["ranks_per_node"],
+        ranks_per_node=common["ranks_per_node"],
+        oversize=common["oversize"],
+        **{k: common[k] for k in keys},
+    )
+    failed: list[str] = []
+    for k in choice.order:
+        try:
+            summary = write_epoch_plan(docs, out, cp=k, **common)
+        except PlanError as exc:
+            failed.append(f"cp={k}: {exc}")
+            continue
+        how = {"cp": k, "reason": choice.reason, "screened": choice.tried, "failed": failed}
+        return {**summary, "cp_choice": how}
+    raise PlanError(
+        "no static context-parallel size plans every step (--cp auto tried "
+        + ", ".join(f"cp={k}" for k in choice.order)
+        + "):\n"
+        + "\n".join(failed)
     )
 
 
@@ -124,7 +156,7 @@ def _shard_source(
     """The documents of a ``slimdata build`` output with the slice boundaries it recorded
     (checked), a reader of their tokens (checked against them, read when a payload needs
     them), and the cost model to plan with (the build's unless ``cost`` is given)."""
-    from streaming import LocalDataset
+    from slimdata.localshards import LocalShards
 
     if slice_tokens is not None:
         raise ConfigError(
@@ -140,6 +172,6 @@ def _shard_source(
     built = cost is None
     cost = build_cost_model(shards) if cost is None else cost
     reader = SampleReader(
-        LocalDataset(local=str(shards)), docs, where=f"{shards}: ", cost=cost if built else None
+        LocalShards(shards), docs, where=f"{shards}: ", cost=cost if built else None
     )
     return docs, reader, cost

@@ -43,11 +43,12 @@ __all__ = ["command"]
 )
 @click.option(
     "--cp",
-    type=POSITIVE_INT,
-    default=1,
+    default="auto",
     show_default=True,
-    help="Static context parallelism: ranks per DP rank (Megatron's --context-parallel-size); "
-    "must divide --nodes x --ranks-per-node.",
+    callback=lambda _ctx, _param, value: _cp_size(value),
+    help="Static context parallelism: ranks per DP rank (Megatron's --context-parallel-size), "
+    "dividing --nodes x --ranks-per-node; 'auto': 1 unless a document outweighs a device, "
+    "else the size the simulator finds fastest that plans every step.",
 )
 @click.option(
     "-o",
@@ -106,6 +107,20 @@ def command(
         write_json(result, json_path)
 
 
+def _cp_size(value: str | int) -> str | int:
+    """``--cp``: ``auto`` or a positive integer."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise click.BadParameter(f"{value!r}: use 'auto' or an integer >= 1", param_hint="'--cp'")
+    return k
+
+
 def _memory_budget(
     budget: dict[str, Any],
     device: str,
@@ -137,3 +152,11 @@ def _echo_summary(summary: dict[str, Any], layout: dict[str, Any], out: str, how
         f"(strategy {layout['strategy']}, mean imbalance {summary['mean_imbalance']:.4f}, "
         f"solve {summary['solve_ms_total']:.0f} ms total)"
     )
+    choice = summary.get("cp_choice")
+    if choice is not None:
+        click.echo(f"static CP {choice['cp']} (--cp auto): {choice['reason']}")
+        for t in choice["screened"]:
+            got = f"{t['step_time']:.3f} s" if "step_time" in t else t["error"]
+            click.echo(f"  cp={t['cp']}: first step {got}")
+        for line in choice["failed"]:
+            click.echo(f"  {line}")

@@ -1,0 +1,76 @@
+"""Read the samples of a ``slimdata build`` output in place, compressed or not.
+
+streaming's ``LocalDataset`` reads only raw ``.mds`` files; a build written with
+``--compression zstd`` holds ``shard.*.mds.zstd`` only (a ``StreamingDataset`` decompresses
+them into its local cache when it streams them). :class:`LocalShards` is ``LocalDataset``
+that decompresses a compressed shard on its first read into a private scratch directory,
+removed when the reader is closed or collected, so reading a build never writes into it.
+
+Example: a build with two zstd shards of which a plan reads samples of the second only:
+that shard alone is decompressed, once, into ``/tmp/slimdata-shards-*/task-00001/...``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from streaming import LocalDataset
+from streaming.base.compression import decompress
+
+from slimdata.errors import InputError
+
+__all__ = ["LocalShards"]
+
+
+class LocalShards(LocalDataset):
+    """``LocalDataset(local)`` that also reads compressed shards (module docstring)."""
+
+    def __init__(self, local: str | Path) -> None:
+        super().__init__(local=str(local))
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        self._ready: set[int] = set()
+
+    def get_item(self, sample_id: int) -> dict[str, Any]:
+        shard_id, _ = self.spanner[sample_id]
+        if shard_id not in self._ready:
+            self._prepare(shard_id)
+            self._ready.add(shard_id)
+        return super().get_item(sample_id)
+
+    def close(self) -> None:
+        """Remove the decompressed copies (also done when the reader is collected)."""
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+            self._ready.clear()
+            for shard in self.shards:
+                shard.dirname = self.local
+
+    def _prepare(self, shard_id: int) -> None:
+        """Point a compressed shard whose raw file is absent at its decompressed copy."""
+        shard = self.shards[shard_id]
+        raw = Path(shard.dirname, shard.split, shard.raw_data.basename)
+        if not shard.compression or shard.zip_data is None or raw.is_file():
+            return
+        source = Path(shard.dirname, shard.split, shard.zip_data.basename)
+        try:
+            data = decompress(shard.compression, source.read_bytes())
+        except OSError as e:
+            raise InputError(f"{source}: cannot read this compressed shard ({e})") from None
+        except Exception as e:  # the codec's own error types: a damaged file
+            raise InputError(
+                f"{source}: not a valid {shard.compression} shard ({e}); rebuild the dataset"
+            ) from None
+        if len(data) != shard.raw_data.bytes:
+            raise InputError(
+                f"{source}: decompresses to {len(data)} bytes but index.json says "
+                f"{shard.raw_data.bytes}; the shard or index.json is damaged: rebuild the dataset"
+            )
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="slimdata-shards-")
+        dest = Path(self._scratch.name, shard.split, shard.raw_data.basename)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        shard.dirname = self._scratch.name
