@@ -49,28 +49,40 @@ class LocalShards(LocalDataset):
                 shard.dirname = self.local
 
     def _prepare(self, shard_id: int) -> None:
-        """Point a compressed shard whose raw file is absent at its decompressed copy."""
+        """Point a compressed shard whose raw files are absent at decompressed copies."""
         shard = self.shards[shard_id]
-        raw = Path(shard.dirname, shard.split, shard.raw_data.basename)
-        if not shard.compression or shard.zip_data is None or raw.is_file():
+        pairs = shard.file_pairs
+        if not shard.compression or all(
+            Path(shard.dirname, shard.split, raw.basename).is_file() for raw, _zip in pairs
+        ):
             return
-        source = Path(shard.dirname, shard.split, shard.zip_data.basename)
-        try:
-            data = decompress(shard.compression, source.read_bytes())
-        except OSError as e:
-            raise InputError(f"{source}: cannot read this compressed shard ({e})") from None
-        except Exception as e:  # the codec's own error types: a damaged file
-            raise InputError(
-                f"{source}: not a valid {shard.compression} shard ({e}); rebuild the dataset"
-            ) from None
-        if len(data) != shard.raw_data.bytes:
-            raise InputError(
-                f"{source}: decompresses to {len(data)} bytes but index.json says "
-                f"{shard.raw_data.bytes}; the shard or index.json is damaged: rebuild the dataset"
-            )
         if self._scratch is None:
             self._scratch = tempfile.TemporaryDirectory(prefix="slimdata-shards-")
-        dest = Path(self._scratch.name, shard.split, shard.raw_data.basename)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)
+        for raw, packed in pairs:
+            if packed is None:
+                raise InputError(
+                    f"{self.local}: shard {raw.basename} has neither a raw nor a compressed file"
+                )
+            source = Path(shard.dirname, shard.split, packed.basename)
+            dest = Path(self._scratch.name, shard.split, raw.basename)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(_decompressed(source, shard.compression, raw.bytes))
         shard.dirname = self._scratch.name
+
+
+def _decompressed(source: Path, compression: str, size: int) -> bytes:
+    """The bytes of compressed shard file ``source``, checked to be ``size`` long."""
+    try:
+        data = decompress(compression, source.read_bytes())
+    except OSError as e:
+        raise InputError(f"{source}: cannot read this compressed shard ({e})") from None
+    except Exception as e:  # the codec's own error types: a damaged file
+        raise InputError(
+            f"{source}: not a valid {compression} shard ({e}); rebuild the dataset"
+        ) from None
+    if len(data) != size:
+        raise InputError(
+            f"{source}: decompresses to {len(data)} bytes but index.json says {size}; "
+            "the shard or index.json is damaged: rebuild the dataset"
+        )
+    return data
