@@ -41,7 +41,8 @@ format: setup
 # A docstring or annotation pdoc cannot resolve is an error (-W error), so CI keeps it whole.
 API_MODULES := slimdata slimdata.cost slimdata.plan slimdata.solver slimdata.execution slimdata.sim slimdata.sim.gantt \
 	slimdata.sim.fidelity slimdata.ingest \
-	slimdata.docsource slimdata.stats slimdata.plots slimdata.slicing slimdata.hooks
+	slimdata.docsource slimdata.stats slimdata.plots slimdata.slicing slimdata.hooks \
+	slimdata.autocp slimdata.localshards
 
 docs: setup  ## API reference into site/api (open site/api/index.html)
 	rm -rf site/api

@@ -34,7 +34,7 @@ from slimdata.cost import CostModel
 from slimdata.plan import Document
 from slimdata.solver.layout import GIB, Layout
 
-__all__ = ["CpChoice", "cp_preference"]
+__all__ = ["HEAVY", "CpChoice", "cp_preference"]
 
 
 @dataclass(frozen=True)

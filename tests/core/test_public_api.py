@@ -47,6 +47,8 @@ PUBLIC = {  # module -> its __all__, in order
     "slimdata.docsource": "MANIFEST_NAME documents_from_lengths load_lengths load_shard_documents",
     "slimdata.stats": "PERCENTILES THRESHOLDS format_stats load_lengths_frame shard_stats",
     "slimdata.plots": "write_plots write_training_plots",
+    "slimdata.autocp": "HEAVY CpChoice cp_preference",
+    "slimdata.localshards": "LocalShards",
     "slimdata.slicing": (
         "ALIGN DEFAULT_SLICE_TOKENS MAX_DOCUMENT_TOKENS check_cuts check_length check_slice_tokens "
         "cut_points cut_points_of slice_cuts"
