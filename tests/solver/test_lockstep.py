@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from slimdata.cost import CostModel
+from slimdata.execution.critical import critical_path, plan_critical_path
 from slimdata.solver import Layout, solve
 from slimdata.solver.common import BatchView, interleaved_order
 from slimdata.solver.micropack import pack_rank_lockstep
-from slimdata.solver.pipeline import pipeline_time
 
 from .conftest import GIB, docs_of, unit_cost
 
@@ -35,6 +35,10 @@ def test_interleave_runs_each_backward_after_its_ready_forward_in_order():
     # a backward pack never overtakes an earlier one: B1 waits for B0 (ready after F2)
     assert interleave(3, [2, 0]) == (("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1))
     assert interleave(1, [5]) == (("F", 0), ("B", 0))
+
+
+def pipeline_time(fwd, bwd, order, pp: int) -> float:
+    return float(critical_path(fwd, bwd, order, pp)[0])
 
 
 def test_pipeline_time_by_hand():
@@ -298,8 +302,6 @@ def test_plan_estimate_is_the_slowest_ranks_own_pipeline(mode):
     # the largest, whether ranks share an order (lockstep) or not (other lags, other counts)
     from dataclasses import replace
 
-    from slimdata.solver.pipeline import plan_pipeline_time
-
     rng = np.random.default_rng(3)
     lengths = [8192, 4096, *rng.integers(300, 3000, size=40).tolist()]
     layout = Layout(dp=3, pp=4, mode="lockstep", context=16384, memory_gib=1000)
@@ -318,4 +320,4 @@ def test_plan_estimate_is_the_slowest_ranks_own_pipeline(mode):
     orders = {rs.order for rs in plan.ranks}
     assert len(orders) == (1 if mode == "lockstep" else 3)  # not vacuous
     assert min(each) > 0
-    assert plan_pipeline_time(plan, 4) == max(each)
+    assert plan_critical_path(plan, 4) == max(each)
