@@ -804,6 +804,7 @@ def _lockstep_at(
             layer_share=share,
             merge_kv=gather.get(r, 0.0),
             kv_per_slice=layout.pp > 1,
+            peak=False,
         )
         if p is None:
             return None
