@@ -46,6 +46,10 @@ class RankPacks:
     backward: list[list[int]]
     merge_pack: tuple[int, int] | None
     peak: float
+    forward_cost: list[float] | None = None
+    """Per forward pack: its slices' forward seconds summed in pack order, where the packer
+    has them at hand (``None``: not given)."""
+    backward_cost: list[float] | None = None
 
 
 def pack_rank(
@@ -324,7 +328,6 @@ class LockstepWork:
             return None
         return rank.finish(layer_share)
 
-
     def _forward_at(self, cap: int) -> _Forward | None:
         """The forward packs of :meth:`pack` where memory never binds (they then depend on the
         token cap and the forward-cost quantiles alone, not on the lag); ``None`` when the
@@ -345,6 +348,7 @@ class LockstepWork:
         rest, total_b, end = m - base, self.total_b, len(fwd.seq)
         over = self.merge_tokens > cap
         B: list[list[int]] = [list(self.merge_slices)] if base else []
+        costs = [sum(map(bwd.__getitem__, self.merge_slices))] if base else []
         cum_b, pos = 0.0, 0
         # emissions: one after each forward close c >= lag, then the ones left (last: final)
         limits = [avail[c] for c in range(lag, m)] + [end] * min(lag, m)
@@ -352,7 +356,7 @@ class LockstepWork:
             final = k >= m - lag and k == m - 1
             target = math.inf if final else cum_b + (total_b - cum_b) / (rest - (k - base))
             pack: list[int] = []
-            pack_tok = 0
+            pack_tok, pack_b = 0, 0.0
             while pos < limit:
                 i = seq[pos]
                 if pack and (cum_b + half_b[i] > target or pack_tok + tok[i] > cap):
@@ -360,13 +364,16 @@ class LockstepWork:
                 pack.append(i)
                 pack_tok += tok[i]
                 cum_b += bwd[i]
+                pack_b += bwd[i]
                 pos += 1
             B.append(pack)
+            costs.append(pack_b)
             over = over or pack_tok > cap
         if over or pos < end:
             return None
-        forward = [list(p) for p in fwd.packs]
-        return RankPacks(forward, B, (0, 0) if base else None, math.nan)
+        # the forward lists are shared by every lag's packs (read-only)
+        merge_pack = (0, 0) if base else None
+        return RankPacks(fwd.packs, B, merge_pack, math.nan, fwd.costs, costs)
 
 
 @dataclass(frozen=True)
@@ -387,6 +394,8 @@ class _Forward:
     closes."""
     bytes: float
     """Activation and K/V bytes of all the rank's slices (what memory holds at most)."""
+    costs: list[float]
+    """Per forward pack: its forward seconds (summed in pack order)."""
 
     @staticmethod
     def pack(work: LockstepWork, cap: int) -> _Forward | None:
@@ -428,7 +437,8 @@ class _Forward:
                 count += len(work.stream[k])
                 k += 1
             avail.append(count)
-        return _Forward(F, base, seq, avail, held)
+        costs = [sum(map(fwd.__getitem__, p)) for p in F]
+        return _Forward(F, base, seq, avail, held, costs)
 
 
 def _long_documents_first(

@@ -87,6 +87,38 @@ def test_one_rank_prepared_once_packs_every_lag_as_fresh():
     assert work.pack(cap=1024, mem=1e30, lag=0).backward == [[], [3, 2, 1], [0, 4, 5], [6, 7]]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_packs_without_the_memory_walk_are_the_walks_packs(seed):
+    # where a rank's bytes all fit, pack(peak=False) packs the forward once and the backward
+    # per lag: the same packs (and the same refusals) as the memory walk, merge share or not
+    from slimdata.solver.micropack import LockstepWork
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(64, 2048, size=int(rng.integers(2, 12))).tolist()
+    view = BatchView.build(docs_of([512, *lengths]), unit_cost())
+    units = [view.slices_of(d) for d in range(1, len(view.docs))]
+    merge = view.slices_of(0)[: int(rng.integers(0, 3))]
+    fast_path = refused = 0
+    for m in (1, 2, 3, 5, 8):
+        work = LockstepWork.of(view, units, merge, m)
+        for lag in (*range(m), m + 1):
+            for cap in (256, 1024, 4096):
+                kw = dict(cap=cap, lag=lag, pp=int(rng.integers(1, 5)), merge_kv=1e3)
+                walk = work.pack(mem=1e30, **kw)
+                fast = work.pack(mem=1e30, peak=False, **kw)
+                assert (walk is None) == (fast is None)
+                refused += walk is None
+                if walk is None:
+                    continue
+                assert (fast.forward, fast.backward) == (walk.forward, walk.backward)
+                assert fast.merge_pack == walk.merge_pack
+                fwd, bwd = view.lists[1], view.lists[2]
+                assert fast.forward_cost == [sum(map(fwd.__getitem__, p)) for p in walk.forward]
+                assert fast.backward_cost == [sum(map(bwd.__getitem__, p)) for p in walk.backward]
+                fast_path += work._forward.get(cap) is not None
+    assert fast_path and refused  # guard: both outcomes were compared
+
+
 def test_pack_rank_lockstep_merge_pack_first_and_caps():
     ucost = unit_cost()
     view = BatchView.build(docs_of([256, 256, 256]), ucost)

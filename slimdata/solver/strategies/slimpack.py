@@ -810,8 +810,12 @@ def _lockstep_at(
             return None
         packs.append(p)
     _tok, fwd, bwd, _act, _doc = works[0].view.lists
-    f = np.array([[sum(map(fwd.__getitem__, i)) for i in p.forward] for p in packs]).T
-    b = np.array([[sum(map(bwd.__getitem__, j)) for j in p.backward] for p in packs]).T
+    f = np.array(
+        [p.forward_cost or [sum(map(fwd.__getitem__, i)) for i in p.forward] for p in packs]
+    ).T
+    b = np.array(
+        [p.backward_cost or [sum(map(bwd.__getitem__, j)) for j in p.backward] for p in packs]
+    ).T
     m = works[0].m
     return stages.estimate(f, b, interleaved_order(m, m, lag)), packs
 
