@@ -71,10 +71,10 @@ def critical_path(
     both = np.concatenate([np.broadcast_to(x, (len(x), ranks)) for x in (f, b)])
     dur = frac * both[np.where(seq.backward, len(f), 0) + seq.pack]
     end = np.zeros((len(dur) + 1, ranks))  # row -1: nothing to wait for
-    for k, (prev, dep) in enumerate(seq.after):
-        row = end[k]
-        np.maximum(end[prev], end[dep], out=row)
-        row += dur[k]
+    rows, maximum, add = list(end), np.maximum, np.add
+    for row, d, (prev, dep) in zip(rows, dur, seq.after, strict=False):
+        maximum(rows[prev], rows[dep], out=row)
+        add(row, d, out=row)
     return end[:-1].max(axis=0)
 
 

@@ -283,8 +283,9 @@ class LockstepWork:
     ) -> LockstepWork:
         units = [u for u in units if len(u)]
         tok, fwd, bwd, _act, _doc = view.lists
-        total_f = sum(fwd[i] for u in units for i in u)
-        total_b = sum(bwd[i] for u in units for i in u)
+        flat = [i for u in units for i in u]
+        total_f = sum(map(fwd.__getitem__, flat))
+        total_b = sum(map(bwd.__getitem__, flat))
         rest = m - (1 if len(merge_slices) else 0)
         return cls(
             view=view,
@@ -446,7 +447,7 @@ def _long_documents_first(
 ) -> list[Sequence[int] | range]:
     """Documents costlier than one pack's forward share ``fstar`` (costliest first), then the
     rest in their order: a long document then starts at a pack boundary."""
-    ufwd = [sum(fwd[i] for i in u) for u in units]
+    ufwd = [sum(map(fwd.__getitem__, u)) for u in units]
     longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
     shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
     return [units[k] for k in (*longs, *shorts)]
