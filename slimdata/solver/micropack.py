@@ -270,6 +270,9 @@ class LockstepWork:
     merge_bytes: float
     """Bytes the merge share holds (:func:`~slimdata.solver.merge.member_peak`); 0 without."""
     merge_tokens: int
+    bytes: float
+    """Activation and K/V bytes of all the rank's slices (merge share apart): the most its
+    documents hold at once."""
     _forward: dict[int, _Forward | None] = field(default_factory=dict, repr=False)
     """Per token cap: the forward packs where memory cannot bind (:meth:`_forward_at`)."""
 
@@ -296,6 +299,7 @@ class LockstepWork:
             total_b=total_b,
             merge_bytes=member_peak(view, sorted(merge_slices)) if len(merge_slices) else 0.0,
             merge_tokens=sum(map(tok.__getitem__, merge_slices)),
+            bytes=sum(map(view.packing_lists[0].__getitem__, flat)),
         )
 
     def pack(
@@ -317,11 +321,11 @@ class LockstepWork:
         packed per lag (:meth:`_backward_at`), with the same packs as the walk."""
         if self.stream and self.m - (1 if len(self.merge_slices) else 0) < 1:
             return None  # no pack left for the documents
-        if not peak:
+        bound = self.merge_bytes + 2 * merge_kv + self.bytes
+        if not peak and bound * (1 + 1e-9) <= mem / layer_share:  # memory cannot bind
             fwd = self._forward_at(cap)
-            bound = self.merge_bytes + 2 * merge_kv + (fwd.bytes if fwd else math.inf)
-            if bound * (1 + 1e-9) <= mem / layer_share:  # memory cannot bind at any lag
-                return self._backward_at(fwd, cap, lag) if fwd is not None else None
+            if fwd is not None:
+                return self._backward_at(fwd, cap, lag)
         rank = _LockstepRank(self, cap, mem / layer_share, lag, pp, merge_kv, kv_per_slice)
         if rank.base and not rank.run_merge_forward():
             return None
@@ -393,8 +397,6 @@ class _Forward:
     avail: list[int]
     """Per forward pack ``c``: slices of ``seq`` whose documents are complete when ``c``
     closes."""
-    bytes: float
-    """Activation and K/V bytes of all the rank's slices (what memory holds at most)."""
     costs: list[float]
     """Per forward pack: its forward seconds (summed in pack order)."""
 
@@ -404,13 +406,13 @@ class _Forward:
         the same cuts at the token cap and the forward-cost quantiles; ``None`` when they do
         not fit ``m`` packs."""
         tok, fwd = work.view.lists[0], work.view.lists[1]
-        extra_of, half_f = work.view.packing_lists[0], work.view.packing_lists[2]
+        half_f = work.view.packing_lists[2]
         base = 1 if len(work.merge_slices) else 0
         rest, total_f, m = work.m - base, work.total_f, work.m
         F: list[list[int]] = [list(work.merge_slices)] if base else []
         done: list[int] = []  # per document: the forward pack of its last slice
         cur: list[int] = []
-        cur_tok, cum_f, held = 0, 0.0, 0.0
+        cur_tok, cum_f = 0, 0.0
         q = total_f / rest if rest > 1 else math.inf
         for u in work.stream:
             for i in u:
@@ -426,7 +428,6 @@ class _Forward:
                 cur.append(i)
                 cur_tok += tok[i]
                 cum_f += fwd[i]
-                held += extra_of[i]
             done.append(len(F))
         if len(F) < m:  # finish: the open pack closes, then empty ones
             F.append(cur)
@@ -439,7 +440,7 @@ class _Forward:
                 k += 1
             avail.append(count)
         costs = [sum(map(fwd.__getitem__, p)) for p in F]
-        return _Forward(F, base, seq, avail, held, costs)
+        return _Forward(F, base, seq, avail, costs)
 
 
 def _long_documents_first(
