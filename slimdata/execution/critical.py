@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from slimdata.execution.schedule import stage_ops
 from slimdata.plan.pipeline import chunk_fractions
@@ -47,8 +48,8 @@ class _Sequence:
 
 
 def critical_path(
-    fwd,
-    bwd,
+    fwd: ArrayLike,
+    bwd: ArrayLike,
     order: Sequence[tuple[str, int]],
     pp: int,
     *,
@@ -99,7 +100,7 @@ def plan_critical_path(
     return worst
 
 
-def _columns(x) -> np.ndarray:
+def _columns(x: ArrayLike) -> np.ndarray:
     """Per-pack seconds as ``(packs, ranks)``: one column for a flat sequence."""
     a = np.asarray(x, dtype=np.float64)
     return a.reshape(len(a), 1) if a.ndim == 1 else a
