@@ -3,7 +3,8 @@ pipeline cells of the fair study (``study_fair.py``'s grid and defaults, ``pp > 
 
 For every cell: the first step's batch (``PlanConfig.batches``, as ``simulate``), solved by
 slimpack at ``cp = 1`` in lockstep mode; ``StepPlan.meta["pipeline_estimate"]`` (the slowest
-rank's 1F1B pipeline, :func:`slimdata.solver.pipeline.pipeline_times`) against
+rank's compute-only critical path under 1F1B, :func:`slimdata.execution.critical.critical_path`)
+against
 ``simulate_step`` (ZeRO-1, 1F1B), and the solve's wall time.
 
     .venv/bin/python benchmarks/bench_estimate.py --data ../shared/data/lengths

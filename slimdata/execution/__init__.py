@@ -17,8 +17,9 @@ lists, per DP rank and pipeline stage, a :class:`Program`: the ordered operation
   one ends.
 
 This is the only place where execution order, memory and the shape of communication are
-derived: the solver's memory check and pipeline estimate, the simulator's task graph and
-memory profile, and the runtime executor all read it.
+derived: the solver's memory check and pipeline estimate (the compute-only critical path of
+the programs, from per-pack times and the stage order: :mod:`slimdata.execution.critical`),
+the simulator's task graph and memory profile, and the runtime executor all read it.
 
 Example: one rank, one 6-token document, forward packs ``[0,4)`` and ``[4,6)``, one backward
 pack, 1 byte of activations and 1 of K/V per token, no parameters::

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import member_peak
@@ -46,6 +46,10 @@ class RankPacks:
     backward: list[list[int]]
     merge_pack: tuple[int, int] | None
     peak: float
+    forward_cost: list[float] | None = None
+    """Per forward pack: its slices' forward seconds summed in pack order, where the packer
+    has them at hand (``None``: not given)."""
+    backward_cost: list[float] | None = None
 
 
 def pack_rank(
@@ -266,6 +270,11 @@ class LockstepWork:
     merge_bytes: float
     """Bytes the merge share holds (:func:`~slimdata.solver.merge.member_peak`); 0 without."""
     merge_tokens: int
+    bytes: float
+    """Activation and K/V bytes of all the rank's slices (merge share apart): the most its
+    documents hold at once."""
+    _forward: dict[int, _Forward | None] = field(default_factory=dict, repr=False)
+    """Per token cap: the forward packs where memory cannot bind (:meth:`_forward_at`)."""
 
     @classmethod
     def of(
@@ -277,8 +286,9 @@ class LockstepWork:
     ) -> LockstepWork:
         units = [u for u in units if len(u)]
         tok, fwd, bwd, _act, _doc = view.lists
-        total_f = sum(fwd[i] for u in units for i in u)
-        total_b = sum(bwd[i] for u in units for i in u)
+        flat = [i for u in units for i in u]
+        total_f = sum(map(fwd.__getitem__, flat))
+        total_b = sum(map(bwd.__getitem__, flat))
         rest = m - (1 if len(merge_slices) else 0)
         return cls(
             view=view,
@@ -289,6 +299,7 @@ class LockstepWork:
             total_b=total_b,
             merge_bytes=member_peak(view, sorted(merge_slices)) if len(merge_slices) else 0.0,
             merge_tokens=sum(map(tok.__getitem__, merge_slices)),
+            bytes=sum(map(view.packing_lists[0].__getitem__, flat)),
         )
 
     def pack(
@@ -301,10 +312,20 @@ class LockstepWork:
         layer_share: float = 1.0,
         merge_kv: float = 0.0,
         kv_per_slice: bool = False,
+        peak: bool = True,
     ) -> RankPacks | None:
-        """:func:`pack_rank_lockstep` of this rank at ``lag`` under these caps."""
+        """:func:`pack_rank_lockstep` of this rank at ``lag`` under these caps. ``peak=False``:
+        the caller reads no ``RankPacks.peak`` (it is then ``nan``), which lets a rank whose
+        bytes all together fit ``mem`` skip the memory walk: its forward packs are then the
+        same at every lag, packed once (:meth:`_forward_at`), and only its backward packs are
+        packed per lag (:meth:`_backward_at`), with the same packs as the walk."""
         if self.stream and self.m - (1 if len(self.merge_slices) else 0) < 1:
             return None  # no pack left for the documents
+        bound = self.merge_bytes + 2 * merge_kv + self.bytes
+        if not peak and bound * (1 + 1e-9) <= mem / layer_share:  # memory cannot bind
+            fwd = self._forward_at(cap)
+            if fwd is not None:
+                return self._backward_at(fwd, cap, lag)
         rank = _LockstepRank(self, cap, mem / layer_share, lag, pp, merge_kv, kv_per_slice)
         if rank.base and not rank.run_merge_forward():
             return None
@@ -312,13 +333,122 @@ class LockstepWork:
             return None
         return rank.finish(layer_share)
 
+    def _forward_at(self, cap: int) -> _Forward | None:
+        """The forward packs of :meth:`pack` where memory never binds (they then depend on the
+        token cap and the forward-cost quantiles alone, not on the lag); ``None`` when the
+        token cap does not fit ``m`` packs. Cached per cap."""
+        if cap not in self._forward:
+            self._forward[cap] = _Forward.pack(self, cap)
+        return self._forward[cap]
+
+    def _backward_at(self, fwd: _Forward, cap: int, lag: int) -> RankPacks | None:
+        """The packs of :meth:`pack` at ``lag`` when memory never binds: backward pack ``j``
+        runs after forward pack ``j + lag`` closes (the merge share's first), each taking the
+        backward work of completed documents (oldest first, from each end) up to the
+        water-filling target, the last of the packs left taking everything; the same float
+        operations in the same order as :meth:`_LockstepRank.emit_backward`."""
+        tok, bwd = self.view.lists[0], self.view.lists[2]
+        half_b = self.view.packing_lists[3]
+        seq, avail, base, m = fwd.seq, fwd.avail, fwd.base, self.m
+        rest, total_b, end = m - base, self.total_b, len(fwd.seq)
+        over = self.merge_tokens > cap
+        B: list[list[int]] = [list(self.merge_slices)] if base else []
+        costs = [sum(map(bwd.__getitem__, self.merge_slices))] if base else []
+        cum_b, pos = 0.0, 0
+        # emissions: one after each forward close c >= lag, then the ones left (last: final)
+        limits = [avail[c] for c in range(lag, m)] + [end] * min(lag, m)
+        for k, limit in enumerate(limits[len(B) :], start=len(B)):
+            final = k >= m - lag and k == m - 1
+            target = math.inf if final else cum_b + (total_b - cum_b) / (rest - (k - base))
+            pack: list[int] = []
+            pack_tok, pack_b = 0, 0.0
+            while pos < limit:
+                i = seq[pos]
+                if pack and (cum_b + half_b[i] > target or pack_tok + tok[i] > cap):
+                    break
+                pack.append(i)
+                pack_tok += tok[i]
+                cum_b += bwd[i]
+                pack_b += bwd[i]
+                pos += 1
+            B.append(pack)
+            costs.append(pack_b)
+            over = over or pack_tok > cap
+        if over or pos < end:
+            return None
+        # the forward lists are shared by every lag's packs (read-only)
+        merge_pack = (0, 0) if base else None
+        return RankPacks(fwd.packs, B, merge_pack, math.nan, fwd.costs, costs)
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """One rank's lockstep forward packs where memory never binds, and what its backward
+    packs at any lag read: the order backward work is taken in and how much of it each
+    forward close has completed."""
+
+    packs: list[list[int]]
+    """All ``m`` forward packs (the merge share's first)."""
+    base: int
+    """1 for a merge member (its share is pack 0), else 0."""
+    seq: list[int]
+    """Slices in the order backward packs take them: documents oldest first, each from its
+    end (``[[0, 1], [2]]`` -> ``1 0 2``)."""
+    avail: list[int]
+    """Per forward pack ``c``: slices of ``seq`` whose documents are complete when ``c``
+    closes."""
+    costs: list[float]
+    """Per forward pack: its forward seconds (summed in pack order)."""
+
+    @staticmethod
+    def pack(work: LockstepWork, cap: int) -> _Forward | None:
+        """:meth:`_LockstepRank.forward_documents` and ``finish`` without the memory cap:
+        the same cuts at the token cap and the forward-cost quantiles; ``None`` when they do
+        not fit ``m`` packs."""
+        tok, fwd = work.view.lists[0], work.view.lists[1]
+        half_f = work.view.packing_lists[2]
+        base = 1 if len(work.merge_slices) else 0
+        rest, total_f, m = work.m - base, work.total_f, work.m
+        F: list[list[int]] = [list(work.merge_slices)] if base else []
+        done: list[int] = []  # per document: the forward pack of its last slice
+        cur: list[int] = []
+        cur_tok, cum_f = 0, 0.0
+        q = total_f / rest if rest > 1 else math.inf
+        for u in work.stream:
+            for i in u:
+                if cur and (cur_tok + tok[i] > cap or cum_f + half_f[i] > q):
+                    F.append(cur)
+                    cur, cur_tok = [], 0
+                    n = len(F) - base
+                    if n >= rest:
+                        return None
+                    q = total_f * (n + 1) / rest if n < rest - 1 else math.inf
+                if tok[i] > cap:
+                    return None
+                cur.append(i)
+                cur_tok += tok[i]
+                cum_f += fwd[i]
+            done.append(len(F))
+        if len(F) < m:  # finish: the open pack closes, then empty ones
+            F.append(cur)
+        F.extend([] for _ in range(m - len(F)))
+        seq = [i for u in work.stream for i in reversed(u)]
+        avail, k, count = [], 0, 0
+        for c in range(m):
+            while k < len(done) and done[k] <= c:
+                count += len(work.stream[k])
+                k += 1
+            avail.append(count)
+        costs = [sum(map(fwd.__getitem__, p)) for p in F]
+        return _Forward(F, base, seq, avail, costs)
+
 
 def _long_documents_first(
     fwd: list[float], units: list[Sequence[int] | range], fstar: float
 ) -> list[Sequence[int] | range]:
     """Documents costlier than one pack's forward share ``fstar`` (costliest first), then the
     rest in their order: a long document then starts at a pack boundary."""
-    ufwd = [sum(fwd[i] for i in u) for u in units]
+    ufwd = [sum(map(fwd.__getitem__, u)) for u in units]
     longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
     shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
     return [units[k] for k in (*longs, *shorts)]

@@ -190,8 +190,8 @@ def test_planner_fast_estimate_is_the_programs_critical_path(pp):
     import numpy as np
 
     from slimdata.docsource import documents_from_lengths
+    from slimdata.execution.critical import plan_critical_path
     from slimdata.solver import Layout, solve
-    from slimdata.solver.pipeline import plan_pipeline_time
 
     cost = CostModel.analytic("llama-8b", "h100", "full")
     rng = np.random.default_rng(pp)
@@ -205,9 +205,41 @@ def test_planner_fast_estimate_is_the_programs_critical_path(pp):
         full = build_programs(plan, cost, ExecutionConfig(pp=pp))
         assert [p.computes() for p in full] == [list(p.ops) for p in progs]  # same computes
         want = max(critical_path(progs))
-        assert plan_pipeline_time(plan, pp) == pytest.approx(want, rel=1e-9)
+        assert plan_critical_path(plan, pp, layers=cost.layers) == pytest.approx(want, rel=1e-9)
         checked += want > 0
     assert checked == 3
+
+
+@pytest.mark.parametrize(("pp", "schedule", "v"), [(2, "1f1b", 1), (4, "interleaved", 2)])
+def test_planner_estimate_is_the_critical_path_of_random_orders(pp, schedule, v):
+    # random plans: every rank a random lag (its own order), layers that do not split evenly;
+    # the planner's estimate of the plan equals the critical path of its compute-only programs
+    import numpy as np
+
+    from slimdata.docsource import documents_from_lengths
+    from slimdata.execution.critical import plan_critical_path
+    from slimdata.plan.pipeline import interleave
+    from slimdata.solver import Layout, solve
+
+    cost = dataclasses.replace(CostModel.analytic("llama-8b", "h100", "full"), layers=30)
+    rng = np.random.default_rng(pp)
+    checked = 0
+    for seed in range(3):
+        lengths = rng.integers(200, 20000, size=40).tolist()
+        layout = Layout(dp=3, pp=pp, mode="lockstep", context=32768, memory_gib=60)
+        plan = solve(documents_from_lengths(lengths, 2048), layout, "slimpack", seed, cost)
+        ranks = []
+        for rs in plan.ranks:
+            m, lag = len(rs.forward), int(rng.integers(0, 4))
+            ranks.append(dataclasses.replace(rs, order=interleave(m, [j + lag for j in range(m)])))
+        plan = dataclasses.replace(plan, ranks=tuple(ranks))
+        assert not plan.merges
+        config = ExecutionConfig(pp=pp, schedule=schedule, virtual_stages=v)
+        want = max(critical_path(build_programs(plan, cost, config, compute_only=True)))
+        got = plan_critical_path(plan, pp, schedule=schedule, v=v, layers=cost.layers)
+        assert got == pytest.approx(want, rel=1e-9)
+        checked += len({rs.order for rs in plan.ranks}) > 1 and want > 0
+    assert checked  # not vacuous: ranks with different orders
 
 
 def test_bad_execution_config_names_the_value():

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from slimdata.cost import CostModel
+from slimdata.execution.critical import critical_path, plan_critical_path
 from slimdata.solver import Layout, solve
 from slimdata.solver.common import BatchView, interleaved_order
 from slimdata.solver.micropack import pack_rank_lockstep
-from slimdata.solver.pipeline import pipeline_time
 
 from .conftest import GIB, docs_of, unit_cost
 
@@ -35,6 +35,10 @@ def test_interleave_runs_each_backward_after_its_ready_forward_in_order():
     # a backward pack never overtakes an earlier one: B1 waits for B0 (ready after F2)
     assert interleave(3, [2, 0]) == (("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1))
     assert interleave(1, [5]) == (("F", 0), ("B", 0))
+
+
+def pipeline_time(fwd, bwd, order, pp: int) -> float:
+    return float(critical_path(fwd, bwd, order, pp)[0])
 
 
 def test_pipeline_time_by_hand():
@@ -81,6 +85,38 @@ def test_one_rank_prepared_once_packs_every_lag_as_fresh():
         assert (again.forward, again.backward) == (fresh.forward, fresh.backward)
     assert work.pack(cap=1024, mem=1e30, lag=1).backward == [[3, 2], [1, 0], [4, 5], [6, 7]]
     assert work.pack(cap=1024, mem=1e30, lag=0).backward == [[], [3, 2, 1], [0, 4, 5], [6, 7]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packs_without_the_memory_walk_are_the_walks_packs(seed):
+    # where a rank's bytes all fit, pack(peak=False) packs the forward once and the backward
+    # per lag: the same packs (and the same refusals) as the memory walk, merge share or not
+    from slimdata.solver.micropack import LockstepWork
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(64, 2048, size=int(rng.integers(2, 12))).tolist()
+    view = BatchView.build(docs_of([512, *lengths]), unit_cost())
+    units = [view.slices_of(d) for d in range(1, len(view.docs))]
+    merge = view.slices_of(0)[: int(rng.integers(0, 3))]
+    fast_path = refused = 0
+    for m in (1, 2, 3, 5, 8):
+        work = LockstepWork.of(view, units, merge, m)
+        for lag in (*range(m), m + 1):
+            for cap in (256, 1024, 4096):
+                kw = dict(cap=cap, lag=lag, pp=int(rng.integers(1, 5)), merge_kv=1e3)
+                walk = work.pack(mem=1e30, **kw)
+                fast = work.pack(mem=1e30, peak=False, **kw)
+                assert (walk is None) == (fast is None)
+                refused += walk is None
+                if walk is None:
+                    continue
+                assert (fast.forward, fast.backward) == (walk.forward, walk.backward)
+                assert fast.merge_pack == walk.merge_pack
+                fwd, bwd = view.lists[1], view.lists[2]
+                assert fast.forward_cost == [sum(map(fwd.__getitem__, p)) for p in walk.forward]
+                assert fast.backward_cost == [sum(map(bwd.__getitem__, p)) for p in walk.backward]
+                fast_path += work._forward.get(cap) is not None
+    assert fast_path and refused  # guard: both outcomes were compared
 
 
 def test_pack_rank_lockstep_merge_pack_first_and_caps():
@@ -298,8 +334,6 @@ def test_plan_estimate_is_the_slowest_ranks_own_pipeline(mode):
     # the largest, whether ranks share an order (lockstep) or not (other lags, other counts)
     from dataclasses import replace
 
-    from slimdata.solver.pipeline import plan_pipeline_time
-
     rng = np.random.default_rng(3)
     lengths = [8192, 4096, *rng.integers(300, 3000, size=40).tolist()]
     layout = Layout(dp=3, pp=4, mode="lockstep", context=16384, memory_gib=1000)
@@ -318,4 +352,4 @@ def test_plan_estimate_is_the_slowest_ranks_own_pipeline(mode):
     orders = {rs.order for rs in plan.ranks}
     assert len(orders) == (1 if mode == "lockstep" else 3)  # not vacuous
     assert min(each) > 0
-    assert plan_pipeline_time(plan, 4) == max(each)
+    assert plan_critical_path(plan, 4) == max(each)

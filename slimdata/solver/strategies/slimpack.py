@@ -39,6 +39,7 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
+from slimdata.execution.critical import critical_path, plan_critical_path
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
@@ -52,7 +53,6 @@ from slimdata.solver.merge import (
 )
 from slimdata.solver.micropack import LockstepWork, RankPacks, pack_rank
 from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
-from slimdata.solver.pipeline import pipeline_times, plan_pipeline_time
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
 
 __all__ = ["assign_lpt", "slimpack", "stage_share"]
@@ -500,7 +500,7 @@ def slimpack(
     else:
         with _recompute_advice(cost):
             estimate, packs, lag, p1 = _solve_lockstep(
-                view, layout, options, stage_share(cost.layers, layout.pp)
+                view, layout, options, _Stages(layout.pp, cost.layers)
             )
     plan = assemble_plan(
         view=view,
@@ -520,7 +520,8 @@ def slimpack(
     )
     _check_pack_cap(plan, layout.token_cap)
     if layout.mode != "free":  # the estimate of the plan as assembled (fused slices priced)
-        plan.meta["pipeline_estimate"] = round(plan_pipeline_time(plan, layout.pp), 6)
+        estimate = plan_critical_path(plan, layout.pp, layers=cost.layers)
+        plan.meta["pipeline_estimate"] = round(estimate, 6)
     return plan
 
 
@@ -715,20 +716,41 @@ def stage_share(layers: int, pp: int) -> float:
     return float(chunk_fractions(layers, pp).max())
 
 
+@dataclass(frozen=True)
+class _Stages:
+    """The pipeline a lockstep plan is solved for: what its memory check and its step-time
+    estimate need."""
+
+    pp: int
+    layers: int
+    """The model's layers: the execution model's split of the model into pipeline chunks."""
+
+    @property
+    def share(self) -> float:
+        """The first (largest) stage's share of the layers (:func:`stage_share`)."""
+        return stage_share(self.layers, self.pp)
+
+    def estimate(self, fwd: np.ndarray, bwd: np.ndarray, order) -> float:
+        """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
+        per rank): the slowest rank's compute-only critical path under 1F1B, the execution
+        model's stage order (:func:`~slimdata.execution.critical.critical_path`)."""
+        return float(critical_path(fwd, bwd, order, self.pp, layers=self.layers).max())
+
+
 def _lockstep(
-    view: BatchView, p1: _Phase1, layout: Layout, counts: Sequence[int], share: float = 1.0
+    view: BatchView, p1: _Phase1, layout: Layout, counts: Sequence[int], stages: _Stages
 ) -> tuple[float, list[RankPacks], int] | None:
     """Lockstep packs of every rank for the pack count in ``counts`` and the backward lag with
-    the smallest estimated 1F1B step time (:func:`~slimdata.solver.pipeline.pipeline_times`);
-    ``None`` if none fits the caps. The lag is the pipeline's warm-up, bounded by memory, not
+    the smallest estimated step time (:meth:`_Stages.estimate`); ``None`` if none fits the
+    caps. The lag is the pipeline's warm-up, bounded by memory, not
     by a constant: more forward packs in flight before the first backward shrink the bubble
     and hold more, so the lags that fit are ``0 .. L`` and ``L`` is found by bisection;
     every lag the bisection packs is estimated. Memory is checked per pipeline stage
-    (``share`` of the layers on the first stage, 1F1B's extra packs in flight, merge K/V
-    buffers; :func:`pack_rank_lockstep`). Returns ``(estimate, packs, lag)``; the smaller lag
-    wins ties."""
+    (``stages.share`` of the layers on the first stage, 1F1B's extra packs in flight, merge
+    K/V buffers; :func:`pack_rank_lockstep`). Returns ``(estimate, packs, lag)``; the smaller
+    lag wins ties."""
     best: tuple[float, list[RankPacks], int] | None = None
-    gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / share)
+    gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / stages.share)
     for m in counts:
         tried: dict[int, tuple[float, list[RankPacks]] | None] = {}
         works = [
@@ -738,7 +760,7 @@ def _lockstep(
 
         def fits(lag: int, works=works, tried=tried) -> bool:
             if lag not in tried:
-                tried[lag] = _lockstep_at(works, layout, lag, share, gather)
+                tried[lag] = _lockstep_at(works, layout, lag, stages, gather)
             return tried[lag] is not None
 
         # invariant: every lag below lo fits, none above hi; on one stage a lag only adds
@@ -763,15 +785,16 @@ def _lockstep_at(
     works: Sequence[LockstepWork],
     layout: Layout,
     lag: int,
-    share: float,
+    stages: _Stages,
     gather: dict[int, float],
 ) -> tuple[float, list[RankPacks]] | None:
     """Every rank's lockstep packs (``works[r]``: rank ``r``'s documents and pack count) at
-    backward ``lag`` (``gather``: each merge member's buffers, full-model bytes), with the 1F1B
-    estimate: the slowest rank's pipeline (ranks meet at the gradient reduction, as under DDP
+    backward ``lag`` (``gather``: each merge member's buffers, full-model bytes), with the
+    estimate (:meth:`_Stages.estimate`): the slowest rank's pipeline (ranks meet at the gradient reduction, as under DDP
     or ZeRO-1/2; FSDP's per-pack gathers can only add to it); ``None`` when a rank does not
     fit."""
     packs = []
+    share = stages.share
     for r, work in enumerate(works):
         p = work.pack(
             cap=layout.token_cap,
@@ -781,20 +804,24 @@ def _lockstep_at(
             layer_share=share,
             merge_kv=gather.get(r, 0.0),
             kv_per_slice=layout.pp > 1,
+            peak=False,
         )
         if p is None:
             return None
         packs.append(p)
     _tok, fwd, bwd, _act, _doc = works[0].view.lists
-    f = np.array([[sum(map(fwd.__getitem__, i)) for i in p.forward] for p in packs]).T
-    b = np.array([[sum(map(bwd.__getitem__, j)) for j in p.backward] for p in packs]).T
+    f = np.array(
+        [p.forward_cost or [sum(map(fwd.__getitem__, i)) for i in p.forward] for p in packs]
+    ).T
+    b = np.array(
+        [p.backward_cost or [sum(map(bwd.__getitem__, j)) for j in p.backward] for p in packs]
+    ).T
     m = works[0].m
-    est = float(pipeline_times(f, b, interleaved_order(m, m, lag), layout.pp).max())
-    return est, packs
+    return stages.estimate(f, b, interleaved_order(m, m, lag)), packs
 
 
-def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, share: float):
-    """Phase 1 and lockstep packs for the candidate pack counts; the best 1F1B estimate wins.
+def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, stages: _Stages):
+    """Phase 1 and lockstep packs for the candidate pack counts; the best estimate wins.
 
     Phase 1 sizes merges for a budget of the device cap (in full-model bytes: over the first
     stage's share of the layers) minus the ``pp - 1`` average packs the first stage holds
@@ -804,6 +831,7 @@ def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, shar
     smaller merge shares). Returns ``(estimate, packs, lag, phase 1)``.
     """
     cap, mem, dp, pp = layout.token_cap, layout.memory_bytes, layout.dp, layout.pp
+    share = stages.share
     total = float(view.doc_mem.sum())  # all activations + K/V of the batch
 
     def phase1(m: int, widen: float) -> _Phase1 | None:
@@ -824,7 +852,7 @@ def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, shar
         if m in extra and (best is None or best[2] >= len(best[1][0].forward) - 1):
             break  # more, smaller packs only when memory held the lag down
         p1 = phase1(m, 1.0)
-        found = _lockstep(view, p1, layout, [m], share) if p1 is not None else None
+        found = _lockstep(view, p1, layout, [m], stages) if p1 is not None else None
         if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
             best = (found[0], found[1], found[2], p1)
     if best is not None:
@@ -838,7 +866,7 @@ def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, shar
     m = max(_pack_counts(view, layout))
     for widen in (1.0, 2.0, 4.0):
         p1 = phase1(m, widen)
-        found = _lockstep_fallback(view, p1, layout, share) if p1 is not None else None
+        found = _lockstep_fallback(view, p1, layout, stages) if p1 is not None else None
         if found is not None:
             return (*found, p1)
     raise PlanError(
@@ -849,7 +877,7 @@ def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, shar
 
 
 def _lockstep_fallback(
-    view: BatchView, p1: _Phase1, layout: Layout, share: float = 1.0
+    view: BatchView, p1: _Phase1, layout: Layout, stages: _Stages
 ) -> tuple[float, list[RankPacks], int] | None:
     """More packs until the caps fit (memory-bound ranks need more, smaller packs): pack
     counts growing by half from just above the candidates to the most slices a rank holds;
@@ -861,7 +889,7 @@ def _lockstep_fallback(
     )
     m = start
     while True:
-        found = _lockstep(view, p1, layout, [m], share)
+        found = _lockstep(view, p1, layout, [m], stages)
         if found is not None or m >= most:
             return found
         m = min(most, max(m + 1, (3 * m) // 2))

@@ -1,0 +1,140 @@
+"""The compute-only critical path of a pipelined step: the planner's step-time estimate.
+
+Every device runs its computes in the order of the pipeline schedule
+(:func:`~slimdata.execution.schedule.stage_ops`, 1F1B or interleaved), a forward on chunk
+``c`` after the same pack's forward on chunk ``c - 1``, a backward on ``c`` after the same
+pack's backward on ``c + 1``; a pass on chunk ``c`` takes ``chunk_fractions(layers,
+pp * v)[c]`` of the pack's full-model seconds. No communication, no memory: this is the
+critical path of the compute-only programs (``build_programs(..., compute_only=True)``)
+where a pack's seconds are its execution-model price, computed from per-pack times alone so
+that SlimPack can afford it in every probe of its pack-count and lag search.
+
+Example (1F1B, ``pp=2``, forward packs of 1 s, backward 2 s, order ``F0 B0 F1 B1``; each op
+takes half its pack): stage 0 F0 ends 0.5, F1 1.0; stage 1 F0 1.0, B0 2.0, F1 2.5, B1 3.5;
+stage 0 B0 3.0, B1 4.5: ``critical_path([1, 1], [2, 2], order, 2) == [4.5]``.
+
+The op sequence of an order (every stage's ops in one order that respects the
+dependencies) depends only on ``(schedule, order, pp, v)`` and is cached; evaluating it
+costs two vector operations per op over all ranks at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from slimdata.execution.schedule import stage_ops
+from slimdata.plan.pipeline import chunk_fractions
+from slimdata.plan.types import RankStep, StepPlan
+
+__all__ = ["critical_path", "plan_critical_path"]
+
+
+@dataclass(frozen=True)
+class _Sequence:
+    """Every op of every device in a dependency-respecting order, as index arrays."""
+
+    backward: np.ndarray
+    """Per op: ``True`` for a backward pass."""
+    chunk: np.ndarray
+    pack: np.ndarray
+    after: tuple[tuple[int, int], ...]
+    """Per op: the ops it waits for (the device's previous op, the neighbouring chunk's op of
+    the same pack), as sequence indices; ``-1`` for none (a row of zeros)."""
+
+
+def critical_path(
+    fwd: ArrayLike,
+    bwd: ArrayLike,
+    order: Sequence[tuple[str, int]],
+    pp: int,
+    *,
+    schedule: str = "1f1b",
+    v: int = 1,
+    layers: int = 0,
+) -> np.ndarray:
+    """Makespan of one or several ranks that share the plan ``order``: ``fwd[i]`` /
+    ``bwd[j]`` are the full-model seconds of forward pack ``i`` / backward pack ``j``,
+    ``(packs,)`` or ``(packs, ranks)``; ``v`` model chunks per device (``"interleaved"``);
+    ``layers`` splits the model into chunks as the execution model does (0: evenly).
+    Returns one makespan per rank."""
+    f, b = _columns(fwd), _columns(bwd)
+    ranks = max(f.shape[1], b.shape[1])
+    v = v if pp > 1 else 1
+    seq = _sequence(schedule, tuple(order), pp, v)
+    if not len(seq.pack):
+        return np.zeros(ranks)
+    frac = chunk_fractions(layers, pp * v)[seq.chunk][:, None]
+    both = np.concatenate([np.broadcast_to(x, (len(x), ranks)) for x in (f, b)])
+    dur = frac * both[np.where(seq.backward, len(f), 0) + seq.pack]
+    end = np.zeros((len(dur) + 1, ranks))  # row -1: nothing to wait for
+    rows, maximum, add = list(end), np.maximum, np.add
+    for row, d, (prev, dep) in zip(rows, dur, seq.after, strict=False):
+        maximum(rows[prev], rows[dep], out=row)
+        add(row, d, out=row)
+    return end[:-1].max(axis=0)
+
+
+def plan_critical_path(
+    plan: StepPlan, pp: int, *, schedule: str = "1f1b", v: int = 1, layers: int = 0
+) -> float:
+    """The planner's step-time estimate of ``plan``: every rank's packs (their
+    ``MicroPack.cost``) through its own order (:func:`critical_path`), the slowest rank; no
+    communication. Ranks with the same order go through one call, a column each (the
+    evaluation is elementwise, so each column is as if alone)."""
+    by_order: dict[tuple, list[RankStep]] = {}
+    for rs in plan.ranks:
+        by_order.setdefault(tuple(rs.order), []).append(rs)
+    worst = 0.0
+    for order, ranks in by_order.items():
+        f = [[p.cost for p in rs.forward] for rs in ranks]
+        b = [[p.cost for p in rs.backward] for rs in ranks]
+        fa = np.array(f, dtype=np.float64).T.reshape(len(ranks[0].forward), len(ranks))
+        ba = np.array(b, dtype=np.float64).T.reshape(len(ranks[0].backward), len(ranks))
+        times = critical_path(fa, ba, order, pp, schedule=schedule, v=v, layers=layers)
+        worst = max(worst, float(times.max(initial=0.0)))
+    return worst
+
+
+def _columns(x: ArrayLike) -> np.ndarray:
+    """Per-pack seconds as ``(packs, ranks)``: one column for a flat sequence."""
+    a = np.asarray(x, dtype=np.float64)
+    return a.reshape(len(a), 1) if a.ndim == 1 else a
+
+
+@lru_cache(maxsize=512)
+def _sequence(schedule: str, order: tuple[tuple[str, int], ...], pp: int, v: int) -> _Sequence:
+    """Every device's ops (:func:`stage_ops`) merged into one order that respects the
+    dependencies; the same for every rank with this ``order``."""
+    stages = [stage_ops(schedule, order, s, pp, v) for s in range(pp)]
+    n_chunks = pp * v
+    index: dict[tuple[str, int, int], int] = {}  # (pass, chunk, pack) -> sequence index
+    ops: list[tuple[str, int, int]] = []
+    after: list[tuple[int, int]] = []
+    pos, last = [0] * pp, [-1] * pp
+    while len(ops) < sum(map(len, stages)):
+        progressed = False
+        for s, stage in enumerate(stages):
+            while pos[s] < len(stage):
+                kind, c, i = stage[pos[s]]
+                up = c - 1 if kind == "F" else c + 1
+                dep = index.get((kind, up, i), -1) if 0 <= up < n_chunks else -1
+                if dep < 0 and 0 <= up < n_chunks:
+                    break  # the neighbouring chunk has not run this pack yet
+                after.append((last[s], dep))
+                index[(kind, c, i)] = last[s] = len(ops)
+                ops.append((kind, c, i))
+                pos[s] += 1
+                progressed = True
+        if not progressed:  # pragma: no cover - the schedules never deadlock
+            raise AssertionError(f"{schedule} order deadlocked on {pp} stages")
+    return _Sequence(
+        backward=np.array([k == "B" for k, _c, _i in ops], dtype=bool),
+        chunk=np.array([c for _k, c, _i in ops], dtype=np.int64),
+        pack=np.array([i for _k, _c, i in ops], dtype=np.int64),
+        after=tuple(after),
+    )
