@@ -1,6 +1,6 @@
 """The order a pipeline stage runs a rank's packs in under 1F1B: the one definition the
-solver's estimate (:mod:`slimdata.solver.pipeline`) and the simulator
-(:mod:`slimdata.execution.schedule`) share, and how the layers split into pipeline chunks.
+execution model's stage order (:mod:`slimdata.execution.schedule`) builds on, which the
+solver's estimate (:mod:`slimdata.execution.critical`) and the simulator share, and how the layers split into pipeline chunks.
 
 With ``pp`` stages, stage ``s`` runs the rank's own order (``RankStep.order``) with every
 backward pack delayed by ``pp - 1 - s`` forward packs (the warm-up). For symmetric packs and
