@@ -66,23 +66,56 @@ class LocalShards(LocalDataset):
             source = Path(shard.dirname, shard.split, packed.basename)
             dest = Path(self._scratch.name, shard.split, raw.basename)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(_decompressed(source, shard.compression, raw.bytes))
+            _decompress_into(source, shard.compression, raw.bytes, dest)
         shard.dirname = self._scratch.name
 
 
-def _decompressed(source: Path, compression: str, size: int) -> bytes:
-    """The bytes of compressed shard file ``source``, checked to be ``size`` long."""
+CHUNK = 1 << 20
+"""Bytes decompressed at a time: a zstd shard is streamed to disk, never held whole."""
+
+
+def _decompress_into(source: Path, compression: str, size: int, dest: Path) -> None:
+    """Write compressed shard file ``source`` decompressed to ``dest``, refusing it as soon as
+    it yields more than the ``size`` bytes index.json gives it (a file cannot make the reader
+    write or hold more than its index claims), or ends short of them."""
     try:
-        data = decompress(compression, source.read_bytes())
+        if compression.split(":")[0] == "zstd":
+            got = _stream_zstd(source, dest, size)
+        else:  # the other codecs streaming offers, whole in memory
+            data = decompress(compression, source.read_bytes())
+            got = len(data)
+            if got == size:
+                dest.write_bytes(data)
     except OSError as e:
         raise InputError(f"{source}: cannot read this compressed shard ({e})") from None
+    except _TooLong:
+        got = size + 1
     except Exception as e:  # the codec's own error types: a damaged file
         raise InputError(
             f"{source}: not a valid {compression} shard ({e}); rebuild the dataset"
         ) from None
-    if len(data) != size:
+    if got != size:
+        said = f"{got} bytes" if got <= size else f"more than {size} bytes"
         raise InputError(
-            f"{source}: decompresses to {len(data)} bytes but index.json says {size}; "
-            "the shard or index.json is damaged: rebuild the dataset"
+            f"{source}: decompresses to {said} but index.json says {size}; the shard or "
+            "index.json is damaged: rebuild the dataset"
         )
-    return data
+
+
+class _TooLong(Exception):
+    """A shard decompressed past its declared size."""
+
+
+def _stream_zstd(source: Path, dest: Path, size: int) -> int:
+    """Decompress a zstd file chunk by chunk; the bytes written (stops past ``size``)."""
+    import zstandard
+
+    written = 0
+    with source.open("rb") as fin, dest.open("wb") as fout:
+        reader = zstandard.ZstdDecompressor().stream_reader(fin, read_across_frames=True)
+        while chunk := reader.read(CHUNK):
+            written += len(chunk)
+            if written > size:
+                raise _TooLong
+            fout.write(chunk)
+    return written

@@ -137,12 +137,48 @@ def test_plan_from_a_compressed_build_equals_the_plan_from_a_raw_one(tmp_path):
     assert sorted(p.relative_to(packed).as_posix() for p in packed.rglob("*")) == before
 
 
-def test_a_damaged_compressed_shard_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda b: b[:20], r"decompresses to 0 bytes but index.json says \d+"),  # truncated
+        (lambda b: b"not zstd at all" * 8, r"not a valid zstd shard .*rebuild the dataset"),
+    ],
+)
+def test_a_damaged_compressed_shard_is_a_clear_error(tmp_path, damage, message):
     packed = _build(tmp_path, "zstd", "--compression", "zstd")
     shard = next(packed.rglob("*.mds.zstd"))
-    shard.write_bytes(shard.read_bytes()[:20])
+    shard.write_bytes(damage(shard.read_bytes()))
     reader = LocalShards(packed)
-    with pytest.raises(InputError, match=r"not a valid zstd shard .*rebuild the dataset"):
+    with pytest.raises(InputError, match=message):
         for i in range(len(reader)):
             reader[i]
     reader.close()
+
+
+@pytest.mark.parametrize("delta", [-1, +1])
+def test_a_shard_that_does_not_decompress_to_its_indexed_size_is_refused(tmp_path, delta):
+    packed = _build(tmp_path, "zstd", "--compression", "zstd")
+    index_path = packed / "index.json"
+    index = json.loads(index_path.read_text())
+    shard = index["shards"][0]
+    size = shard["raw_data"]["bytes"]
+    shard["raw_data"]["bytes"] = size + delta
+    index_path.write_text(json.dumps(index))
+    reader = LocalShards(packed)
+    said = f"more than {size - 1} bytes" if delta < 0 else f"{size} bytes"
+    with pytest.raises(
+        InputError, match=f"decompresses to {said} but index.json says {size + delta}"
+    ):
+        reader[0]
+    reader.close()
+
+
+def test_decompressed_copies_live_outside_the_build_until_closed(tmp_path):
+    packed = _build(tmp_path, "zstd", "--compression", "zstd")
+    reader = LocalShards(packed)
+    rows = [reader[i] for i in range(len(reader))]
+    assert len(rows) >= 2 and all(len(r["tokens"]) == r["length"] for r in rows)
+    scratch = Path(reader.shards[0].dirname)
+    assert scratch != packed and list(scratch.rglob("*.mds"))
+    reader.close()
+    assert not scratch.exists() and reader.shards[0].dirname == str(packed)
