@@ -148,7 +148,7 @@ def _cp_model(
         cost,
         config.cp,
         config.interconnect,
-        recompute_full=cost.recompute == "full",
+        programs.cp_gathers,
         overlap=config.cp_overlap,
     )
     doc_len = np.array([d.length for d in plan.docs], dtype=np.float64)
