@@ -40,6 +40,7 @@ __all__ = [
     "cp_gather",
     "cp_pass_gathers",
     "doc_slices",
+    "member_tokens",
 ]
 
 
@@ -59,7 +60,7 @@ def cp_chunks(start: int, end: int, cp: int, member: int) -> list[tuple[int, int
     return out
 
 
-def _member_tokens(s: Slice, cp: int, member: int) -> int:
+def member_tokens(s: Slice, cp: int, member: int) -> int:
     """Tokens of ``s`` that ``member`` holds: ``sum(b - a for a, b in cp_chunks(...))``."""
     n = s.end - s.start
     if cp == 1:
@@ -132,7 +133,7 @@ def cp_gather(slices: Sequence[Slice], docs: Mapping[int, Sequence[Slice]], cp: 
             if p not in seen:
                 seen.add(p)
                 items.append(p)
-    rows = tuple(sum(_member_tokens(p, cp, m) for p in items) for m in range(cp))
+    rows = tuple(sum(member_tokens(p, cp, m) for p in items) for m in range(cp))
     return CpGather(cp, tuple(items), rows)
 
 

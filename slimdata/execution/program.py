@@ -210,7 +210,7 @@ class _Builder:
         self.fsdp = config.parallelism == "fsdp"
         self.side = {k: _Side.build(plan, pt, k) for k in "FB"}
         self.merge_kv = [
-            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g)))
+            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g, config.cp)))
             for g in range(len(plan.merges))
         ]
         counts = np.rint(self.frac * max(cost.layers, 1)).astype(int)

@@ -74,3 +74,17 @@ def test_pass_gathers_follow_the_executors_calls():
     assert (rec.forward, rec.backward, rec.recomputed) == (((8,),), ((4,), (4,)), (True, True))
     assert (rec.collectives("F", 0), rec.tokens("F", 0), rec.largest("F", 0)) == (1, 8, 8)
     assert (rec.collectives("B", 1), rec.tokens("B", 1), rec.largest("B", 1)) == (3, 12, 4)
+
+
+def test_merge_group_on_static_cp_pads_every_process_to_the_longest():
+    # doc 0 (8 tokens) merged over DP ranks 0 ([0,5)) and 1 ([5,8)), cp=2: four processes.
+    # [0,5) in chunks of 2: member 0 [0,2) = 2 rows, member 1 [2,4) [4,5) = 3;
+    # [5,8) in chunks of 1: member 0 [5,6) = 1, member 1 [6,8) = 2 -> 4 x 3 = 12 tokens
+    from slimdata.execution.merge import merge_layer_tokens
+    from slimdata.plan import MergeGroup
+
+    p0, p1 = MicroPack((Slice(0, 0, 5),), merge=0), MicroPack((Slice(0, 5, 8),), merge=0)
+    ranks = (RankStep(0, (p0,), (p0,)), RankStep(1, (p1,), (p1,)))
+    plan = StepPlan(0, "test", (Document(0, 8),), ranks, (MergeGroup((0, 1), (0,)),))
+    assert merge_layer_tokens(plan, 0, 2) == 12
+    assert merge_layer_tokens(plan, 0) == 10  # without CP: 2 members x the longer share 5
