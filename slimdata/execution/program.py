@@ -203,6 +203,7 @@ class _Builder:
     ):
         self.plan, self.cost, self.config, self.pt = plan, cost, config, pt
         self.gathers = gathers
+        self.kv_per_token = float(cost.gathered_kv_bytes(1))
         self.dp, self.pp, self.v = plan.dp, config.pp, config.chunks_per_device
         self.n_chunks = config.pp * self.v
         self.frac = chunk_fractions(cost.layers, self.n_chunks)
@@ -342,18 +343,19 @@ class _Builder:
             return []
         calls = (self.gathers.forward if kind == "F" else self.gathers.backward)[k]
         layers = range(self.first_layer[c], self.first_layer[c] + self.layer_count[c])
-
-        def op(what: str, tokens: int, x: int) -> Collective:
-            nbytes = float(self.cost.gathered_kv_bytes(tokens))
-            return Collective(f"cp_kv_{what}", (dev,), nbytes, kind, c, i, x)
-
-        forward = kind == "F" or self.gathers.recomputed[k]
-        out = [op("all_gather", t, x) for t in calls for x in layers] if forward else []
+        group, ag, rs = (dev,), "cp_kv_all_gather", "cp_kv_reduce_scatter"
+        per_token = self.kv_per_token  # CostModel.gathered_kv_bytes of one token, one layer
+        out = []
+        if kind == "F" or self.gathers.recomputed[k]:
+            for t in calls:
+                out.extend(Collective(ag, group, per_token * t, kind, c, i, x) for x in layers)
         if kind == "F":
             return out
         for t in calls:
+            nbytes = per_token * t
             for x in reversed(layers):
-                out.extend((op("all_gather", t, x), op("reduce_scatter", t, x)))
+                out.append(Collective(ag, group, nbytes, kind, c, i, x))
+                out.append(Collective(rs, group, nbytes, kind, c, i, x))
         return out
 
     def param_bytes(self, c: int) -> float:
