@@ -345,7 +345,7 @@ class _Builder:
         layers = range(self.first_layer[c], self.first_layer[c] + self.layer_count[c])
         group, ag, rs = (dev,), "cp_kv_all_gather", "cp_kv_reduce_scatter"
         per_token = self.kv_per_token  # CostModel.gathered_kv_bytes of one token, one layer
-        out = []
+        out: list[Collective] = []
         if kind == "F" or self.gathers.recomputed[k]:
             for t in calls:
                 out.extend(Collective(ag, group, per_token * t, kind, c, i, x) for x in layers)
