@@ -41,6 +41,7 @@ from slimdata.hooks.memory import hold_for_meter
 from slimdata.hooks.merge import MergeRuntime
 from torch.utils.checkpoint import checkpoint
 
+from slimdata.execution.cp import cp_gather
 from slimdata.plan import Slice
 
 __all__ = ["PackContext", "active_context", "checkpointed_layer", "slice_attention"]
@@ -192,13 +193,9 @@ class PackContext:
         gathered from the group: the pack's slices and their prefixes (one all-gather)."""
         assert self.cp is not None
         own = self._per_slice(k, v)
-        items: list[Slice] = []
-        for s in self.slices:  # the same list on every member: the gather's row layout
-            for p in self.doc_slices[s.doc]:
-                if p.start <= s.start and p not in items:
-                    items.append(p)
+        g = cp_gather(self.slices, self.doc_slices, self.cp.cp)  # the same on every member
         full = self.cp.gather(
-            items, [own[p] if p in own else self.store.get(layer, p) for p in items]
+            g, [own[p] if p in own else self.store.get(layer, p) for p in g.items]
         )
         chunks = self.cp.local(self.slices)
         if not chunks:  # one padding token attending to itself; the gather's backward must

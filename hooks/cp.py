@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from slimdata.hooks.merge import gather_kv, join_pieces, merge_group
 
 from slimdata.errors import ConfigError, PlanError
-from slimdata.execution.cp import cp_chunks
+from slimdata.execution.cp import CpGather, cp_chunks
 from slimdata.plan import RankPlan, Slice, StepPlan
 
 __all__ = ["CpRuntime", "cp_runtime", "plan_cp"]
@@ -88,22 +88,21 @@ class CpRuntime:
         return sum(b - a for a, b in self.chunks(s))
 
     def gather(
-        self, items: list[Slice], own: list[tuple[torch.Tensor, torch.Tensor]]
+        self, g: CpGather, own: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[Slice, tuple[torch.Tensor, torch.Tensor]]:
-        """Whole keys/values of every slice of ``items`` from this member's chunks ``own``
-        (aligned with ``items``): one all-gather, each member's rows padded to the longest."""
-        held = [[(s, self.chunks(s, m)) for s in items] for m in range(self.cp)]
-        rows = [sum(b - a for _s, ch in member for a, b in ch) for member in held]
+        """Whole keys/values of every item of ``g`` (:func:`slimdata.execution.cp.cp_gather`,
+        the rule the execution model and simulator price) from this member's chunks ``own``
+        (aligned with ``g.items``): one all-gather, each member's rows padded to
+        ``g.padded_rows``."""
         kv = torch.stack([torch.cat([k for k, _ in own]), torch.cat([v for _, v in own])])
-        kv = F.pad(kv, (0, 0, 0, 0, 0, max(rows) - kv.shape[1]))
+        kv = F.pad(kv, (0, 0, 0, 0, 0, g.padded_rows - kv.shape[1]))
         gathered = gather_kv(kv, self.group, self.member, self.cp)
-        pieces: dict[Slice, list[tuple[int, torch.Tensor]]] = {s: [] for s in items}
-        for m, member in enumerate(held):
+        pieces: dict[Slice, list[tuple[int, torch.Tensor]]] = {s: [] for s in g.items}
+        for m in range(self.cp):
             off = 0
-            for s, ch in member:
-                for a, b in ch:
-                    pieces[s].append((a, gathered[m, :, off : off + b - a]))
-                    off += b - a
+            for s, a, b in g.member_rows(m):
+                pieces[s].append((a, gathered[m, :, off : off + b - a]))
+                off += b - a
         return join_pieces(pieces)
 
 

@@ -51,6 +51,7 @@ from slimdata.hooks.recompute import StepRecompute, resolve_policy, step_recompu
 from torch import nn
 
 from slimdata.errors import ConfigError
+from slimdata.execution.cp import doc_slices
 from slimdata.plan import MicroPack, RankPlan, RankStep, Slice
 from slimdata.plan.schedule import SplitCalls, kept_forward_packs, split_calls
 
@@ -117,7 +118,7 @@ class _Step:
         self.merge: MergeRuntime | None = _merge_runtime(self.plan, self.rank, self.cp)
         toks, masks = _slice_tensors(payload)
         # merged documents are laid out by the merge group (gathered below), not by this rank
-        self.doc_slices = _doc_slices(self.rs, self.merge.docs if self.merge else set())
+        self.doc_slices = doc_slices(self.rs, self.merge.docs if self.merge else set())
         self.doc_tokens = _join_slices(toks, self.doc_slices, device)
         self.doc_masks = None if masks is None else _join_slices(masks, self.doc_slices, device)
         if self.merge is not None:
@@ -221,17 +222,6 @@ def _slice_tensors(
         else {s: torch.as_tensor(np.asarray(m, dtype=np.int64)) for s, m in masks_np.items()}
     )
     return toks, masks
-
-
-def _doc_slices(rs: RankStep, skip_docs: set[int]) -> dict[int, list[Slice]]:
-    """The rank's slices per document (not in ``skip_docs``), in document order."""
-    doc_slices: dict[int, list[Slice]] = {}
-    for s in rs.slices():
-        if s.doc not in skip_docs:
-            doc_slices.setdefault(s.doc, []).append(s)
-    for sl in doc_slices.values():
-        sl.sort(key=lambda s: s.start)
-    return doc_slices
 
 
 def _join_slices(

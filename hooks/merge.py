@@ -19,8 +19,9 @@ simulator's rule.
 Collective sequence per member and step: ``L`` all-gathers in every forward run of the merge
 pack (its forward, and its recomputed forward when its backward pack recomputes it), then per
 layer, last first, one all-gather and one reduce-scatter in its backward. Each moves the
-keys/values of ``members * largest share`` tokens (every share padded to the largest), the
-size the simulator prices (:func:`slimdata.execution.merge.merge_layer_tokens`,
+keys/values of ``members * largest share`` tokens (every share padded to the largest; on
+top of static CP, ``k * members`` processes' chunks padded to the longest), the size the
+simulator prices (:func:`slimdata.execution.merge.merge_layer_tokens`,
 :func:`slimdata.execution.merge.merge_collectives`). Members of a group share the merge pack's
 kept/recomputed status (a merge pack's backward pack holds exactly its forward pack's slices,
 so it is kept outside FSDP; under FSDP the status is plan-global), so their sequences match.

@@ -9,8 +9,8 @@ lists, per DP rank and pipeline stage, a :class:`Program`: the ordered operation
   by :func:`~slimdata.execution.pricing.pack_times` (the cost model summed over the pack's
   slices, per model call, recompute included) times the chunk's share of the layers;
 - ``Collective(kind, group, bytes)``: DDP gradient all-reduce, FSDP parameter all-gather /
-  gradient reduce-scatter per pack pass, DP-Merge K/V all-gather / gradient reduce-scatter
-  per layer, pipeline send / recv (:data:`~slimdata.execution.ops.COLLECTIVES`);
+  gradient reduce-scatter per pack pass, DP-Merge and static-CP K/V all-gather / gradient
+  reduce-scatter per layer, pipeline send / recv (:data:`~slimdata.execution.ops.COLLECTIVES`);
 - ``Alloc(what, bytes)`` / ``Free(what, bytes)``: activations and retained K/V of a pass's
   slices, gathered K/V of a context-parallel pass (:mod:`slimdata.execution.memory`, the one memory
   rule). An allocation takes effect when the next compute starts, a free when the previous

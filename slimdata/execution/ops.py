@@ -32,13 +32,16 @@ COLLECTIVES = (
     "fsdp_reduce_scatter",
     "merge_kv_all_gather",
     "merge_kv_reduce_scatter",
+    "cp_kv_all_gather",
+    "cp_kv_reduce_scatter",
     "send",
     "recv",
 )
 """Collective kinds: DDP's gradient all-reduce (once per stage, at the end of the step);
 FSDP's parameter all-gather (every pack pass) and gradient reduce-scatter (every backward
 pass); DP-Merge's per-layer K/V all-gather and K/V-gradient reduce-scatter (merge packs);
-pipeline point-to-point hidden states (``send`` / ``recv`` between neighbouring chunks)."""
+static CP's per-layer K/V all-gather and K/V-gradient reduce-scatter of every model call
+(:func:`slimdata.execution.cp.cp_pass_gathers`); pipeline point-to-point hidden states (``send`` / ``recv`` between neighbouring chunks)."""
 
 MEMORY = ("activations", "kv", "gathered_kv")
 """What an allocation holds: the activations of a pass's slices, their retained keys/values
@@ -81,7 +84,8 @@ class Collective:
     """One of :data:`COLLECTIVES`."""
     group: tuple[int, ...]
     """Devices taking part (device ``stage * dp + rank``), ascending; ``send``/``recv``:
-    ``(source, destination)``."""
+    ``(source, destination)``. Under static CP a device stands for the ``cp`` processes of
+    its CP group (:func:`slimdata.sim.cp.real_devices`): ``cp_kv_*`` name that one device."""
     bytes: float
     """Bytes of the full (gathered / reduced / sent) buffer of one call."""
     pass_: str = ""
@@ -89,7 +93,7 @@ class Collective:
     chunk: int = -1
     pack: int = -1
     layer: int = -1
-    """Per-layer collectives (DP-Merge K/V): the global layer index."""
+    """Per-layer collectives (DP-Merge and static-CP K/V): the global layer index."""
 
 
 @dataclass(slots=True)

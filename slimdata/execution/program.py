@@ -11,14 +11,20 @@ Per DP rank and pipeline stage, the operations in the order the device runs them
 - around every compute: pipeline ``recv`` / ``send`` of its hidden states, FSDP's parameter
   all-gather (and gradient reduce-scatter in the backward), a merge pack's per-layer K/V
   all-gathers (and K/V-gradient reduce-scatters in the backward,
-  :func:`slimdata.execution.merge.merge_collectives`); DDP's gradient all-reduce ends the
-  step;
+  :func:`slimdata.execution.merge.merge_collectives`), under static CP every model call's
+  per-layer K/V all-gathers (re-gathers and K/V-gradient reduce-scatters in the backward,
+  :func:`slimdata.execution.cp.cp_pass_gathers`); DDP's gradient all-reduce ends the step;
 - memory (the one rule, :mod:`slimdata.execution.memory`): a slice's activations and its
   retained K/V are allocated when its forward starts and freed when its backward pack ends;
   a graph-free forward holds the activations only while it runs, and its recomputing
   backward allocates them again; a context-parallel pass (merge pack, static CP) holds one
-  layer's gathered K/V while it runs, twice that in the backward (K/V and their gradients).
-  With static CP (``cp = k``) a device holds ``1 / k`` of every slice's bytes.
+  layer's gathered K/V while it runs (static CP: its largest call's), twice that in the
+  backward (K/V and their gradients). With static CP (``cp = k``) a device holds ``1 / k``
+  of every slice's bytes.
+
+Under static CP a device (``stage * dp + rank``) stands for the ``cp`` processes of its CP
+group (:func:`slimdata.sim.cp.real_devices` maps it to them): collective groups name devices,
+and a CP group's K/V collectives name the one device of that group.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import numpy as np
 
 from slimdata.cost import CostModel, causal_pairs
 from slimdata.errors import ConfigError
+from slimdata.execution.cp import PassGathers, cp_pass_gathers
 from slimdata.execution.merge import merge_collectives, merge_layer_tokens
 from slimdata.execution.ops import Alloc, Collective, Compute, Free, Operation, Program
 from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
@@ -85,6 +92,9 @@ class Programs:
     """Share of the model's layers in every global chunk."""
     dp: int
     pp: int
+    cp_gathers: PassGathers | None = None
+    """Static CP (``cp > 1``): every pack pass's K/V gathers (None for ``cp == 1`` and
+    ``compute_only`` builds)."""
 
     def __getitem__(self, key: tuple[int, int]) -> Program:
         return self.programs[key]
@@ -112,7 +122,12 @@ def build_programs(
     config = config or ExecutionConfig()
     fsdp = config.parallelism == "fsdp"
     pt = pack_times(plan, cost, lockstep=fsdp, split=config.split)
-    b = _Builder(plan, cost, config, pt)
+    gathers = (
+        cp_pass_gathers(plan, config.cp, lockstep=fsdp, split=config.split)
+        if config.cp > 1 and not compute_only
+        else None
+    )
+    b = _Builder(plan, cost, config, pt, gathers)
     order_all = common_order(plan) if fsdp else None
     programs = {}
     for r in range(plan.dp):
@@ -128,7 +143,7 @@ def build_programs(
             if not compute_only:
                 ops.extend(b.step_end(s))
             programs[(r, s)] = Program(r, s, b.device(s, r), tuple(ops))
-    return Programs(programs, pt, b.frac, plan.dp, config.pp)
+    return Programs(programs, pt, b.frac, plan.dp, config.pp, gathers)
 
 
 @dataclass(frozen=True)
@@ -151,17 +166,14 @@ class _Side:
     """Retained K/V bytes of the pack's slices (full model)."""
     act_rebuilt: list[float]
     """Backward: activation bytes of its slices whose forward ran graph-free."""
-    cp_kv: list[float]
-    """Static CP: one layer's gathered K/V (padded tokens)."""
 
     @staticmethod
-    def build(plan: StepPlan, pt: PackTimes, cost: CostModel, kind: str, cp: int) -> _Side:
+    def build(plan: StepPlan, pt: PackTimes, kind: str) -> _Side:
         fwd = kind == "F"
         pack_of = pt.s_fpack if fwd else pt.s_bpack
         n = len(pt.fwd if fwd else pt.bwd)
         pairs = causal_pairs(pt.s_start, pt.s_end)
         free = pt.f_graph_free[pt.s_fpack]
-        sp = padded(pt.s_end - pt.s_start, cp)
         return _Side(
             offset=(pt.f_offset if fwd else pt.b_offset).tolist(),
             n_packs=[len(rs.forward if fwd else rs.backward) for rs in plan.ranks],
@@ -175,23 +187,31 @@ class _Side:
             act=np.bincount(pack_of, pt.s_act, n).tolist(),
             kv=np.bincount(pack_of, pt.s_kv, n).tolist(),
             act_rebuilt=np.bincount(pack_of, np.where(free, pt.s_act, 0.0), n).tolist(),
-            cp_kv=cost.gathered_kv_bytes(np.bincount(pack_of, sp, n)).tolist(),
         )
 
 
 class _Builder:
     """The per-pass operations of one plan (shared lookups of :func:`build_programs`)."""
 
-    def __init__(self, plan: StepPlan, cost: CostModel, config: ExecutionConfig, pt: PackTimes):
+    def __init__(
+        self,
+        plan: StepPlan,
+        cost: CostModel,
+        config: ExecutionConfig,
+        pt: PackTimes,
+        gathers: PassGathers | None,
+    ):
         self.plan, self.cost, self.config, self.pt = plan, cost, config, pt
+        self.gathers = gathers
+        self.kv_per_token = float(cost.gathered_kv_bytes(1))
         self.dp, self.pp, self.v = plan.dp, config.pp, config.chunks_per_device
         self.n_chunks = config.pp * self.v
         self.frac = chunk_fractions(cost.layers, self.n_chunks)
         self.frac_list = self.frac.tolist()
         self.fsdp = config.parallelism == "fsdp"
-        self.side = {k: _Side.build(plan, pt, cost, k, config.cp) for k in "FB"}
+        self.side = {k: _Side.build(plan, pt, k) for k in "FB"}
         self.merge_kv = [
-            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g)))
+            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g, config.cp)))
             for g in range(len(plan.merges))
         ]
         counts = np.rint(self.frac * max(cost.layers, 1)).astype(int)
@@ -228,6 +248,7 @@ class _Builder:
             before.append(alloc)
             after.append(Free(alloc.what, alloc.bytes))
         before.extend(self.merge_exchange(kind, c, i, k))
+        before.extend(self.cp_exchange(kind, c, i, k, dev))
         before.extend(self.slice_allocs(kind, c, k))
         after.extend(self.slice_frees(kind, c, k))
         after.extend(self.param_scatter(kind, c, i))
@@ -279,8 +300,9 @@ class _Builder:
         g = side.merge[k]
         if g is not None:
             out.append(Alloc("gathered_kv", times * self.merge_kv[g]))
-        if self.config.cp > 1 and side.slices[k]:
-            out.append(Alloc("gathered_kv", times * side.cp_kv[k]))
+        tokens = self.gathers.largest(kind, k) if self.gathers is not None else 0
+        if tokens:
+            out.append(Alloc("gathered_kv", times * float(self.cost.gathered_kv_bytes(tokens))))
         return out
 
     def merge_exchange(self, kind: str, c: int, i: int, k: int) -> list[Collective]:
@@ -309,6 +331,31 @@ class _Builder:
                 for _ in range(per_layer)
             )
             out.append(Collective("merge_kv_reduce_scatter", group, nbytes, kind, c, i, x))
+        return out
+
+    def cp_exchange(self, kind: str, c: int, i: int, k: int, dev: int) -> list[Collective]:
+        """Static CP: every model call's per-layer K/V collectives over device ``dev``'s CP
+        group, in the runtime's order (:mod:`slimdata.hooks.cp`): the forward gathers per
+        call and layer; the backward re-runs a recomputed pack's forward first (a gather per
+        layer), then per call and layer, last first, gathers again (the attention is
+        checkpointed) and reduce-scatters the K/V gradient."""
+        if self.gathers is None:
+            return []
+        calls = (self.gathers.forward if kind == "F" else self.gathers.backward)[k]
+        layers = range(self.first_layer[c], self.first_layer[c] + self.layer_count[c])
+        group, ag, rs = (dev,), "cp_kv_all_gather", "cp_kv_reduce_scatter"
+        per_token = self.kv_per_token  # CostModel.gathered_kv_bytes of one token, one layer
+        out: list[Collective] = []
+        if kind == "F" or self.gathers.recomputed[k]:
+            for t in calls:
+                out.extend(Collective(ag, group, per_token * t, kind, c, i, x) for x in layers)
+        if kind == "F":
+            return out
+        for t in calls:
+            nbytes = per_token * t
+            for x in reversed(layers):
+                out.append(Collective(ag, group, nbytes, kind, c, i, x))
+                out.append(Collective(rs, group, nbytes, kind, c, i, x))
         return out
 
     def param_bytes(self, c: int) -> float:

@@ -18,12 +18,15 @@ gather when the executor recomputes the merge pack):
   ``chunk_factor(w, c)`` times the unsplit time per pair (:mod:`slimdata.cost.attention`, a
   published FlashAttention-3 curve): static CP ``w = s'``, ``c = s' / 2k``; a merge member's
   slice ``w = `` its document's length, ``c = `` the slice's tokens.
-- **K/V exchange, per layer.** The forward all-gathers the keys and values of the sequence
-  (``CostModel.gathered_kv_bytes``: one layer's K/V, padded tokens for static CP)
+- **K/V exchange, per layer.** The forward all-gathers the keys and values its queries read
   over the ``k`` members (alpha-beta ring: ``latency + (k - 1) / k * bytes / bandwidth``);
   the backward gathers them again and reduce-scatters their gradients (2 collectives), one
-  more gather when it re-runs the forward (``recompute=full``: 3). Intra- or inter-node
-  bandwidth by the members' placement.
+  more gather when it re-runs the forward. Static CP gathers what the runtime gathers
+  (:func:`slimdata.execution.cp.cp_gather`, the execution model's
+  :attr:`~slimdata.execution.Programs.cp_gathers`): per model call, its slices and the
+  earlier slices of their documents (the continuation prefix), each member's chunks padded
+  to the longest member's rows; a pack of several calls pays every call's collectives
+  against its attention. Intra- or inter-node bandwidth by the members' placement.
 - **Overlap.** Ring/all-gather attention sends the next K/V block while computing attention
   on the current one, so up to ``cp_overlap * (k - 1) / k`` of a member's attention time of
   that layer hides that layer's exchange; the rest is exposed. Linear layers hide none of it.
@@ -39,7 +42,8 @@ gather when the executor recomputes the merge pack):
 Example (static CP): ``k = 2``, one pack holding a 1000-token sequence whose forward takes
 10 s (8 s linear, 2 s attention, no constants) on one device: 1000 is a multiple of 4 (no
 padding), its chunks of 250 tokens and the sequence are both below the curve's first point
-(factor 1), so each member computes 5 s; with 1 layer, 1 byte of K/V per token and 100 B/s
+(factor 1), so each member computes 5 s; each member holds 500 tokens (no prefix to read),
+so the gathered buffer is 1000 tokens; with 1 layer, 1 byte of K/V per token and 100 B/s
 intra-node, the gather moves ``1000 * 1/2 = 500`` bytes, 5 s, of which
 ``(k - 1) / k * 1 s = 0.5 s`` hides behind the member's attention: 4.5 s exposed.
 """
@@ -52,6 +56,7 @@ import numpy as np
 
 from slimdata.cost import CostModel, Interconnect, causal_pairs
 from slimdata.cost.attention import attention_curve
+from slimdata.execution.cp import PassGathers
 from slimdata.execution.merge import merge_collectives, merge_layer_tokens
 from slimdata.execution.pricing import PackTimes
 from slimdata.execution.program import ExecutionConfig, padded
@@ -82,7 +87,8 @@ class CpPacks:
     group inside one node, row 1 for one spanning nodes."""
     b_comm: np.ndarray
     f_layer_kv: np.ndarray
-    """Bytes of one layer's gathered K/V per flat forward pack (held while the pack runs)."""
+    """Bytes of one layer's gathered K/V per flat forward pack (its largest call's, held
+    while the pack runs)."""
     b_layer_kv: np.ndarray
 
 
@@ -104,7 +110,7 @@ def real_devices(devices: list[int] | tuple[int, ...], groups: int, cp: int) -> 
 def exchange_exposed(
     net: Interconnect,
     layer_bytes: np.ndarray,
-    collectives: int,
+    collectives: int | np.ndarray,
     att_member: np.ndarray,
     k: int,
     layers: int,
@@ -112,7 +118,8 @@ def exchange_exposed(
     spans_nodes: bool,
 ) -> np.ndarray:
     """Exposed K/V exchange seconds over all ``layers`` (module docstring): per layer
-    ``collectives`` ring collectives of ``layer_bytes`` over ``k`` members, less up to
+    ``collectives`` ring collectives of ``layer_bytes`` each (a number or one per pack) over
+    ``k`` members, less up to
     ``overlap * (k - 1) / k`` of the member's per-layer attention time ``att_member / layers``."""
     layer_bytes = np.asarray(layer_bytes, dtype=np.float64)
     if k == 1:
@@ -130,8 +137,8 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 def _static_scales(
     pt: PackTimes, cp: int, pack: np.ndarray, n: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per pack: padded over real tokens, padded-and-slowed over real pairs, padded tokens."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per pack: padded over real tokens, padded-and-slowed over real pairs."""
     curve = attention_curve()
     s = (pt.s_end - pt.s_start).astype(np.float64)
     sp = padded(s, cp)
@@ -142,7 +149,7 @@ def _static_scales(
     att = _ratio(
         np.bincount(pack, weights=slow, minlength=n), np.bincount(pack, weights=pairs, minlength=n)
     )
-    return lin, att, tok_p
+    return lin, att
 
 
 def cp_packs(
@@ -150,30 +157,37 @@ def cp_packs(
     cost: CostModel,
     cp: int,
     net: Interconnect,
+    gathers: PassGathers | None,
     *,
-    recompute_full: bool,
     overlap: float = 1.0,
 ) -> CpPacks:
-    """Member compute, exposed exchange and gathered bytes of every pack (module docstring)."""
+    """Member compute, exposed exchange and gathered bytes of every pack (module docstring);
+    ``gathers``: the execution model's static-CP gathers (needed for ``cp > 1``)."""
     if cp == 1:
         zf, zb = np.zeros((2, len(pt.fwd))), np.zeros((2, len(pt.bwd)))
         return CpPacks(pt.fwd, pt.bwd, zf, zb, np.zeros(len(pt.fwd)), np.zeros(len(pt.bwd)))
+    assert gathers is not None, "static CP is priced from the execution model's gathers"
     layers = max(cost.layers, 1)
     out = []
-    for tot, att, const, pack, coll in (
-        (pt.fwd, pt.f_att, pt.f_const, pt.s_fpack, 1),
-        (pt.bwd, pt.b_att, pt.b_const, pt.s_bpack, 3 if recompute_full else 2),
+    for kind, tot, att, const, pack in (
+        ("F", pt.fwd, pt.f_att, pt.f_const, pt.s_fpack),
+        ("B", pt.bwd, pt.b_att, pt.b_const, pt.s_bpack),
     ):
-        lin_s, att_s, tok_p = _static_scales(pt, cp, pack, len(tot))
+        n = len(tot)
+        lin_s, att_s = _static_scales(pt, cp, pack, n)
         member_att = att * att_s / cp
         member = (tot - att - const) * lin_s / cp + member_att + const
-        kv = cost.gathered_kv_bytes(tok_p)
+        # per layer: ``coll`` collectives moving ``moved`` bytes in all (their mean each)
+        coll = np.array([gathers.collectives(kind, k) for k in range(n)], dtype=np.float64)
+        moved = cost.gathered_kv_bytes([gathers.tokens(kind, k) for k in range(n)])
+        mean = np.divide(moved, coll, out=np.zeros(n), where=coll > 0)
         comm = np.stack(
             [
-                exchange_exposed(net, kv, coll, member_att, cp, layers, overlap, spans)
+                exchange_exposed(net, mean, coll, member_att, cp, layers, overlap, spans)
                 for spans in (False, True)
             ]
         )
+        kv = cost.gathered_kv_bytes([gathers.largest(kind, k) for k in range(n)])
         out.append((member, comm, kv))
     (fwd, f_comm, f_kv), (bwd, b_comm, b_kv) = out
     return CpPacks(fwd, bwd, f_comm, b_comm, f_kv, b_kv)

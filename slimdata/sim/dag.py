@@ -148,7 +148,7 @@ def _cp_model(
         cost,
         config.cp,
         config.interconnect,
-        recompute_full=cost.recompute == "full",
+        programs.cp_gathers,
         overlap=config.cp_overlap,
     )
     doc_len = np.array([d.length for d in plan.docs], dtype=np.float64)
@@ -203,7 +203,7 @@ class _Tasks:
         self.keyed: dict[tuple, int] = {}
         self.merge_at = _merge_index(plan)
         self.merge_kv = [
-            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g)))
+            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g, config.cp)))
             for g in range(len(plan.merges))
         ]
         self.group_of = [plan.merge_of_rank(r) for r in range(plan.dp)]

@@ -259,3 +259,28 @@ def test_empty_plan_and_idle_rank():
     assert progs[(1, 0)].ops == ()
     assert peak(progs[(1, 0)]) == 0.0
     assert peak(progs[(0, 0)]) == 6.0
+
+
+def test_static_cp_lists_every_calls_kv_collectives_per_layer():
+    # doc 0 of 7 tokens cut [0,4) [4,7), forward packs [0,4) then [4,7), backward packs
+    # mirrored; cp=2, 2 layers, K/V 2 bytes per token over all layers -> 1 byte per token per
+    # layer. Members' rows: [0,4) 2 and 2, [4,7) 1 and 2 (chunks of 1), so F0 gathers
+    # 2 x 2 = 4 tokens, F1 its prefix [0,4) and [4,7): 2 x max(3, 4) = 8 tokens.
+    cost = dataclasses.replace(COST, layers=2, kv_bytes_per_token=2.0)
+    plan = _plan([([[(0, 0, 4)], [(0, 4, 7)]], [[(0, 4, 7)], [(0, 0, 4)]])], [7])
+    prog = build_programs(plan, cost, ExecutionConfig(cp=2))[(0, 0)]
+    got = [(c.kind[6:], c.pass_, c.pack, c.layer, c.bytes) for c in prog.collectives()]
+    assert all(c.kind.startswith("cp_kv_") and c.group == (0,) for c in prog.collectives())
+    assert got == [
+        ("all_gather", "F", 0, 0, 4.0), ("all_gather", "F", 0, 1, 4.0),
+        ("all_gather", "F", 1, 0, 8.0), ("all_gather", "F", 1, 1, 8.0),
+        # backward: per layer, last first, gather again and reduce-scatter the gradient
+        ("all_gather", "B", 0, 1, 8.0), ("reduce_scatter", "B", 0, 1, 8.0),
+        ("all_gather", "B", 0, 0, 8.0), ("reduce_scatter", "B", 0, 0, 8.0),
+        ("all_gather", "B", 1, 1, 4.0), ("reduce_scatter", "B", 1, 1, 4.0),
+        ("all_gather", "B", 1, 0, 4.0), ("reduce_scatter", "B", 1, 0, 4.0),
+    ]  # fmt: skip
+    # held while each pass runs: half the slices' bytes (act 1 + K/V 2 per token) plus one
+    # layer's gathered K/V, twice in the backward: F0 6 + 4, F1 10.5 + 8, B0 10.5 + 16,
+    # B1 (after B0 freed [4,7)) 6 + 8
+    assert levels(prog).tolist() == [10.0, 18.5, 26.5, 14.0]

@@ -1,7 +1,9 @@
 """Rank bodies of the execution-model test: what ``run_step`` actually does on a rank (model
 calls per pack, floating-point collectives with their group and bytes), recorded by wrapping
 the model call and ``torch.distributed``'s collectives, next to the execution model's program
-for that rank."""
+for that rank. Under static CP (``cp = k``) process ``r`` runs DP rank ``r // k``'s program,
+whose groups name devices that stand for ``k`` processes each
+(:func:`slimdata.sim.cp.real_devices`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from slimdata.hooks.callbacks import Callback
 
 from slimdata.cost import CostModel, ModelConfig
 from slimdata.execution import Collective, Compute, ExecutionConfig, build_programs
+from slimdata.execution.cp import cp_chunks
+from slimdata.plan import split_calls
+from slimdata.sim.cp import real_devices
 
 TINY = ModelConfig(
     name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=64, dtype_bytes=4
@@ -37,6 +42,26 @@ def random_case(seed: int, world: int, mode: str = "free"):
     return toks, plan
 
 
+def random_cp_case(seed: int, dp: int, cp: int, mode: str = "free"):
+    """A slimpack plan solved for static CP (``Layout(cp=cp)``) with one document longer than
+    a pack (cut into slices across packs; at ``dp > 1`` slimpack may merge it)."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(5, 140) for _ in range(rng.randint(2, 6))] + [rng.randint(520, 900)]
+    plan, toks = solver_case(
+        lengths, "slimpack", dp, seed, context=512, mode=mode, memory_gib=4, cp=cp
+    )
+    return toks, plan
+
+
+def cut_across_packs(plan) -> bool:
+    """Does some rank run one document's slices in more than one forward pack?"""
+    return any(
+        len({i for i, p in enumerate(rs.forward) for s in p.slices if s.doc == d}) > 1
+        for rs in plan.ranks
+        for d in {s.doc for s in rs.slices()}
+    )
+
+
 class _Recorder(Callback):
     def __init__(self) -> None:
         self.packs: list[Pack] = []
@@ -54,14 +79,19 @@ def _group_ranks(group) -> tuple[int, ...]:
     return tuple(sorted(dist.get_process_group_ranks(group)))
 
 
-def _kind(group, merge_kind: str, other_kind: str) -> str:
-    merge_groups = set(map(id, merge_rt._GROUPS.values()))
-    return merge_kind if id(group) in merge_groups else other_kind
+def _kind(group, what: str, other_kind: str, cp: int) -> str:
+    """``merge_kv_<what>`` on a merge group's subgroup, ``cp_kv_<what>`` on a CP group's (the
+    ``cp`` processes of one DP rank), else ``other_kind`` (FSDP's)."""
+    if id(group) not in set(map(id, merge_rt._GROUPS.values())):
+        return other_kind
+    ranks = _group_ranks(group)
+    cp_group = cp > 1 and ranks == tuple(range(ranks[0], ranks[0] + cp)) and ranks[0] % cp == 0
+    return f"{'cp' if cp_group else 'merge'}_kv_{what}"
 
 
-def record(model, payload, fsdp: bool) -> tuple[list[Pack], list]:
-    """Run ``payload`` and return (per pack: calls, tokens, collectives; collectives after
-    the last pack)."""
+def record(model, payload, fsdp: bool, cp: int = 1) -> tuple[list[Pack], list]:
+    """Run ``payload`` (at static CP ``cp``) and return (per pack: calls, tokens,
+    collectives; collectives after the last pack)."""
     rec = _Recorder()
     saved = {
         n: getattr(dist, n)
@@ -82,7 +112,7 @@ def record(model, payload, fsdp: bool) -> tuple[list[Pack], list]:
         if t.is_floating_point():
             rec.coll.append(
                 (
-                    _kind(group, "merge_kv_all_gather", "fsdp_all_gather"),
+                    _kind(group, "all_gather", "fsdp_all_gather", cp),
                     _group_ranks(group),
                     sum(p.numel() * p.element_size() for p in parts),
                 )
@@ -90,11 +120,11 @@ def record(model, payload, fsdp: bool) -> tuple[list[Pack], list]:
         return saved["all_gather"](parts, t, group=group, **kw)
 
     def all_gather_into_tensor(out, t, group=None, **kw):
-        log(_kind(group, "merge_kv_all_gather", "fsdp_all_gather"), group, out)
+        log(_kind(group, "all_gather", "fsdp_all_gather", cp), group, out)
         return saved["all_gather_into_tensor"](out, t, group=group, **kw)
 
     def reduce_scatter_tensor(out, t, op=dist.ReduceOp.SUM, group=None, **kw):
-        log(_kind(group, "merge_kv_reduce_scatter", "fsdp_reduce_scatter"), group, t)
+        log(_kind(group, "reduce_scatter", "fsdp_reduce_scatter", cp), group, t)
         return saved["reduce_scatter_tensor"](out, t, op=op, group=group, **kw)
 
     def all_gather_single(output_tensor, input_tensor, group=None, **kw):
@@ -126,7 +156,12 @@ def record(model, payload, fsdp: bool) -> tuple[list[Pack], list]:
         setattr(dist, n, f)
     try:
         run_step(
-            model, payload, forward=forward, reduce_grads=None if fsdp else True, callbacks=[rec]
+            model,
+            payload,
+            forward=forward,
+            reduce_grads=None if fsdp else True,
+            callbacks=[rec],
+            cp=cp,
         )
     finally:
         for n, f in saved.items():
@@ -134,11 +169,15 @@ def record(model, payload, fsdp: bool) -> tuple[list[Pack], list]:
     return rec.packs, rec.coll
 
 
-def expected(plan, rank: int, model: torch.nn.Module, fsdp: bool) -> tuple[list[Pack], list]:
-    """The same, read off the execution model's program of ``rank``."""
+def expected(
+    plan, rank: int, model: torch.nn.Module, fsdp: bool, cp: int = 1, member: int = 0
+) -> tuple[list[Pack], list]:
+    """The same, read off the execution model's program of DP ``rank``, its groups' devices
+    mapped to the processes they stand for; under static CP the model runs CP ``member``'s
+    tokens."""
     n_params = sum(p.numel() for p in model.parameters())
     cost = dataclasses.replace(CostModel.analytic(TINY, "h100", "none"), param_count=n_params)
-    config = ExecutionConfig(parallelism="fsdp" if fsdp else "ddp", grad_bytes=4)
+    config = ExecutionConfig(parallelism="fsdp" if fsdp else "ddp", grad_bytes=4, cp=cp)
     program = build_programs(plan, cost, config)[(rank, 0)]
     packs: list[Pack] = []
     pending: list[Collective] = []
@@ -146,15 +185,19 @@ def expected(plan, rank: int, model: torch.nn.Module, fsdp: bool) -> tuple[list[
         if isinstance(op, Collective):
             pending.append(op)
         elif isinstance(op, Compute):
-            packs.append((op.pass_, op.pack, op.calls, _model_tokens(op), ()))
+            tokens = (
+                _model_tokens(op) if cp == 1 else _member_tokens(plan.ranks[rank], op, cp, member)
+            )
+            packs.append((op.pass_, op.pack, op.calls, tokens, ()))
     # a pass's collectives belong to its pack; DDP's all-reduce ends the step
     by_pack: dict[tuple[str, int], list] = {}
     tail = []
     for op in pending:
+        row = (op.kind, tuple(real_devices(op.group, plan.dp, cp)), round(op.bytes))
         if op.pass_:
-            by_pack.setdefault((op.pass_, op.pack), []).append((op.kind, op.group, round(op.bytes)))
+            by_pack.setdefault((op.pass_, op.pack), []).append(row)
         else:
-            tail.append((op.kind, op.group, round(op.bytes)))
+            tail.append(row)
     packs = [(p, i, c, t, tuple(by_pack.get((p, i), ()))) for p, i, c, t, _ in packs]
     return packs, tail
 
@@ -167,13 +210,33 @@ def _model_tokens(op: Compute) -> int:
     return 0
 
 
+def _member_tokens(rs, op: Compute, cp: int, member: int) -> int:
+    """Static CP: tokens ``member`` runs through the model in a pass, its chunks of every
+    call's slices (:func:`slimdata.execution.cp.cp_chunks`; an empty share runs one padding
+    token, as does a dummy call)."""
+    if op.pass_ == "B" and not op.recompute:
+        return 0
+    if not op.tokens:
+        return op.calls
+    if op.pass_ == "B":
+        calls = [rs.backward[op.pack].slices]
+    elif op.calls > 1:  # split by backward pack
+        calls = [sl for _j, sl in split_calls(rs.forward, rs.backward).forward[op.pack]]
+    else:
+        calls = [rs.forward[op.pack].slices]
+    return sum(
+        max(sum(b - a for s in sl for a, b in cp_chunks(s.start, s.end, cp, member)), 1)
+        for sl in calls
+    )
+
+
 def _param_collectives_per_pass(packs: list[Pack]) -> list[Pack]:
     """FSDP2 issues one parameter collective per sharded unit (the model's wrapping) and
     pads shards; the program lists one per pass for the whole model: compare merge exchanges
     exactly and, per pass, which parameter collectives run over which group."""
     out = []
     for p, i, c, t, coll in packs:
-        merge = tuple(x for x in coll if x[0].startswith("merge"))
+        merge = tuple(x for x in coll if x[0].startswith(("merge", "cp_kv")))
         params = sorted({(x[0], x[1], 0) for x in coll if x[0].startswith("fsdp")})
         out.append((p, i, c, t, (*merge, *params)))
     return out
@@ -204,4 +267,33 @@ def runtime_vs_program(rank: int, world: int, seeds: list[int], named: list[str]
             got = (_param_collectives_per_pass(got[0]), got[1])
             want = (_param_collectives_per_pass(want[0]), want[1])
         out.append((name, got, want))
+    return out
+
+
+def runtime_vs_program_cp(rank: int, world: int, seeds: list[int], named: list[str]) -> list:
+    """Static CP at ``cp = 2`` (DP rank ``rank // 2``): per case, (recorded, expected,
+    some document cut across packs?). Random slimpack plans solved with ``Layout(cp=2)``
+    (free mode, a bare module with ``reduce_grads=True``; and one lockstep plan under FSDP2)
+    and hand plans of :mod:`cp_workers`."""
+    import cp_workers
+
+    cp = 2
+    dp = world // cp
+    cases = [(f"cp_seed{s}", *random_cp_case(s, dp, cp)) for s in seeds]
+    for name in named:
+        lengths, plan = cp_workers.PLANS[name]()
+        cases.append((name, doc_tokens(lengths, seed=3), plan))
+    cases.append(("fsdp:cp_random", *random_cp_case(seeds[0] + 100, dp, cp, mode="lockstep")))
+    out = []
+    for name, toks, plan in cases:
+        fsdp = name.startswith("fsdp:")
+        model = TinyLM(seed=1)
+        want = expected(plan, rank // cp, model, fsdp, cp, rank % cp)
+        if fsdp:
+            model = _fully_shard(model, world)
+        got = record(model, make_payload(plan, rank // cp, toks), fsdp, cp)
+        if fsdp:
+            got = (_param_collectives_per_pass(got[0]), got[1])
+            want = (_param_collectives_per_pass(want[0]), want[1])
+        out.append((name, got, want, cut_across_packs(plan)))
     return out

@@ -147,9 +147,9 @@ def random_rank_plan(rng: random.Random, lengths, max_cuts=3, nf=None, nb=None):
     return [p for p in F if p], [p for p in B if p]
 
 
-def solver_case(lengths, strategy, dp, seed, context=256, mode="free", memory_gib=1):
+def solver_case(lengths, strategy, dp, seed, context=256, mode="free", memory_gib=1, cp=1):
     """A validated solver plan for a tiny model and the token arrays of its documents
-    (pieces of split documents cut at ``Document.offset``)."""
+    (pieces of split documents cut at ``Document.offset``); ``cp``: planned for static CP."""
     from slimdata.cost import CostModel, ModelConfig
     from slimdata.docsource import documents_from_lengths
     from slimdata.solver import Layout, solve
@@ -158,7 +158,9 @@ def solver_case(lengths, strategy, dp, seed, context=256, mode="free", memory_gi
         name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=VOCAB, dtype_bytes=4
     )
     docs = documents_from_lengths(lengths, slice_tokens=128)
-    layout = Layout(dp=dp, context=context, pack_tokens=context, memory_gib=memory_gib, mode=mode)
+    layout = Layout(
+        dp=dp, cp=cp, context=context, pack_tokens=context, memory_gib=memory_gib, mode=mode
+    )
     plan = solve(
         docs, layout, strategy, seed=seed, cost=CostModel.analytic(tiny, "h100", "none")
     ).validate()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import cp_workers as W
 import pytest
+from execution_workers import TINY
 from slimdata.hooks.distributed import run_distributed
 
-from slimdata.execution import padded
+from slimdata.cost import CostModel
+from slimdata.execution import ExecutionConfig, build_programs, padded
 from slimdata.execution.cp import cp_chunks
 
 pytestmark = pytest.mark.timeout(300)
@@ -38,6 +40,7 @@ def test_cp2_on_two_processes():
     want += [("B", i, 2, 2, [rows[2 - i] * 128] * 2) for i in range(3)]  # backward packs reversed
     assert res[0][1] == want
     assert res[1][1] == want
+    assert _listed(W.PLANS["one_rank"]()[1]) == want  # the execution model lists the same
     assert (
         res[0][2]
         == res[1][2]
@@ -47,6 +50,22 @@ def test_cp2_on_two_processes():
             "cp=0: static context parallelism needs an integer >= 1",
         ]
     )
+
+
+def _listed(plan) -> list:
+    """Per pack of ``plan``'s DP rank 0 at cp=2: what the execution model lists, in the
+    recorder's shape (pass, pack, K/V all-gathers, reduce-scatters, all-gather bytes)."""
+    prog = build_programs(plan, CostModel.analytic(TINY, "h100", "none"), ExecutionConfig(cp=2))
+    out = []
+    for op in prog[(0, 0)].computes():
+        mine = [
+            c
+            for c in prog[(0, 0)].collectives()
+            if (c.pass_, c.pack) == (op.pass_, op.pack) and c.kind.startswith("cp_kv_")
+        ]
+        gathers = [round(c.bytes) for c in mine if c.kind == "cp_kv_all_gather"]
+        out.append((op.pass_, op.pack, len(gathers), len(mine) - len(gathers), gathers))
+    return out
 
 
 @pytest.mark.slow

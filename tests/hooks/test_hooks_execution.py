@@ -2,7 +2,8 @@
 pack passes in program order with their model calls and tokens, and every floating-point
 collective with its group and bytes, recorded on CPU gloo for random solver plans (slimpack
 with DP-Merge, baselines), hand-built merge plans and FSDP2 lockstep plans (FSDP2's parameter
-collectives per pass and group: it issues one per sharded unit, the program one per pass)."""
+collectives per pass and group: it issues one per sharded unit, the program one per pass),
+and static CP (cp=2: every K/V all-gather and reduce-scatter of every model call)."""
 
 from __future__ import annotations
 
@@ -40,4 +41,37 @@ def test_runtime_runs_the_program_four_ranks():
     )
     kinds = _assert_equal(res)
     assert {"merge_kv_all_gather", "merge_kv_reduce_scatter", "ddp_all_reduce"} <= kinds
+    assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds
+
+
+def _assert_equal_cp(results):
+    kinds, cut = set(), False
+    for rank, cases in enumerate(results):
+        for name, got, want, cut_doc in cases:
+            assert got == want, f"process {rank}, case {name}"
+            kinds.update(c[0] for pack in want[0] for c in pack[4])
+            kinds.update(c[0] for c in want[1])
+            cut |= cut_doc
+    assert cut  # a document's slices ran in several packs (the gathers read their prefix)
+    return kinds
+
+
+def test_runtime_runs_the_program_static_cp_two_processes():
+    res = run_distributed(
+        X.runtime_vs_program_cp, 2, [0, 3], ["one_rank_asym", "lone_token"], timeout_s=500
+    )
+    kinds = _assert_equal_cp(res)
+    # not vacuous: static CP's exchanges, DDP's all-reduce and FSDP's collectives compared
+    assert {"cp_kv_all_gather", "cp_kv_reduce_scatter", "ddp_all_reduce"} <= kinds
+    assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds
+
+
+@pytest.mark.slow
+def test_runtime_runs_the_program_static_cp_four_processes():
+    res = run_distributed(
+        X.runtime_vs_program_cp, 4, [0, 1], ["two_ranks_asym", "merge2"], timeout_s=580
+    )
+    kinds = _assert_equal_cp(res)
+    assert {"cp_kv_all_gather", "cp_kv_reduce_scatter", "ddp_all_reduce"} <= kinds
+    assert {"merge_kv_all_gather", "merge_kv_reduce_scatter"} <= kinds
     assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds

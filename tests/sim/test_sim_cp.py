@@ -10,6 +10,7 @@ from test_sim_properties import random_plan
 
 from slimdata.cost import CostModel, Interconnect
 from slimdata.errors import ConfigError, PlanError
+from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 from slimdata.sim import SimConfig, simulate_step
 from slimdata.sim.cp import cp_peak_memory, real_devices
 from slimdata.solver.layout import Layout
@@ -35,15 +36,59 @@ def test_one_pack_cp2_known_time():
     assert sorted(set(r.timeline["device"].tolist())) == [0, 1]
 
 
-def test_full_recompute_pays_a_third_backward_gather():
-    # recompute="full": B runs 3 collectives, 6 s, 1 s hidden -> 5 s exposed; retained K/V
-    # (4 GB, halved: 2 GB) is held from F to B on top of the gathered buffers.
+def test_full_recompute_regathers_once_per_layer():
+    # recompute="full": the layer's recomputation re-gathers (the attention inside it is not
+    # checkpointed again), so B still runs 2 collectives, 4 s, 1 s hidden -> 3 s exposed, as
+    # without recompute; retained K/V (4 GB, halved: 2 GB) is held from F to B on top of the
+    # gathered buffers.
     plan = whole_doc_plan([[[4]]])
     r = simulate_step(
         plan, kv_cost("full"), Layout(dp=2, context=128), SimConfig(cp=2, interconnect=NET)
     )
-    assert r.step_time == pytest.approx(5 + 1.5 + 10 + 5)
+    assert r.step_time == pytest.approx(5 + 1.5 + 10 + 3)
     assert r.peak_memory.max() == pytest.approx(2 + 2e9 + 8e9)
+
+
+def test_a_recomputed_pack_pays_a_third_backward_gather():
+    # doc 0 [0,4) and doc 1 [0,4) in one forward pack, backward packs [d1] then [d0]: not a
+    # union, so with asymmetric="recompute" the forward runs graph-free and each backward
+    # pack re-runs its forward (one gather) before its gather and reduce-scatter.
+    # Linear only (1 s/token F, 2 s B), 1 GB of K/V per token, no attention to hide behind.
+    # Graph-free F: 8 tokens / 2 members = 4 s (graph_free_scale 1); its one call gathers
+    # 2 x 4 rows = 8 GB -> (1/2) * 8 GB at 1 GB/s = 4 s. Each B: forward 4 / 2 = 2 s and
+    # backward 8 / 2 = 4 s of compute, 3 collectives of 4 GB = 3 * 2 s = 6 s: 12 s.
+    docs = (Document(0, 4), Document(1, 4))
+    a, b = Slice(0, 0, 4), Slice(1, 0, 4)
+    rs = RankStep(0, (MicroPack((a, b)),), (MicroPack((b,)), MicroPack((a,))))
+    plan = StepPlan(0, "test", docs, (rs,)).validate()
+    c = CostModel(**{**linear_cost().to_dict(), "kv_bytes_per_token": 1e9})
+    cfg = SimConfig(cp=2, interconnect=NET, asymmetric="recompute")
+    r = simulate_step(plan, c, Layout(dp=2, context=128), cfg)
+    assert r.step_time == pytest.approx(4 + 4 + 2 * 12)
+
+
+def test_static_cp_exchanges_the_continuation_prefix():
+    # doc 0 of 7 tokens cut [0,4) [4,7) over two forward packs, backward packs mirrored;
+    # cp=2, 1 layer, linear only (1 s/token F, 2 s B), 1 GB of K/V per token, 1 GB/s, so
+    # every collective of g gathered tokens costs (1/2) * g s and nothing hides it.
+    # members' rows: [0,4) chunks of 1: member 0 [0,1) [3,4), member 1 [1,3) -> 2 and 2;
+    # [4,7) chunks of 1: member 0 [4,5), member 1 [5,7) -> 1 and 2.
+    # F0 gathers [0,4): 2 x 2 = 4 tokens -> 2 s; F1 gathers its prefix [0,4) and [4,7):
+    # member 0 3 rows, member 1 4 -> 2 x 4 = 8 tokens -> 4 s (the slice alone, padded to
+    # 2 * cp, would be 4 tokens). B of [4,7): gather + reduce-scatter of 8 -> 8 s; B of
+    # [0,4): 2 x 2 s = 4 s. Compute per member: F 4 / 2 = 2 s, F 3 padded to 4 / 2 = 2 s,
+    # B 4 s and 4 s.
+    docs = (Document(0, 7),)
+    s0, s1 = Slice(0, 0, 4), Slice(0, 4, 7)
+    rs = RankStep(0, (MicroPack((s0,)), MicroPack((s1,))), (MicroPack((s1,)), MicroPack((s0,))))
+    plan = StepPlan(0, "test", docs, (rs,)).validate()
+    c = CostModel(**{**linear_cost().to_dict(), "kv_bytes_per_token": 1e9})
+    r = simulate_step(plan, c, Layout(dp=2, context=128), SimConfig(cp=2, interconnect=NET))
+    assert r.step_time == pytest.approx((2 + 2 + 4 + 4) + (2 + 4 + 8 + 4))
+    assert r.comm.tolist() == [[pytest.approx(18.0)] * 2]
+    # the gathered layer K/V held: F1's 8 GB, twice in B of [4,7) (with gradients): 16 GB
+    # on top of half the slices' 7 bytes of activations and 7 GB of K/V
+    assert r.peak_memory.max() == pytest.approx(3.5 + 3.5e9 + 16e9)
 
 
 def test_inter_node_cp_group_and_overlap_off():

@@ -9,7 +9,7 @@ Tiny model for hand-counted bytes: 1 layer, hidden 2, 1 head of 2 (kv_dim 2), ff
 from __future__ import annotations
 
 import pytest
-from sim_helpers import kv_cost, whole_doc_plan
+from sim_helpers import kv_cost, merge_plan, whole_doc_plan
 
 from slimdata.cost import CostModel, Interconnect, ModelConfig
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
@@ -56,15 +56,17 @@ def test_kv_counted_once_by_solver_and_simulator(policy, act, peak):
 
 
 def test_profiled_model_is_simulated_with_its_recompute_field():
-    # the CP2 case of test_sim_cp: F 5 + 1.5 s exposed, B 10 s + exchange; full recompute
-    # gathers once more in the backward (3 collectives: 6 s, 1 s hidden -> 5 s, else 3 s).
+    # a 4-token document merged over 2 ranks (shares of 2): every K/V collective of its
+    # merge pack moves 2 x 2 tokens x 1 GB, half of it over the ring at 1 GB/s: 2 s. Under
+    # the field recompute="full" the merge pack's backward gathers once more
+    # (slimdata.execution.merge.merge_collectives): 2 s more, the rest unchanged.
     # The label says nothing (a profile's) or the opposite: only the field counts.
-    plan = whole_doc_plan([[[4]]])
-    lay, cfg = Layout(dp=2, context=128), SimConfig(cp=2, interconnect=NET)
+    plan = merge_plan()
+    lay, cfg = Layout(dp=2, context=128), SimConfig(interconnect=NET)
     base = kv_cost().to_dict()
     full = CostModel(
         **{**base, "recompute": "full", "source": "profile:cpu", "label": "t@cpu/float32"}
     )
-    assert simulate_step(plan, full, lay, cfg).step_time == pytest.approx(5 + 1.5 + 10 + 5)
     none = CostModel(**{**base, "recompute": "none", "label": "t@h100/full"})
-    assert simulate_step(plan, none, lay, cfg).step_time == pytest.approx(5 + 1.5 + 10 + 3)
+    t_full = simulate_step(plan, full, lay, cfg).step_time
+    assert t_full == pytest.approx(simulate_step(plan, none, lay, cfg).step_time + 2.0)
