@@ -157,9 +157,9 @@ class CostModel:
     profile`` measures it. Use ``pack_forward(..., graph=False)`` to apply it."""
     recompute: Recompute = "none"
     """Activation recompute policy the coefficients assume (``none``, ``selective`` or
-    ``full``). The simulator and the solver read it: ``full`` re-runs the forward inside the
-    backward, so a DP-Merge or context-parallel backward gathers keys/values once more.
-    ``slimdata profile`` measures the runtime, which runs no recompute: ``none``."""
+    ``full``). The solver's memory advice and the runtime read it (``plan.meta["recompute"]``
+    is the policy ``run_step`` runs); a K/V exchange costs the same under every policy, as a
+    checkpointed layer's recomputation is the backward's re-gather. ``slimdata profile`` measures the runtime, which runs no recompute: ``none``."""
     source: str = "analytic"
     """Where the coefficients came from: ``analytic`` or ``profile:<device>``."""
     label: str = ""

@@ -6,7 +6,6 @@ model (:mod:`slimdata.sim.cp`) times them.
 
 from __future__ import annotations
 
-from slimdata.cost import CostModel
 from slimdata.execution.cp import member_tokens
 from slimdata.plan import StepPlan
 from slimdata.plan.pipeline import merge_exchange_tokens
@@ -35,14 +34,16 @@ def merge_layer_tokens(plan: StepPlan, group: int, cp: int = 1) -> int:
     )
 
 
-def merge_collectives(kind: str, cost: CostModel, recomputed: bool = False) -> int:
+def merge_collectives(kind: str, recomputed: bool = False) -> int:
     """Ring collectives per layer of a merge pack, each over :func:`merge_layer_tokens`'s
     keys/values, as the runtime issues them (:mod:`slimdata.hooks.merge`): the forward
     all-gathers the members' keys/values (1); the backward gathers them again (its attention
-    is checkpointed, so a member holds one layer's gathered K/V at a time) and
+    is checkpointed, so a member holds one layer's gathered K/V at a time; under
+    ``recompute="full"`` the layer's own recomputation is that re-gather) and
     reduce-scatters their gradient, each member receiving the summed gradient of its own rows
-    (2); a backward that re-runs the forward first gathers once more (3): a merge pack
-    ``recomputed`` by the executor (lockstep FSDP rules), or any with ``recompute="full"``."""
+    (2); a merge pack ``recomputed`` whole by the executor (lockstep FSDP rules) first
+    re-runs its forward, one gather more (3).
+    The recompute policy changes no count."""
     if kind == "F":
         return 1
-    return 3 if recomputed or cost.recompute == "full" else 2
+    return 3 if recomputed else 2

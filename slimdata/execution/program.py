@@ -324,7 +324,7 @@ class _Builder:
             Collective("merge_kv_all_gather", group, nbytes, kind, c, i, x)
             for x in (layers if recomputed else ())
         ]
-        per_layer = merge_collectives(kind, self.cost, recomputed) - 1 - int(recomputed)
+        per_layer = merge_collectives(kind, recomputed) - 1 - int(recomputed)
         for x in reversed(layers):
             out.extend(
                 Collective("merge_kv_all_gather", group, nbytes, kind, c, i, x)

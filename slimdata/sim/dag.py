@@ -267,7 +267,7 @@ class _Tasks:
         t = exchange_exposed(
             self.net,
             np.array([self.merge_kv[gi]]),
-            merge_collectives(kind, self.cost, bool(kind == "B" and pt.b_recomputed[off])),
+            merge_collectives(kind, bool(kind == "B" and pt.b_recomputed[off])),
             np.array([att]),
             len(grp.ranks),
             max(self.cost.layers, 1),

@@ -89,9 +89,11 @@ def _kind(group, what: str, other_kind: str, cp: int) -> str:
     return f"{'cp' if cp_group else 'merge'}_kv_{what}"
 
 
-def record(model, payload, fsdp: bool, cp: int = 1) -> tuple[list[Pack], list]:
-    """Run ``payload`` (at static CP ``cp``) and return (per pack: calls, tokens,
-    collectives; collectives after the last pack)."""
+def record(
+    model, payload, fsdp: bool, cp: int = 1, recompute: str | None = None
+) -> tuple[list[Pack], list]:
+    """Run ``payload`` (at static CP ``cp``, under ``recompute``: default the plan's) and
+    return (per pack: calls, tokens, collectives; collectives after the last pack)."""
     rec = _Recorder()
     saved = {
         n: getattr(dist, n)
@@ -162,6 +164,7 @@ def record(model, payload, fsdp: bool, cp: int = 1) -> tuple[list[Pack], list]:
             reduce_grads=None if fsdp else True,
             callbacks=[rec],
             cp=cp,
+            recompute=recompute,
         )
     finally:
         for n, f in saved.items():
@@ -170,13 +173,19 @@ def record(model, payload, fsdp: bool, cp: int = 1) -> tuple[list[Pack], list]:
 
 
 def expected(
-    plan, rank: int, model: torch.nn.Module, fsdp: bool, cp: int = 1, member: int = 0
+    plan,
+    rank: int,
+    model: torch.nn.Module,
+    fsdp: bool,
+    cp: int = 1,
+    member: int = 0,
+    recompute: str = "none",
 ) -> tuple[list[Pack], list]:
-    """The same, read off the execution model's program of DP ``rank``, its groups' devices
-    mapped to the processes they stand for; under static CP the model runs CP ``member``'s
-    tokens."""
+    """The same, read off the execution model's program of DP ``rank`` for a cost model
+    of the ``recompute`` policy, its groups' devices mapped to the processes they stand for;
+    under static CP the model runs CP ``member``'s tokens."""
     n_params = sum(p.numel() for p in model.parameters())
-    cost = dataclasses.replace(CostModel.analytic(TINY, "h100", "none"), param_count=n_params)
+    cost = dataclasses.replace(CostModel.analytic(TINY, "h100", recompute), param_count=n_params)
     config = ExecutionConfig(parallelism="fsdp" if fsdp else "ddp", grad_bytes=4, cp=cp)
     program = build_programs(plan, cost, config)[(rank, 0)]
     packs: list[Pack] = []
@@ -244,25 +253,29 @@ def _param_collectives_per_pass(packs: list[Pack]) -> list[Pack]:
 
 def runtime_vs_program(rank: int, world: int, seeds: list[int], named: list[str]) -> list:
     """Per case: (recorded, expected) for this rank. Free-mode cases run a bare module with
-    ``reduce_grads=True`` (DDP's reduction); ``fsdp:`` cases run FSDP2 on a lockstep plan."""
+    ``reduce_grads=True`` (DDP's reduction); ``fsdp:`` cases run FSDP2 on a lockstep plan;
+    ``full:`` cases run with every layer checkpointed (``recompute="full"``), priced by a
+    cost model of that policy."""
     cases = [(f"seed{s}", *random_case(s, world)) for s in seeds]
     for name in named:
+        base = name.split(":")[-1]
         if name.startswith("fsdp:"):
-            toks, plan = FSDP_PLANS[name[5:]]()
+            toks, plan = FSDP_PLANS[base]()
         else:
-            toks, plan = PLANS[name]()
-            if not name.startswith("solver"):  # hand plans give lengths
+            toks, plan = PLANS[base]()
+            if not base.startswith("solver"):  # hand plans give lengths
                 toks = doc_tokens(toks, seed=7)
         cases.append((name, toks, plan))
     cases.append(("fsdp:random", *random_case(seeds[0] + 100, world, mode="lockstep")))
     out = []
     for name, toks, plan in cases:
         fsdp = name.startswith("fsdp:")
+        policy = "full" if name.startswith("full:") else "none"
         model = TinyLM(seed=1)
-        want = expected(plan, rank, model, fsdp)
+        want = expected(plan, rank, model, fsdp, recompute=policy)
         if fsdp:
             model = _fully_shard(model, world)
-        got = record(model, make_payload(plan, rank, toks), fsdp)
+        got = record(model, make_payload(plan, rank, toks), fsdp, recompute=policy)
         if fsdp:
             got = (_param_collectives_per_pass(got[0]), got[1])
             want = (_param_collectives_per_pass(want[0]), want[1])

@@ -67,4 +67,4 @@ def test_merge_exchange_bytes_are_the_simulators():
     _lengths, plan = R.plan_member_only2()
     assert merge_layer_tokens(plan, 0) == 32
     assert cost.kv_bytes_per_token / cost.layers * merge_layer_tokens(plan, 0) == 4096
-    assert (merge_collectives("F", cost), merge_collectives("B", cost)) == (1, 2)
+    assert (merge_collectives("F"), merge_collectives("B")) == (1, 2)

@@ -34,6 +34,16 @@ def test_runtime_runs_the_program_two_ranks():
     assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds
 
 
+def test_runtime_runs_the_program_under_full_recompute():
+    # every layer checkpointed: a merge pack's backward re-gathers its keys/values once per
+    # layer inside the layer's recomputation, then reduce-scatters their gradient, as with
+    # no recompute (2 collectives per layer); only a pack the executor re-runs whole gathers
+    # a third time
+    res = run_distributed(X.runtime_vs_program, 2, [1], ["full:merge2", "full:solver2"])
+    kinds = _assert_equal(res)
+    assert {"merge_kv_all_gather", "merge_kv_reduce_scatter", "ddp_all_reduce"} <= kinds
+
+
 @pytest.mark.slow
 def test_runtime_runs_the_program_four_ranks():
     res = run_distributed(

@@ -403,7 +403,9 @@ def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
     # a 5-token document merged over 2 ranks, shares 2 ([0, 2)) and 3 ([2, 5)); the runtime
     # pads every share to 3, so each collective moves 2 * 3 = 6 tokens' K/V: 6 GB per layer
     # (1 layer, 1 GB/token); over 2 ranks at 1 GB/s a ring collective takes 6 * 1/2 = 3 s.
-    # F: 1 all-gather; B: 1 re-gather and 1 reduce-scatter (+ 1 gather with recompute=full).
+    # F: 1 all-gather; B: 1 re-gather and 1 reduce-scatter, under every recompute policy
+    # (with recompute=full the layer's recomputation is the re-gather: what the runtime
+    # issues, recorded in tests/hooks/test_hooks_execution.py).
     plan = merge_plan(length=5, cut=2)
     assert merge_layer_tokens(plan, 0) == 6
     cost = linear_cost()  # F 1 s, B 2 s per token, no attention (nothing hides)
@@ -414,9 +416,9 @@ def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
     assert r.comm.tolist() == [[9.0, 9.0]]
     assert r.step_time == pytest.approx(18.0)
     full = type(cost)(**{**cost.to_dict(), "recompute": "full"})
-    r = simulate_step(plan, full, Layout(dp=2, context=128), cfg)  # B 9 s of exchange
-    assert r.comm.tolist() == [[12.0, 12.0]]
-    assert r.step_time == pytest.approx(21.0)
+    r = simulate_step(plan, full, Layout(dp=2, context=128), cfg)
+    assert r.comm.tolist() == [[9.0, 9.0]]
+    assert r.step_time == pytest.approx(18.0)
 
 
 def test_interleaved_runs_a_lagged_plan_without_serialising_round_trips():
