@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from slimdata.errors import PlanError
 from slimdata.execution.cp import cp_chunks
+from slimdata.execution.merge import merge_layer_tokens
 from slimdata.plan import RankPlan, Slice, StepPlan
 
 __all__ = ["MergeRuntime", "gather_kv", "merge_group"]
@@ -140,7 +141,10 @@ class MergeRuntime:
                     )
             self.layout[r] = sl
         self.processes = merge_processes(self.members, self.cp)
-        self.maxlen = max(sum(b - a for _s, a, b in self.rows(p)) for p in self.processes)
+        # rows every process sends: the one rule the execution model prices
+        self.maxlen = merge_layer_tokens(self.plan, self.group_index, self.cp) // len(
+            self.processes
+        )
         self.group = merge_group(self.processes)
         self.index = self.processes.index(self.rank if self.process is None else self.process)
         self.docs = docs

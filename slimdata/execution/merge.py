@@ -7,20 +7,21 @@ model (:mod:`slimdata.sim.cp`) times them.
 from __future__ import annotations
 
 from slimdata.execution.cp import member_tokens
-from slimdata.plan import StepPlan
+from slimdata.plan import RankPlan, StepPlan
 from slimdata.plan.pipeline import merge_exchange_tokens
 
 __all__ = ["merge_collectives", "merge_layer_tokens"]
 
 
-def merge_layer_tokens(plan: StepPlan, group: int, cp: int = 1) -> int:
+def merge_layer_tokens(plan: StepPlan | RankPlan, group: int, cp: int = 1) -> int:
     """Tokens of one layer's gathered K/V of merge group ``group``, as the runtime exchanges
     them (:func:`slimdata.plan.pipeline.merge_exchange_tokens` of the members' shares in
     their merge packs). On top of static CP ``cp`` every member DP rank is ``cp`` processes,
     each sending its :func:`~slimdata.execution.cp.cp_chunks` of the rank's merged slices
     padded to the longest process's rows: shares ``[5, 3]`` at ``cp = 2`` (rows 2 and 3 of
     the 5 tokens in chunks of 2, rows 1 and 2 of the 3 in chunks of 1) gather ``4 * 3 = 12``
-    tokens (``2 * 5 = 10`` at ``cp = 1``)."""
+    tokens (``2 * 5 = 10`` at ``cp = 1``). A member's :class:`~slimdata.plan.RankPlan` holds
+    every member's merge packs, so the runtime sizes its gather by this too."""
     m = plan.merges[group]
     docs = set(m.docs)
     merged = [
