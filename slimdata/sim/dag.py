@@ -254,7 +254,9 @@ class _Tasks:
 
     def merge_comm(self, c: int, gi: int, kind: str, m: int, j: int) -> float:
         """Member ``m``'s exposed K/V exchange of its merge pack ``j`` (:mod:`slimdata.sim.cp`;
-        the exchange is per layer, as under static CP)."""
+        the exchange is per layer, as under static CP). On top of static CP ``k`` the ring
+        spans every process of the members (``k`` each), and what hides it is one process's
+        ``1 / k`` of the pack's attention."""
         grp = self.plan.merges[gi]
         devs = self.real([self.dev(c, r) for r in grp.ranks])
         off = self.offset(m, kind) + j
@@ -268,8 +270,8 @@ class _Tasks:
             self.net,
             np.array([self.merge_kv[gi]]),
             merge_collectives(kind, bool(kind == "B" and pt.b_recomputed[off])),
-            np.array([att]),
-            len(grp.ranks),
+            np.array([att / self.config.cp]),
+            len(devs),
             max(self.cost.layers, 1),
             self.config.cp_overlap,
             spans_nodes(devs, self.rpn),

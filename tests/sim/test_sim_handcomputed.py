@@ -421,6 +421,23 @@ def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
     assert r.step_time == pytest.approx(18.0)
 
 
+def test_merge_on_static_cp_rings_over_every_process_of_its_members():
+    # an 8-token document merged over DP ranks 0 ([0, 4)) and 1 ([4, 8)), each a CP group
+    # of 2 processes: every process holds 2 of its rank's 4 tokens (chunks of 1: member 0
+    # [0,1) [3,4), member 1 [1,2) [2,3)), so each layer gathers 4 processes x 2 rows = 8
+    # tokens, 8 GB. The ring has 4 processes: (4 - 1) / 4 * 8 GB at 1 GB/s = 6 s per
+    # collective; F 1, B 2 (no attention hides any): 18 s. Compute per process: F 4 tokens
+    # x 1 s / 2 = 2 s, B 4 s: step 2 + 6 + 4 + 12 = 24 s.
+    plan = merge_plan(length=8, cut=4)
+    assert merge_layer_tokens(plan, 0, 2) == 8
+    cost = linear_cost()
+    cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
+    cfg = SimConfig(cp=2, interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
+    r = simulate_step(plan, cost, Layout(dp=4, context=128), cfg)
+    assert r.comm.tolist() == [[18.0] * 4]
+    assert r.step_time == pytest.approx(24.0)
+
+
 def test_interleaved_runs_a_lagged_plan_without_serialising_round_trips():
     # 16 equal packs on pp=4 stages whose backward pack j waits for forward pack j + 8 (a lag,
     # as slimpack's lockstep plans have): interleaved still has the smaller bubble, and its
