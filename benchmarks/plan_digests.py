@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_validate import instruction_lengths  # noqa: E402
+from bench_validate import instruction_lengths
 
 DATA = Path("/work/shared/data/lengths")
 MEM = ["--memory-gib", "60"]
@@ -34,32 +34,34 @@ def cases(tmp: Path, shards: str | None, big: bool) -> dict[str, list[str]]:
     """Case name -> ``slimdata plan`` arguments (without ``-o``)."""
     inst200k = tmp / "inst200k.txt"
     np.savetxt(inst200k, instruction_lengths(200_000, seed=3), fmt="%d")
-    wiki, wlb = str(DATA / "wikipedia.txt.gz"), str(DATA / "wlb128k.json.gz")
+    wiki, wlb = DATA / "wikipedia.txt.gz", DATA / "wlb128k.json.gz"
     out = {
-        "wiki-free-2x8": ["--lengths", wiki, "--nodes", "2", "--ranks-per-node", "8"]
-        + ["--global-batch-tokens", "1048576", "--context", "131072", *MEM],
-        "wiki-lockstep-2x4": ["--lengths", wiki, "--nodes", "2", "--ranks-per-node", "4"]
-        + ["--global-batch-tokens", "524288", "--context", "65536", "--mode", "lockstep", *MEM],
-        "wlb-free-4x8-cp2": ["--lengths", wlb, "--nodes", "4", "--ranks-per-node", "8"]
-        + ["--global-batch-tokens", "4194304", "--context", "131072", "--cp", "2", *MEM],
-        "wlb-free-2x8-workers2": ["--lengths", wlb, "--nodes", "2", "--ranks-per-node", "8"]
-        + ["--global-batch-tokens", "2097152", "--workers-per-rank", "2", *MEM],
-        "wiki-wlb-ideal-1x8": ["--lengths", wiki, "--nodes", "1", "--ranks-per-node", "8"]
-        + ["--global-batch-tokens", "524288", "--strategy", "wlb-ideal", *MEM],
-        "inst200k-free-2x8": ["--lengths", str(inst200k), "--nodes", "2", "--ranks-per-node"]
-        + ["8", "--global-batch-tokens", "1048576", "--context", "32768", *MEM],
+        "wiki-free-2x8": f"--lengths {wiki} --nodes 2 --ranks-per-node 8 "
+        "--global-batch-tokens 1048576 --context 131072",
+        "wiki-lockstep-2x4": f"--lengths {wiki} --nodes 2 --ranks-per-node 4 "
+        "--global-batch-tokens 524288 --context 65536 --mode lockstep",
+        "wlb-free-4x8-cp2": f"--lengths {wlb} --nodes 4 --ranks-per-node 8 "
+        "--global-batch-tokens 4194304 --context 131072 --cp 2",
+        "wlb-free-2x8-workers2": f"--lengths {wlb} --nodes 2 --ranks-per-node 8 "
+        "--global-batch-tokens 2097152 --workers-per-rank 2",
+        "wiki-wlb-ideal-1x8": f"--lengths {wiki} --nodes 1 --ranks-per-node 8 "
+        "--global-batch-tokens 524288 --strategy wlb-ideal",
+        "inst200k-free-2x8": f"--lengths {inst200k} --nodes 2 --ranks-per-node 8 "
+        "--global-batch-tokens 1048576 --context 32768",
     }
     if big:
         inst1m = tmp / "inst1m.txt"
         np.savetxt(inst1m, instruction_lengths(1_000_000), fmt="%d")
-        out["inst1m-free-8x8"] = ["--lengths", str(inst1m), "--nodes", "8", "--ranks-per-node"]
-        out["inst1m-free-8x8"] += ["8", "--global-batch-tokens", "3300000", "--context", "32768"]
-        out["inst1m-free-8x8"] += MEM
+        out["inst1m-free-8x8"] = (
+            f"--lengths {inst1m} --nodes 8 --ranks-per-node 8 "
+            "--global-batch-tokens 3300000 --context 32768"
+        )
     if shards:
-        out["shards-free-1x4"] = [shards, "--nodes", "1", "--ranks-per-node", "4"]
-        out["shards-free-1x4"] += ["--global-batch-tokens", "65536", *MEM]
-        out["shards-lockstep-1x4"] = [*out["shards-free-1x4"], "--mode", "lockstep"]
-    return out
+        out["shards-free-1x4"] = (
+            f"{shards} --nodes 1 --ranks-per-node 4 --global-batch-tokens 65536"
+        )
+        out["shards-lockstep-1x4"] = out["shards-free-1x4"] + " --mode lockstep"
+    return {name: [*args.split(), *MEM] for name, args in out.items()}
 
 
 def digests(args: list[str], out: Path) -> dict[str, str]:

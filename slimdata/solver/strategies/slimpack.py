@@ -42,6 +42,7 @@ from slimdata.errors import PlanError
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
+from slimdata.solver.freepack import pack_rank_by_runs
 from slimdata.solver.layout import Layout
 from slimdata.solver.merge import (
     MergePlan,
@@ -496,7 +497,7 @@ def slimpack(
     if layout.mode == "free":
         with _recompute_advice(cost):
             p1 = _phase1(view, layout, options, packs=1, mem=layout.memory_bytes)
-        packs, lag = _free(view, p1.units, p1.member_slices, layout), 0
+        packs, lag = _free(view, p1, layout), 0
     else:
         with _recompute_advice(cost):
             estimate, packs, lag, p1 = _solve_lockstep(
@@ -594,6 +595,8 @@ class _Phase1:
     member_slices: dict[int, list[int]]
     moves: int
     milp: dict | None
+    docs: list[list[int]]
+    """Each rank's whole documents, in the order of ``units``."""
 
 
 def _phase1(
@@ -646,7 +649,7 @@ def _phase1(
             view, rest, assign, layout.dp, member_slices, seconds=options.milp_seconds
         )
     units = [list(map(view.ranges.__getitem__, ds)) for ds in assign]
-    return _Phase1(merges, units, member_slices, moves, info)
+    return _Phase1(merges, units, member_slices, moves, info, assign)
 
 
 def _distribute(
@@ -685,12 +688,16 @@ def _member_buffers(view: BatchView, groups, shares, scale: float) -> dict[int, 
     return out
 
 
-def _free(view: BatchView, units, member_slices, layout: Layout) -> list[RankPacks]:
-    """Free mode: every rank packed on its own (:func:`pack_rank`)."""
+def _free(view: BatchView, p1: _Phase1, layout: Layout) -> list[RankPacks]:
+    """Free mode: every rank packed on its own (:func:`pack_rank`'s packs, found a pack at a
+    time by :func:`~slimdata.solver.freepack.pack_rank_by_runs` where it applies)."""
     dp, cap, mem = layout.dp, layout.token_cap, layout.memory_bytes
     out = []
     for r in range(dp):
-        p = pack_rank(view, units[r], member_slices.get(r, ()), cap=cap, mem=mem)
+        merge = p1.member_slices.get(r, ())
+        p = pack_rank_by_runs(view, p1.docs[r], merge, cap=cap, mem=mem)
+        if p is None:
+            p = pack_rank(view, p1.units[r], merge, cap=cap, mem=mem)
         if p is None:  # pragma: no cover - phase 1 guarantees every document fits alone
             raise PlanError(
                 f"rank {r}: cannot pack its documents under the memory cap {mem / 2**30:.1f} GiB"
