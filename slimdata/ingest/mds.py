@@ -1,25 +1,27 @@
-"""The pieces of mosaicml-streaming a build writes with: ``MDSWriter``, ``merge_index`` and
-(for plan shards) the partitioner ``get_partitions``.
+"""The pieces of mosaicml-streaming a build writes with: ``MDSWriter``, ``merge_index``, (for
+plan shards) the partitioner ``get_partitions`` and the MDS column encodings.
 
 ``import streaming`` runs the package ``__init__``, which imports ``StreamingDataset``, the
 data loader, the multimodal and text datasets and with them torch and transformers: 6.2 s of
 wall time and 6.4 s of CPU on the development VM (2 cores; ``python -c "from streaming import
 MDSWriter"``, compiled bytecode). A build needs none of that. This module imports only the
-writer's own modules (``streaming.base.format.mds.writer``, ``streaming.base.util``, which
-still import ``torch.distributed``, and ``streaming.base.partition``): 1.8-2.2 s of CPU, so a
+modules asked for, each when first needed: the writer (``streaming.base.format.mds.writer``
+and ``streaming.base.util``, which still import ``torch.distributed``: 1.8-2.2 s of CPU, so a
 small build is several seconds faster and the parent of a parallel build takes that much
-less CPU from its tokenizing workers; ``slimdata plan --lengths`` saves the same.
+less CPU from its tokenizing workers), the partitioner and the encodings (numpy only, 20 ms:
+``slimdata plan`` writes its shards with them, :mod:`slimdata.solver.planwriter`, and never
+imports torch).
 
-How: the three parent packages ``streaming``, ``streaming.base`` and
-``streaming.base.format`` are registered in ``sys.modules`` as packages whose ``__init__``
+How: the parent packages ``streaming``, ``streaming.base``, ``streaming.base.format`` and
+``streaming.base.format.mds`` are registered in ``sys.modules`` as packages whose ``__init__``
 has not run yet (their ``__path__`` is the installed one), so Python imports the writer's
 submodules without running the parents. The first lookup of any other attribute of such a
 parent (``from streaming import StreamingDataset``, ``streaming.Stream``) runs its real
 ``__init__`` in place, so the rest of the process sees the whole package exactly as a plain
 ``import streaming`` would have given it, just imported later.
 
-The light path is used only while no ``streaming`` module is imported in the process (if one
-is, ``from streaming import MDSWriter`` costs nothing) and falls back to that public import
+The light path is used only while no ``streaming`` module but those it imported is in the
+process (if one is, ``from streaming import MDSWriter`` costs nothing) and falls back to that public import
 on any error, so a future streaming layout costs start-up time, never correctness.
 ``tests/ingest/test_mds.py`` checks that both paths write identical bytes and that the
 package is whole afterwards.
@@ -36,9 +38,9 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["get_partitions", "merge_index", "writer_class"]
+__all__ = ["get_partitions", "mds_encoding", "merge_index", "writer_class"]
 
-_PARENTS = ("streaming", "streaming.base", "streaming.base.format")
+_PARENTS = ("streaming", "streaming.base", "streaming.base.format", "streaming.base.format.mds")
 _LOCK = threading.RLock()
 
 
@@ -61,42 +63,56 @@ def _is_streaming(name: str) -> bool:
     return name == "streaming" or name.startswith("streaming.")
 
 
+_registered = False  # the deferred parents in sys.modules are this module's
+
+
+def _defer_parents() -> bool:
+    """Register the deferred parents unless a streaming module was imported otherwise; whether
+    they are (now) registered."""
+    global _registered
+    if _registered and sys.modules.get("streaming") is not None:
+        return True
+    if any(_is_streaming(name) for name in sys.modules):
+        return False
+    for name in _PARENTS:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.submodule_search_locations is None:
+            raise ImportError(name)
+        parent = _DeferredPackage(name)
+        parent.__spec__ = spec
+        parent.__path__ = list(spec.submodule_search_locations)
+        parent.__file__ = spec.origin
+        parent.__package__ = name
+        sys.modules[name] = parent
+        if "." in name:
+            head, _, tail = name.rpartition(".")
+            setattr(sys.modules[head], tail, parent)
+    _registered = True
+    return True
+
+
 @functools.cache
-def _light() -> tuple[type, Callable[..., None], Callable[..., Any]] | None:
-    """(MDSWriter, merge_index, get_partitions) imported under deferred parents, or None where
-    not possible."""
+def _light(module: str) -> types.ModuleType | None:
+    """``module`` (a streaming submodule) imported under deferred parents, or None where not
+    possible (then every streaming module is forgotten, for the public import)."""
+    global _registered
     with _LOCK:
-        if any(_is_streaming(name) for name in sys.modules):
-            return None
         try:
-            for name in _PARENTS:
-                spec = importlib.util.find_spec(name)
-                if spec is None or spec.submodule_search_locations is None:
-                    raise ImportError(name)
-                parent = _DeferredPackage(name)
-                parent.__spec__ = spec
-                parent.__path__ = list(spec.submodule_search_locations)
-                parent.__file__ = spec.origin
-                parent.__package__ = name
-                sys.modules[name] = parent
-                if "." in name:
-                    head, _, tail = name.rpartition(".")
-                    setattr(sys.modules[head], tail, parent)
-            writer = importlib.import_module("streaming.base.format.mds.writer").MDSWriter
-            merge = importlib.import_module("streaming.base.util").merge_index
-            partitions = importlib.import_module("streaming.base.partition").get_partitions
+            if not _defer_parents():
+                return None
+            return importlib.import_module(module)
         except Exception:
             for name in [n for n in sys.modules if _is_streaming(n)]:
                 del sys.modules[name]
+            _registered = False
             return None
-    return writer, merge, partitions
 
 
 def writer_class() -> type:
     """``streaming.MDSWriter``, imported without the rest of the package where possible."""
-    light = _light()
+    light = _light("streaming.base.format.mds.writer")
     if light is not None:
-        return light[0]
+        return light.MDSWriter
     from streaming import MDSWriter
 
     return MDSWriter
@@ -104,9 +120,9 @@ def writer_class() -> type:
 
 def merge_index(*args: Any, **kwargs: Any) -> None:
     """``streaming.base.util.merge_index`` (same arguments), imported light where possible."""
-    light = _light()
+    light = _light("streaming.base.util")
     if light is not None:
-        light[1](*args, **kwargs)
+        light.merge_index(*args, **kwargs)
         return
     from streaming.base.util import merge_index as merge
 
@@ -115,10 +131,21 @@ def merge_index(*args: Any, **kwargs: Any) -> None:
 
 def get_partitions(*args: Any, **kwargs: Any) -> Any:
     """``streaming.base.partition.get_partitions`` (same arguments), imported light where
-    possible."""
-    light = _light()
+    possible (without torch: the partitioner needs only numpy)."""
+    light = _light("streaming.base.partition")
     if light is not None:
-        return light[2](*args, **kwargs)
+        return light.get_partitions(*args, **kwargs)
     from streaming.base.partition import get_partitions as partitions
 
     return partitions(*args, **kwargs)
+
+
+def mds_encoding() -> tuple[Callable[[str, Any], bytes], Callable[[str], int | None]]:
+    """``(mds_encode, get_mds_encoded_size)`` of ``streaming.base.format.mds.encodings`` (MDS's
+    column encodings), imported light where possible (without torch)."""
+    light = _light("streaming.base.format.mds.encodings")
+    if light is not None:
+        return light.mds_encode, light.get_mds_encoded_size
+    from streaming.base.format.mds.encodings import get_mds_encoded_size, mds_encode
+
+    return mds_encode, get_mds_encoded_size

@@ -220,13 +220,10 @@ def _write_payloads(
 ) -> None:
     """One MDS sample per (step, process rank) in ``order``: stamp, rank view, tokens (under
     static CP, process ``r`` gets DP rank ``r // cp``'s)."""
-    from slimdata.ingest.mds import writer_class
+    from slimdata.solver.planwriter import plan_writer
 
-    writer = writer_class()  # streaming.MDSWriter, imported without all of streaming
     ranks = (plans[0].dp if plans else 1) * cp
-    with writer(
-        out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
-    ) as w:
+    with plan_writer(out, PLAN_COLUMNS, compression, size_limit) as w:  # MDSWriter's bytes
         for flat in order:
             step, rank = divmod(flat, ranks)
             toks = rank_tokens(plans[step], rank // cp, tokens_of)
