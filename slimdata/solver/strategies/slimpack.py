@@ -28,6 +28,7 @@ per-step latency target, the MILP does not meet the latter.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -183,23 +184,23 @@ def _place_by_summed_load(
     least loaded member."""
     heap = [(load[r], r) for r in range(len(load))]
     heapq.heapify(heap)
-    for k in range(items.next, len(items.ids)):
-        c = items.fn[k] + items.bn[k]
-        g = items.grp[k]
+    fn, bn, grp, ids = items.fn, items.bn, items.grp, items.ids
+    for k in range(items.next, len(ids)):
+        c = fn[k] + bn[k]
+        g = grp[k]
         if g >= 0:
             r = min(members[g], key=load.__getitem__)
-            out_merge[r].append(items.ids[k])
+            out_merge[r].append(ids[k])
             load[r] += c
             continue
-        while True:
-            lr, r = heapq.heappop(heap)
-            if lr == load[r]:
-                break
-            heapq.heappush(heap, (load[r], r))
-        out_docs[r].append(items.ids[k])
+        lr, r = heap[0]
+        while lr != load[r]:  # stale (a merge slice raised it): the current load goes back
+            heapq.heapreplace(heap, (load[r], r))
+            lr, r = heap[0]
+        out_docs[r].append(ids[k])
         load[r] += c
-        heapq.heappush(heap, (load[r], r))
-    items.next = len(items.ids)
+        heapq.heapreplace(heap, (load[r], r))  # the heap's entries are distinct: same order
+    items.next = len(ids)
 
 
 def improve(
@@ -519,7 +520,7 @@ def slimpack(
         t0=t0,
         validate=validate,
     )
-    _check_pack_cap(plan, layout.token_cap)
+    _check_pack_cap(view, packs, layout.token_cap, step)
     if layout.mode != "free":  # the estimate of the plan as assembled (fused slices priced)
         plan.meta["pipeline_estimate"] = round(plan_pipeline_time(plan, layout.pp), 6)
     return plan
@@ -577,15 +578,21 @@ def _recompute_advice(cost: CostModel) -> Iterator[None]:
         ) from None
 
 
-def _check_pack_cap(plan: StepPlan, cap: int) -> None:
-    """``Layout.pack_tokens`` is a hard cap for every pack, merge shares included."""
-    for rs in plan.ranks:
-        for p in (*rs.forward, *rs.backward):
-            if p.tokens > cap:  # pragma: no cover - the packers and merge planner respect cap
-                raise PlanError(
-                    f"step {plan.step} rank {rs.rank}: a pack of {p.tokens} tokens exceeds "
-                    f"pack_tokens={cap}"
-                )
+def _check_pack_cap(view: BatchView, packs: list[RankPacks], cap: int, step: int) -> None:
+    """``Layout.pack_tokens`` is a hard cap for every pack, merge shares included (the packs'
+    tokens summed over view slices at once: fusing slices keeps their tokens)."""
+    lists = [(r, p) for r, rp in enumerate(packs) for p in (*rp.forward, *rp.backward) if p]
+    lens = np.fromiter((len(p) for _r, p in lists), dtype=np.int64, count=len(lists))
+    flat = np.fromiter(
+        itertools.chain.from_iterable(p for _r, p in lists), dtype=np.int64, count=int(lens.sum())
+    )
+    tokens = np.add.reduceat((view.end - view.start)[flat], np.cumsum(lens) - lens)
+    if len(tokens) and tokens.max() > cap:  # pragma: no cover - packers respect the cap
+        worst = int(tokens.argmax())
+        raise PlanError(
+            f"step {step} rank {lists[worst][0]}: a pack of {tokens[worst]} tokens exceeds "
+            f"pack_tokens={cap}"
+        )
 
 
 @dataclass
