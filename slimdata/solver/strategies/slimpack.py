@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -598,12 +599,18 @@ def _check_pack_cap(view: BatchView, packs: list[RankPacks], cap: int, step: int
 @dataclass
 class _Phase1:
     merges: MergePlan
-    units: list[list[range]]
     member_slices: dict[int, list[int]]
     moves: int
     milp: dict | None
     docs: list[list[int]]
-    """Each rank's whole documents, in the order of ``units``."""
+    """Each rank's whole documents."""
+    view: BatchView
+
+    @cached_property
+    def units(self) -> list[list[range]]:
+        """Each rank's documents as runs of slice indices (built when asked: free mode packs
+        from ``docs`` alone, :func:`~slimdata.solver.freepack.pack_rank_by_runs`)."""
+        return [list(map(self.view.ranges.__getitem__, ds)) for ds in self.docs]
 
 
 def _phase1(
@@ -655,8 +662,7 @@ def _phase1(
         assign, info = refine_assignment(
             view, rest, assign, layout.dp, member_slices, seconds=options.milp_seconds
         )
-    units = [list(map(view.ranges.__getitem__, ds)) for ds in assign]
-    return _Phase1(merges, units, member_slices, moves, info, assign)
+    return _Phase1(merges, member_slices, moves, info, assign, view)
 
 
 def _distribute(
