@@ -75,14 +75,14 @@ class BatchView:
     def build(cls, docs: Sequence[Document], cost: CostModel) -> BatchView:
         docs = tuple(docs)
         cuts = list(map(_CUTS, docs))
-        ncuts = np.fromiter(map(len, cuts), dtype=np.int64, count=len(docs))
+        # lists then arrays: np.fromiter over an iterator costs ~0.3 us an item, a list ~0.02
+        ncuts = np.array(list(map(len, cuts)), dtype=np.int64)
         counts = ncuts - 1
         off = np.zeros(len(docs) + 1, dtype=np.int64)
         np.cumsum(counts, out=off[1:])
         # cut lists laid end to end: docs (0,4,6) and (0,3) -> 0 4 6 0 3; starts drop each
         # document's last cut (0 4 0), ends drop its first (4 6 3)
-        total = int(ncuts.sum())
-        allcuts = np.fromiter(itertools.chain.from_iterable(cuts), dtype=np.int64, count=total)
+        allcuts = np.array(list(itertools.chain.from_iterable(cuts)), dtype=np.int64)
         pos = off[:-1] + np.arange(len(docs))  # index of each document's first cut in allcuts
         is_last = np.zeros(len(allcuts), dtype=bool)
         is_last[pos + counts] = True
@@ -94,7 +94,7 @@ class BatchView:
         sc = cost.slice_costs(start, end)
         doc_fwd = np.add.reduceat(sc.fwd, off[:-1]) if len(start) else np.zeros(len(docs))
         doc_bwd = np.add.reduceat(sc.bwd, off[:-1]) if len(start) else np.zeros(len(docs))
-        doc_len = np.fromiter(map(_LENGTH, docs), dtype=np.int64, count=len(docs))
+        doc_len = np.array(list(map(_LENGTH, docs)), dtype=np.int64)
         doc_act = np.add.reduceat(sc.act_bytes, off[:-1]) if len(start) else np.zeros(len(docs))
         empty = counts == 0
         for arr in (doc_fwd, doc_bwd, doc_act):
@@ -341,8 +341,8 @@ def _pack_of_slice(n: int, packs: list[list[list[int]]]) -> tuple[np.ndarray, np
     rank (-1: in no pack); a slice listed twice keeps the later pack, as assigning pack by
     pack would (a plan that validation then refuses)."""
     lens = [len(p) for ps in packs for p in ps]
-    flat = np.fromiter(
-        itertools.chain.from_iterable(itertools.chain.from_iterable(packs)), np.int64, sum(lens)
+    flat = np.array(
+        list(itertools.chain.from_iterable(itertools.chain.from_iterable(packs))), np.int64
     )
     index = np.concatenate([np.arange(len(ps)) for ps in packs]) if packs else np.zeros(0)
     rank = np.repeat(np.arange(len(packs)), [len(ps) for ps in packs])

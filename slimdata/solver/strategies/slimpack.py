@@ -583,10 +583,8 @@ def _check_pack_cap(view: BatchView, packs: list[RankPacks], cap: int, step: int
     """``Layout.pack_tokens`` is a hard cap for every pack, merge shares included (the packs'
     tokens summed over view slices at once: fusing slices keeps their tokens)."""
     lists = [(r, p) for r, rp in enumerate(packs) for p in (*rp.forward, *rp.backward) if p]
-    lens = np.fromiter((len(p) for _r, p in lists), dtype=np.int64, count=len(lists))
-    flat = np.fromiter(
-        itertools.chain.from_iterable(p for _r, p in lists), dtype=np.int64, count=int(lens.sum())
-    )
+    lens = np.array([len(p) for _r, p in lists], dtype=np.int64)
+    flat = np.array(list(itertools.chain.from_iterable(p for _r, p in lists)), dtype=np.int64)
     tokens = np.add.reduceat((view.end - view.start)[flat], np.cumsum(lens) - lens)
     if len(tokens) and tokens.max() > cap:  # pragma: no cover - packers respect the cap
         worst = int(tokens.argmax())
