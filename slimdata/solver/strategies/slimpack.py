@@ -355,10 +355,12 @@ class _LocalSearch:
         yb = np.where(real, xb[yid], 0.0)
         df = xf[xs][:, None] - yf[None, :]
         db = xb[xs][:, None] - yb[None, :]
-        pm = np.maximum(
-            np.maximum(F[hi] - df, B[hi] - db),
-            np.maximum(F[yown][None, :] + df, B[yown][None, :] + db),
-        )
+        # max(F[hi] - df, B[hi] - db, F[lo] + df, B[lo] + db), partly in place: 6 matrices, not 9
+        pm = F[hi] - df
+        np.maximum(pm, B[hi] - db, out=pm)
+        lo_f = F[yown][None, :] + df
+        np.maximum(lo_f, B[yown][None, :] + db, out=lo_f)
+        np.maximum(pm, lo_f, out=pm)
         if kind == "slice":
             grow = (self.SF[yown][None, :] + df > top_f + 1e-12) | (
                 self.SB[yown][None, :] + db > top_b + 1e-12
@@ -636,7 +638,9 @@ def _phase1(
         balance_ratio=options.skew_merge,
         cap=layout.token_cap,
     )
-    rest = np.asarray(sorted(set(range(len(view.docs))) - merges.merged_docs), dtype=np.int64)
+    unmerged = np.ones(len(view.docs), dtype=bool)
+    unmerged[list(merges.merged_docs)] = False
+    rest = np.flatnonzero(unmerged)  # the documents not merged, in order
     assign, member_slices, held = _distribute(view, layout, merges, rest, mem, gather / layer_share)
     group_ranks = [ranks for ranks, _d in merges.groups]
     moves = (
