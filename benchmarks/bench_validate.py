@@ -13,8 +13,9 @@ Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_validate.py [--docs 20000]
    are written to a temporary directory and deleted. On a shared machine the wall time
    includes waiting for the core; the CPU time is what the command itself costs.
 3. ``--phases``: the same pipeline in this process, the CPU time of each phase (imports,
-   reading lengths, documents, batches, solving, validating, rank views, JSON encoding, MDS
-   writing), cyclic GC off as in ``slimdata plan``. Where the end-to-end time goes.
+   reading lengths, documents, batches, solving, validating, rank views, JSON encoding, the
+   payloads' sample order, MDS writing), cyclic GC off as in ``slimdata plan``. Where the
+   end-to-end time goes.
 """
 
 from __future__ import annotations
@@ -89,10 +90,9 @@ def phases(n: int) -> dict[str, float]:
     from slimdata.ingest.mds import writer_class
     from slimdata.plan.rankplan import rank_views
     from slimdata.solver.config import PlanConfig
-    from slimdata.solver.planshards import PLAN_COLUMNS, without_timings
+    from slimdata.solver.planshards import PLAN_COLUMNS, _sample_order, without_timings
 
-    writer = writer_class()
-    done("imports (streaming's writer)")
+    done("imports")
     with tempfile.TemporaryDirectory() as tmp:
         np.savetxt(Path(tmp) / "lengths.txt", instruction_lengths(n), fmt="%d")
         last[0] = time.process_time()
@@ -113,13 +113,16 @@ def phases(n: int) -> dict[str, float]:
         done("rank views")
         texts = [[v.to_json() for v in vs] for vs in views]
         done("JSON")
+        order = _sample_order(len(plans), 8, 8, 1)
+        done("sample order (partitioner)")
         empty = np.zeros(1, dtype=np.uint32)
-        with writer(out=str(Path(tmp) / "plan"), columns=PLAN_COLUMNS, size_limit=1 << 26) as w:
-            for step, row in enumerate(texts):
-                for rank, text in enumerate(row):
-                    w.write(
-                        {"step": step, "rank": rank, "plan": text, "tokens": empty, "ntokens": 0}
-                    )
+        with writer_class()(
+            out=str(Path(tmp) / "plan"), columns=PLAN_COLUMNS, size_limit=1 << 26
+        ) as w:
+            for flat in order:
+                step, rank = divmod(flat, 64)
+                text = texts[step][rank]
+                w.write({"step": step, "rank": rank, "plan": text, "tokens": empty, "ntokens": 0})
         done("MDS write")
         shutil.rmtree(Path(tmp) / "plan")
     return cpu

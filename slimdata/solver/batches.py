@@ -34,7 +34,7 @@ def make_batches(
     if not docs:
         return []
     perm = np.random.default_rng(seed).permutation(len(docs))
-    lengths = np.fromiter(map(_LENGTH, docs), dtype=np.int64, count=len(docs))
+    lengths = np.array(list(map(_LENGTH, docs)), dtype=np.int64)  # faster than np.fromiter
     csum = np.cumsum(lengths[perm])
     out: list[list[Document]] = []
     i, n, base = 0, len(docs), 0

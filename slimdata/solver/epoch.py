@@ -84,19 +84,18 @@ def write_epoch_plan(
     it leaves out.
     """
     layout = _epoch_layout(nodes, ranks_per_node, cp, memory_gib, context, mode)
-    plans = list(
-        plan_epoch(
-            docs,
-            layout,
-            global_batch_tokens=global_batch_tokens,
-            strategy=strategy,
-            seed=seed,
-            cost=cost,
-            oversize=oversize,
-            options=options,
-            validate=False,  # write_plan_shards validates every plan once
-        )
+    plans = plan_epoch(
+        docs,
+        layout,
+        global_batch_tokens=global_batch_tokens,
+        strategy=strategy,
+        seed=seed,
+        cost=cost,
+        oversize=oversize,
+        options=options,
+        validate=False,  # write_plan_shards validates every plan once
     )
+    metas: list[dict[str, Any]] = []  # each plan's meta and merge groups, as it is written
     settings = {
         "seed": seed,
         "global_batch_tokens": global_batch_tokens,
@@ -107,15 +106,23 @@ def write_epoch_plan(
         "cost_model": (cost.label if cost is not None else "llama-8b (analytic)"),
     }
     return write_plan_shards(
-        plans,
+        _recording(plans, metas),  # solved, checked and encoded one step at a time
         out,
         nodes=nodes,
         ranks_per_node=ranks_per_node,
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
-        extra={**settings, **_epoch_stats(plans)},
+        extra=lambda: {**settings, **_epoch_stats(metas)},
         cp=cp,
     )
+
+
+def _recording(plans: Iterator[StepPlan], metas: list[dict[str, Any]]) -> Iterator[StepPlan]:
+    """``plans``, each one's meta (and its merge-group count as ``merge_groups``) appended to
+    ``metas`` as it passes: :func:`_epoch_stats` needs no more of them."""
+    for p in plans:
+        metas.append({**p.meta, "merge_groups": len(p.merges)})
+        yield p
 
 
 def _epoch_layout(
@@ -140,13 +147,13 @@ def _epoch_layout(
     )
 
 
-def _epoch_stats(plans: Sequence[StepPlan]) -> dict[str, Any]:
+def _epoch_stats(metas: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mean imbalance over the steps, total solve milliseconds (not written to plan.json:
-    a timing) and merge-group count of an epoch's plans."""
+    a timing) and merge-group count of an epoch's plans, from their metas (:func:`_recording`)."""
     return {
-        "mean_imbalance": float(np.mean([p.meta.get("imbalance", 1.0) for p in plans]))
-        if plans
+        "mean_imbalance": float(np.mean([m.get("imbalance", 1.0) for m in metas]))
+        if metas
         else 1.0,
-        "solve_ms_total": float(sum(p.meta.get("solve_ms", 0.0) for p in plans)),
-        "merge_groups": int(sum(len(p.merges) for p in plans)),
+        "solve_ms_total": float(sum(m.get("solve_ms", 0.0) for m in metas)),
+        "merge_groups": int(sum(m["merge_groups"] for m in metas)),
     }

@@ -150,54 +150,84 @@ def write_plan_shards(
     workers_per_rank: int = 1,
     compression: str | None = None,
     size_limit: int | str = 1 << 26,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
     cp: int = 1,
 ) -> dict[str, Any]:
     """Write plan shards to ``out`` (must be empty or absent); returns the sidecar summary.
 
     Deterministic: payloads and ``plan.json`` carry no wall-clock timings
     (:data:`TIMING_KEYS`); the returned summary still has them. ``plan.json`` records every
-    step's loss-token total and step-wide digest (:func:`check_step_fields`).
+    step's loss-token total and step-wide digest (:func:`check_step_fields`). ``extra``: more
+    summary fields, or a function that gives them once every plan is read.
 
     Every plan must have ``nodes * ranks_per_node / cp`` ranks and steps ``0..n-1`` in order.
-    Static CP (``cp > 1``): the payload of process ``r`` (stamped ``rank = r``) is DP rank
-    ``r // cp``'s view and tokens, so each member of a CP group reads its DP rank's payload.
+    Each is validated, cut into rank views and encoded as it arrives (a generator of plans is
+    never held whole: a step's objects are still in the CPU caches, and its plan is dropped
+    unless ``tokens_of`` needs it); nothing is written before the last. Static CP (``cp >
+    1``): the payload of process ``r`` (stamped ``rank = r``) is DP rank ``r // cp``'s view
+    and tokens, so each member of a CP group reads its DP rank's payload.
     """
     if workers_per_rank < 1:
         raise ConfigError(f"workers_per_rank={workers_per_rank!r} must be >= 1")
-    plans = _checked_plans(plans, nodes * ranks_per_node // cp)
-    views = [rank_views(dataclasses.replace(p, meta=without_timings(p.meta))) for p in plans]
-    order = _sample_order(len(plans), nodes, ranks_per_node, workers_per_rank)
-    _write_payloads(plans, views, order, out, tokens_of, compression, size_limit, cp)
+    steps = _EncodedSteps.of(plans, nodes * ranks_per_node // cp, keep=tokens_of is not None)
+    order = _sample_order(len(steps.texts), nodes, ranks_per_node, workers_per_rank)
+    _write_payloads(steps, order, out, tokens_of, compression, size_limit, cp)
     summary = {
         "slimdata_plan_shards": PLAN_SHARDS_FORMAT,
-        "steps": len(plans),
+        "steps": len(steps.texts),
         "nodes": nodes,
         "ranks_per_node": ranks_per_node,
         "workers_per_rank": workers_per_rank,
         "num_canonical_nodes": nodes,
         "cp": cp,
-        "strategy": plans[0].strategy if plans else None,
-        "tokens": int(sum(p.tokens for p in plans)),
-        "documents": int(sum(len(p.docs) for p in plans)),
-        **(extra or {}),
-        "step_loss_tokens": [v[0].loss_tokens for v in views],
-        "step_digests": [v[0].step_digest() for v in views],
+        "strategy": steps.strategy,
+        "tokens": steps.tokens,
+        "documents": steps.documents,
+        **((extra() if callable(extra) else extra) or {}),
+        "step_loss_tokens": steps.loss_tokens,
+        "step_digests": steps.digests,
     }
     (Path(out) / PLAN_SIDECAR).write_text(json.dumps(without_timings(summary), indent=2))
     return summary
 
 
-def _checked_plans(plans: Iterable[StepPlan], dp: int) -> list[StepPlan]:
-    """``plans`` as a list, each validated once, with steps ``0..n-1`` of ``dp`` ranks."""
-    plans = list(plans)
-    for i, p in enumerate(plans):
-        if p.step != i or p.dp != dp:
-            raise PlanError(
-                f"plan #{i} has step {p.step} and {p.dp} ranks; expected step {i} and {dp} ranks"
-            )
-        p.validate()  # always at write time, whatever the per-step solve skipped
-    return plans
+@dataclasses.dataclass
+class _EncodedSteps:
+    """An epoch's plans as :func:`write_plan_shards` needs them: each rank view's JSON per
+    step, the per-step records of ``plan.json``, the totals, and the plans themselves only
+    when their tokens are to be written (``keep``)."""
+
+    texts: list[list[str]]
+    loss_tokens: list[int]
+    digests: list[str]
+    plans: list[StepPlan]
+    strategy: str | None = None
+    tokens: int = 0
+    documents: int = 0
+    dp: int = 1
+
+    @classmethod
+    def of(cls, plans: Iterable[StepPlan], dp: int, keep: bool) -> _EncodedSteps:
+        """Each plan validated once (whatever the per-step solve skipped), with steps
+        ``0..n-1`` of ``dp`` ranks, then encoded."""
+        out = cls([], [], [], [], dp=dp)
+        for i, p in enumerate(plans):
+            if p.step != i or p.dp != dp:
+                raise PlanError(
+                    f"plan #{i} has step {p.step} and {p.dp} ranks; expected step {i} and {dp} ranks"
+                )
+            p.validate()
+            views = rank_views(dataclasses.replace(p, meta=without_timings(p.meta)))
+            out.texts.append([v.to_json() for v in views])
+            out.loss_tokens.append(views[0].loss_tokens)
+            out.digests.append(views[0].step_digest())
+            if i == 0:
+                out.strategy = p.strategy
+            out.tokens += int(p.tokens)
+            out.documents += len(p.docs)
+            if keep:
+                out.plans.append(p)
+        return out
 
 
 def _sample_order(steps: int, nodes: int, ranks_per_node: int, workers: int) -> list[int]:
@@ -209,8 +239,7 @@ def _sample_order(steps: int, nodes: int, ranks_per_node: int, workers: int) -> 
 
 
 def _write_payloads(
-    plans: list[StepPlan],
-    views: list[list[RankPlan]],
+    steps: _EncodedSteps,
     order: list[int],
     out: str | Path,
     tokens_of: TokenSource | None,
@@ -223,20 +252,20 @@ def _write_payloads(
     from slimdata.ingest.mds import writer_class
 
     writer = writer_class()  # streaming.MDSWriter, imported without all of streaming
-    ranks = (plans[0].dp if plans else 1) * cp
+    ranks = steps.dp * cp
+    empty = np.zeros(1, dtype=np.uint32)
     with writer(
         out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
     ) as w:
         for flat in order:
             step, rank = divmod(flat, ranks)
-            toks = rank_tokens(plans[step], rank // cp, tokens_of)
-            stored = toks if len(toks) else np.zeros(1, dtype=np.uint32)
+            toks = rank_tokens(steps.plans[step], rank // cp, tokens_of) if tokens_of else empty[:0]
             w.write(
                 {
                     "step": step,
                     "rank": rank,
-                    "plan": views[step][rank // cp].to_json(),
-                    "tokens": stored,
+                    "plan": steps.texts[step][rank // cp],
+                    "tokens": toks if len(toks) else empty,
                     "ntokens": len(toks),
                 }
             )

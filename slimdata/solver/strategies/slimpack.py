@@ -28,11 +28,13 @@ per-step latency target, the MILP does not meet the latter.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -43,6 +45,7 @@ from slimdata.execution.critical import critical_path, plan_critical_path
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
+from slimdata.solver.freepack import pack_rank_by_runs
 from slimdata.solver.layout import Layout
 from slimdata.solver.merge import (
     MergePlan,
@@ -182,23 +185,23 @@ def _place_by_summed_load(
     least loaded member."""
     heap = [(load[r], r) for r in range(len(load))]
     heapq.heapify(heap)
-    for k in range(items.next, len(items.ids)):
-        c = items.fn[k] + items.bn[k]
-        g = items.grp[k]
+    fn, bn, grp, ids = items.fn, items.bn, items.grp, items.ids
+    for k in range(items.next, len(ids)):
+        c = fn[k] + bn[k]
+        g = grp[k]
         if g >= 0:
             r = min(members[g], key=load.__getitem__)
-            out_merge[r].append(items.ids[k])
+            out_merge[r].append(ids[k])
             load[r] += c
             continue
-        while True:
-            lr, r = heapq.heappop(heap)
-            if lr == load[r]:
-                break
-            heapq.heappush(heap, (load[r], r))
-        out_docs[r].append(items.ids[k])
+        lr, r = heap[0]
+        while lr != load[r]:  # stale (a merge slice raised it): the current load goes back
+            heapq.heapreplace(heap, (load[r], r))
+            lr, r = heap[0]
+        out_docs[r].append(ids[k])
         load[r] += c
-        heapq.heappush(heap, (load[r], r))
-    items.next = len(items.ids)
+        heapq.heapreplace(heap, (load[r], r))  # the heap's entries are distinct: same order
+    items.next = len(ids)
 
 
 def improve(
@@ -352,10 +355,12 @@ class _LocalSearch:
         yb = np.where(real, xb[yid], 0.0)
         df = xf[xs][:, None] - yf[None, :]
         db = xb[xs][:, None] - yb[None, :]
-        pm = np.maximum(
-            np.maximum(F[hi] - df, B[hi] - db),
-            np.maximum(F[yown][None, :] + df, B[yown][None, :] + db),
-        )
+        # max(F[hi] - df, B[hi] - db, F[lo] + df, B[lo] + db), partly in place: 6 matrices, not 9
+        pm = F[hi] - df
+        np.maximum(pm, B[hi] - db, out=pm)
+        lo_f = F[yown][None, :] + df
+        np.maximum(lo_f, B[yown][None, :] + db, out=lo_f)
+        np.maximum(pm, lo_f, out=pm)
         if kind == "slice":
             grow = (self.SF[yown][None, :] + df > top_f + 1e-12) | (
                 self.SB[yown][None, :] + db > top_b + 1e-12
@@ -496,7 +501,7 @@ def slimpack(
     if layout.mode == "free":
         with _recompute_advice(cost):
             p1 = _phase1(view, layout, options, packs=1, mem=layout.memory_bytes)
-        packs, lag = _free(view, p1.units, p1.member_slices, layout), 0
+        packs, lag = _free(view, p1, layout), 0
     else:
         with _recompute_advice(cost):
             estimate, packs, lag, p1 = _solve_lockstep(
@@ -518,7 +523,7 @@ def slimpack(
         t0=t0,
         validate=validate,
     )
-    _check_pack_cap(plan, layout.token_cap)
+    _check_pack_cap(view, packs, layout.token_cap, step)
     if layout.mode != "free":  # the estimate of the plan as assembled (fused slices priced)
         estimate = plan_critical_path(plan, layout.pp, layers=cost.layers)
         plan.meta["pipeline_estimate"] = round(estimate, 6)
@@ -577,24 +582,36 @@ def _recompute_advice(cost: CostModel) -> Iterator[None]:
         ) from None
 
 
-def _check_pack_cap(plan: StepPlan, cap: int) -> None:
-    """``Layout.pack_tokens`` is a hard cap for every pack, merge shares included."""
-    for rs in plan.ranks:
-        for p in (*rs.forward, *rs.backward):
-            if p.tokens > cap:  # pragma: no cover - the packers and merge planner respect cap
-                raise PlanError(
-                    f"step {plan.step} rank {rs.rank}: a pack of {p.tokens} tokens exceeds "
-                    f"pack_tokens={cap}"
-                )
+def _check_pack_cap(view: BatchView, packs: list[RankPacks], cap: int, step: int) -> None:
+    """``Layout.pack_tokens`` is a hard cap for every pack, merge shares included (the packs'
+    tokens summed over view slices at once: fusing slices keeps their tokens)."""
+    lists = [(r, p) for r, rp in enumerate(packs) for p in (*rp.forward, *rp.backward) if p]
+    lens = np.array([len(p) for _r, p in lists], dtype=np.int64)
+    flat = np.array(list(itertools.chain.from_iterable(p for _r, p in lists)), dtype=np.int64)
+    tokens = np.add.reduceat((view.end - view.start)[flat], np.cumsum(lens) - lens)
+    if len(tokens) and tokens.max() > cap:  # pragma: no cover - packers respect the cap
+        worst = int(tokens.argmax())
+        raise PlanError(
+            f"step {step} rank {lists[worst][0]}: a pack of {tokens[worst]} tokens exceeds "
+            f"pack_tokens={cap}"
+        )
 
 
 @dataclass
 class _Phase1:
     merges: MergePlan
-    units: list[list[range]]
     member_slices: dict[int, list[int]]
     moves: int
     milp: dict | None
+    docs: list[list[int]]
+    """Each rank's whole documents."""
+    view: BatchView
+
+    @cached_property
+    def units(self) -> list[list[range]]:
+        """Each rank's documents as runs of slice indices (built when asked: free mode packs
+        from ``docs`` alone, :func:`~slimdata.solver.freepack.pack_rank_by_runs`)."""
+        return [list(map(self.view.ranges.__getitem__, ds)) for ds in self.docs]
 
 
 def _phase1(
@@ -622,7 +639,9 @@ def _phase1(
         balance_ratio=options.skew_merge,
         cap=layout.token_cap,
     )
-    rest = np.asarray(sorted(set(range(len(view.docs))) - merges.merged_docs), dtype=np.int64)
+    unmerged = np.ones(len(view.docs), dtype=bool)
+    unmerged[list(merges.merged_docs)] = False
+    rest = np.flatnonzero(unmerged)  # the documents not merged, in order
     assign, member_slices, held = _distribute(view, layout, merges, rest, mem, gather / layer_share)
     group_ranks = [ranks for ranks, _d in merges.groups]
     moves = (
@@ -646,8 +665,7 @@ def _phase1(
         assign, info = refine_assignment(
             view, rest, assign, layout.dp, member_slices, seconds=options.milp_seconds
         )
-    units = [list(map(view.ranges.__getitem__, ds)) for ds in assign]
-    return _Phase1(merges, units, member_slices, moves, info)
+    return _Phase1(merges, member_slices, moves, info, assign, view)
 
 
 def _distribute(
@@ -686,12 +704,16 @@ def _member_buffers(view: BatchView, groups, shares, scale: float) -> dict[int, 
     return out
 
 
-def _free(view: BatchView, units, member_slices, layout: Layout) -> list[RankPacks]:
-    """Free mode: every rank packed on its own (:func:`pack_rank`)."""
+def _free(view: BatchView, p1: _Phase1, layout: Layout) -> list[RankPacks]:
+    """Free mode: every rank packed on its own (:func:`pack_rank`'s packs, found a pack at a
+    time by :func:`~slimdata.solver.freepack.pack_rank_by_runs` where it applies)."""
     dp, cap, mem = layout.dp, layout.token_cap, layout.memory_bytes
     out = []
     for r in range(dp):
-        p = pack_rank(view, units[r], member_slices.get(r, ()), cap=cap, mem=mem)
+        merge = p1.member_slices.get(r, ())
+        p = pack_rank_by_runs(view, p1.docs[r], merge, cap=cap, mem=mem)
+        if p is None:
+            p = pack_rank(view, p1.units[r], merge, cap=cap, mem=mem)
         if p is None:  # pragma: no cover - phase 1 guarantees every document fits alone
             raise PlanError(
                 f"rank {r}: cannot pack its documents under the memory cap {mem / 2**30:.1f} GiB"

@@ -1,0 +1,183 @@
+"""Free-mode packing of one rank a pack at a time: :func:`~slimdata.solver.micropack.pack_rank`'s
+exact result, with the per-slice work done by numpy.
+
+``pack_rank`` walks a rank's slices one by one, testing at each the token cap, the memory cap
+(the bytes held: every slice's activations and keys/values since the last backward) and, at a
+document's first slice, whether the document fits beside what is held. Between two closing
+forward packs nothing is released, so the bytes held are a running sum: one
+``np.add.accumulate`` (sequential, so bit for bit the sum ``pack_rank`` forms) gives them at
+every slice up to the next cut, and the first slice that fails a test is where the pack
+closes. Only the cuts and the backward releases (:meth:`_FreeRun.union_backward`, the same
+rule as ``pack_rank``'s) are Python loops: a DP-64 step of 6,700 short documents has a few
+packs and ~100 slices per rank. ``tests/solver/test_freepack.py`` checks the packs and the
+peak equal ``pack_rank``'s.
+
+Example (cap 4 slices, memory never binding; documents of 3, 2 and 2 slices
+``a0 a1 a2 | b0 b1 | c0 c1``): forward packs ``[a0 a1 a2 b0] [b1 c0 c1]``; the first cut is
+inside ``b``, so nothing runs backward then; at the end both packs run backward, newest first:
+``[c1 c0 b1] [b0 a2 a1 a0]``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from slimdata.solver.common import BatchView
+from slimdata.solver.micropack import RankPacks
+
+__all__ = ["pack_rank_by_runs"]
+
+
+def pack_rank_by_runs(
+    view: BatchView,
+    docs: Sequence[int],
+    merge_slices: Sequence[int] = (),
+    *,
+    cap: int,
+    mem: float,
+) -> RankPacks | None:
+    """``pack_rank(view, [view.slices_of(d) for d in docs], merge_slices, cap=cap, mem=mem)``:
+    the same packs and peak, for distinct whole documents ``docs``. ``None`` where
+    ``pack_rank`` is needed instead: a document listed twice, no slice, or a slice that does
+    not fit the caps (``pack_rank`` then says so)."""
+    run = _FreeRun.of(view, np.asarray(docs, dtype=np.int64), merge_slices, cap)
+    if run is None:
+        return None
+    s = 0
+    while s < run.n:
+        s = run.forward_until_cut(s, cap, mem)
+        if s < 0:
+            return None
+    return RankPacks(run.forward, run.backward, (0, 0) if run.head else None, run.peak)
+
+
+@dataclass(frozen=True)
+class _SliceBytes:
+    """Per slice of a batch, what :func:`pack_rank` adds up (as it does, one slice after
+    another from 0): ``ext`` the bytes its forward adds (activations + K/V); at a document's
+    first slice, ``doc_kv`` the document's K/V bytes (released with that slice's backward) and
+    ``usum`` its summed ``ext`` (0 elsewhere)."""
+
+    ext: np.ndarray
+    doc_kv: np.ndarray
+    usum: np.ndarray
+    tok: np.ndarray
+
+    @classmethod
+    def of(cls, view: BatchView) -> _SliceBytes:
+        key = "freepack.bytes"
+        if key not in view.memo:
+            tok = view.end - view.start
+            kv = view.kv_per_token * tok
+            ext = view.act + kv
+            doc_kv, usum = np.zeros(len(tok)), np.zeros(len(tok))
+            heads, counts = view.off[:-1], np.diff(view.off)
+            one = heads[counts == 1]
+            doc_kv[one], usum[one] = kv[one], ext[one]
+            kvl, extl = kv.tolist(), ext.tolist()
+            for a, k in zip(heads[counts > 1].tolist(), counts[counts > 1].tolist(), strict=True):
+                doc_kv[a] = sum(kvl[a : a + k], 0.0)
+                usum[a] = sum(extl[a : a + k])
+            view.memo[key] = cls(ext, doc_kv, usum, tok)
+        return view.memo[key]
+
+
+class _FreeRun:
+    """One rank's slice stream (its documents' slices in order) as arrays, and the state of
+    :func:`pack_rank_by_runs`: the bytes held, the packs so far."""
+
+    def __init__(self, view: BatchView, idx: np.ndarray, starts: np.ndarray, lens: np.ndarray):
+        b = _SliceBytes.of(view)
+        self.order, self.n = idx.tolist(), len(idx)
+        self.tok, self.ext, self.usum = b.tok[idx], b.ext[idx], b.usum[idx]
+        self.act, self.doc_kv = view.act[idx].tolist(), b.doc_kv[idx].tolist()
+        self.is_head = np.zeros(self.n, dtype=bool)
+        self.is_head[starts] = True
+        self.unit_head = np.repeat(starts, lens)  # stream position of each slice's first slice
+        self.docl = view.lists[4]
+        self.held = 0.0
+        self.peak = 0.0
+        self.forward: list[list[int]] = []
+        self.backward: list[list[int]] = []
+        self.pack_start: list[int] = []  # stream position of each forward pack's first slice
+        self.head = 0  # 1 with a merge share: forward and backward pack 0
+        self.unioned = 0
+
+    @classmethod
+    def of(
+        cls, view: BatchView, docs: np.ndarray, merge: Sequence[int], cap: int
+    ) -> _FreeRun | None:
+        """The run of ``docs`` (``None`` if one is listed twice, none has a slice or a slice
+        exceeds ``cap``), its merge share as forward and backward pack 0."""
+        lens = view.off[docs + 1] - view.off[docs]
+        docs, lens = docs[lens > 0], lens[lens > 0]
+        if not len(docs) or len(np.unique(docs)) != len(docs):
+            return None
+        starts = np.cumsum(lens) - lens
+        # slices of documents laid end to end: off 0 3 5 and docs (1, 0) -> 3 4 0 1 2
+        idx = np.repeat(view.off[docs] - starts, lens) + np.arange(int(lens.sum()))
+        run = cls(view, idx, starts, lens)
+        if int(run.tok.max()) > cap:
+            return None
+        if len(merge):
+            run.forward.append(list(merge))
+            run.backward.append(list(merge))
+            run.head = run.unioned = 1
+        return run
+
+    def forward_until_cut(self, s: int, cap: int, mem: float) -> int:
+        """Forward the open pack from stream position ``s`` (the pack is empty there) up to
+        the first slice that closes it: above the token cap, above the memory cap, or a
+        document's first slice whose document does not fit beside what is held; close it and
+        run the backward it allows. Returns where the next pack starts (``-1``: slice ``s``
+        does not fit beside what is held even now)."""
+        held = np.add.accumulate(np.concatenate(([self.held], self.ext[s:])))
+        # held[j]: bytes held before slice s + j; held[j + 1]: after it
+        over = held[1:] > mem
+        if over[0]:
+            return -1
+        close = over | (np.cumsum(self.tok[s:]) > cap)
+        close |= self.is_head[s:] & (held[:-1] + self.usum[s:] > mem)
+        close[0] = False
+        j = int(close.argmax()) if close.any() else self.n - s
+        self.peak = max(self.peak, float(held[1 : j + 1].max()))
+        self.held = float(held[j])
+        end = s + j
+        self.pack_start.append(s)
+        self.forward.append(self.order[s:end])
+        open_pack = None
+        if end < self.n and not self.is_head[end]:  # the cut is inside a document
+            head = int(self.unit_head[end])
+            open_pack = self.head + bisect.bisect_right(self.pack_start, head) - 1
+        self.union_backward(open_pack)
+        return end
+
+    def union_backward(self, open_pack: int | None) -> None:
+        """``pack_rank``'s rule: every forward pack before the latest clean cut (no document
+        on both sides) at or before ``open_pack`` (the pack of the open document's first
+        slice; ``None``: no document is open) runs its backward, newest first, each as one
+        backward pack; their activations are released, and a document's K/V with its first
+        slice."""
+        F, docl, head = self.forward, self.docl, self.head
+        stop = len(F)
+        if open_pack is not None:
+            stop = open_pack
+            while stop > self.unioned and docl[F[stop][0]] == docl[F[stop - 1][-1]]:
+                stop -= 1
+        if stop <= self.unioned:
+            return
+        for k in range(stop - 1, self.unioned - 1, -1):
+            self.backward.append(F[k][::-1])
+        first = self.pack_start[self.unioned - head]
+        last = self.pack_start[stop - 1 - head] + len(F[stop - 1])
+        held, act, doc_kv = self.held, self.act, self.doc_kv
+        for p in range(last - 1, first - 1, -1):  # the order pack_rank takes them back in
+            held -= act[p]
+            if doc_kv[p]:
+                held -= doc_kv[p]
+        self.held = held
+        self.unioned = stop
