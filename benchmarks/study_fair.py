@@ -235,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", default=",".join(CONTEXTS))
     ap.add_argument("--datasets", default="wikipedia,wlb128k,lognormal")
     ap.add_argument(
+        "--layouts",
+        default=",".join(f"{dp}x{pp}" for dp, pp in LAYOUTS),
+        help="DPxPP cells to run, e.g. 64x1 (the table of --merge is in grid order).",
+    )
+    ap.add_argument(
         "--merge",
         type=Path,
         nargs="+",
@@ -249,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, raw = [], []
     for ds in args.datasets.split(","):
         for ctx in args.contexts.split(","):
-            for dp, pp in LAYOUTS:
+            for dp, pp in (tuple(map(int, x.split("x"))) for x in args.layouts.split(",")):
                 t0 = time.perf_counter()
                 res = cell(dists[ds], CONTEXTS[ctx], dp, pp, args.steps)
                 rows.append(row(ds, ctx, dp, pp, res))
@@ -267,6 +272,14 @@ def main(argv: list[str] | None = None) -> int:
 def merge(paths: list[Path], out: Path) -> int:
     """Table and heat map of the cells of earlier runs (``--merge``)."""
     raw = [c for p in paths for c in json.loads((p / "study_fair.json").read_text())]
+    names, contexts = ["wikipedia", "wlb128k", "lognormal"], list(CONTEXTS)
+    raw.sort(
+        key=lambda c: (
+            names.index(c["dataset"]) if c["dataset"] in names else len(names),
+            contexts.index(c["context"]),
+            LAYOUTS.index((c["config"]["dp"], c["config"]["pp"])),
+        )
+    )
     rows = [row(c["dataset"], c["context"], c["config"]["dp"], c["config"]["pp"], c) for c in raw]
     out.mkdir(parents=True, exist_ok=True)
     (out / "study_fair.md").write_text(table(rows))
