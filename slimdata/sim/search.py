@@ -227,8 +227,9 @@ class Evaluator:
         """The schedule ``name``'s plan is solved for when it runs under ``schedule`` (default:
         the user's): that schedule for a strategy that plans for it
         (:data:`PLANS_BY_SCHEDULE`) with a pipeline, else ``None`` (one plan for every
-        schedule, solved with the layout as given)."""
-        if name not in PLANS_BY_SCHEDULE or self.layout.pp == 1:
+        schedule, solved with the layout as given; so is a stream strategy's, advanced
+        once)."""
+        if name not in PLANS_BY_SCHEDULE or name in self._stream_kinds or self.layout.pp == 1:
             return None
         return schedule or self.config.schedule
 
