@@ -41,10 +41,14 @@ def test_search_solves_slimpack_once_per_schedule_it_simulates():
     run = search(ev, "slimpack", BaselineConfig("best"))
     assert not isinstance(run, str)
     assert len(calls) == len(set(calls)) == ev.log.solves  # never the same solve twice
-    # every screened configuration (pack count x schedule) is solved once, for its schedule
-    tried = {(t["microbatches"] or 2, t["schedule"]) for t in ev.log.tried}
+    # every screened configuration (pack count x schedule planned for) is solved once; the
+    # 1F1B plans are also screened under the interleaved schedule, without solving again
+    tried = {(t["microbatches"] or 2, t.get("plan_schedule", t["schedule"])) for t in ev.log.tried}
     assert {(m, sch) for _n, _row, m, sch, _v in calls} == tried
-    assert len(tried) == len(ev.log.tried)
+    cross = [t for t in ev.log.tried if "plan_schedule" in t]
+    assert cross and all(
+        (t["plan_schedule"], t["schedule"]) == ("1f1b", "interleaved") for t in cross
+    )
     assert {(2, "1f1b"), (2, "interleaved")} <= tried  # its own choice under each schedule
     assert all(v == 2 for *_rest, v in calls)  # the simulator's virtual stages
     # the run's plan is the one solved for the schedule it runs under
