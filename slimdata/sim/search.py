@@ -25,7 +25,10 @@ Megatron default of the paper does); ``cp=N`` exactly that size. Costs and short
 - a baseline's plan does not depend on the schedule: each ``(strategy, k, R, step)`` is solved
   once and simulated once per schedule; a strategy that plans for the schedule
   (:data:`PLANS_BY_SCHEDULE`, slimpack) is solved once per schedule too, with the schedule
-  and ``SimConfig.virtual_stages`` in its layout (:class:`Evaluator` memoizes both);
+  and ``SimConfig.virtual_stages`` in its layout (:class:`Evaluator` memoizes both); with
+  ``best`` its 1F1B plan is also simulated under the interleaved schedule
+  (:data:`CROSS_SCHEDULE`, ``Setup.plan_schedule``), no solve added, and the micro-batch
+  search starts from the fastest of those too;
 - a ``(k, R)`` whose largest pack cannot fit even alone (``act_bytes_per_token * tokens *
   smallest stage share / k`` above the cap: a necessary condition for the simulated peak) is
   pruned without simulating it;
