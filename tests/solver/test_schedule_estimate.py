@@ -83,3 +83,22 @@ def test_interleaved_estimate_is_the_simulated_step_without_communication(pp):
         assert plan.meta["pipeline_estimate"] == pytest.approx(sim.step_time, rel=1e-6, abs=1e-6)
         one = plan_critical_path(plan, pp, layers=cost.layers)
         assert plan.meta["pipeline_estimate"] < one  # interleaving shrinks the bubble
+
+
+def test_an_order_the_interleaved_schedule_cannot_run_is_a_plan_error():
+    """pp 8, v 2, 10 packs at lag 0 (not a multiple of pp): the devices wait on each other.
+    The planner prices such a candidate ``inf`` so another count or lag wins."""
+    import math
+
+    from slimdata.errors import PlanError
+    from slimdata.execution.critical import critical_path
+    from slimdata.solver.common import interleaved_order
+    from slimdata.solver.strategies.slimpack import _Stages
+
+    order = interleaved_order(10, 10, 0)
+    with pytest.raises(PlanError, match="interleaved schedule cannot run"):
+        critical_path([1.0] * 10, [2.0] * 10, order, 8, schedule="interleaved", v=2)
+    stages = _Stages(8, 32, "interleaved", 2)
+    assert stages.estimate(np.ones((10, 1)), np.full((10, 1), 2.0), order) == math.inf
+    ok = interleaved_order(16, 16, 0)  # a multiple of pp runs: the guard is not vacuous
+    assert math.isfinite(stages.estimate(np.ones((16, 1)), np.full((16, 1), 2.0), ok))

@@ -749,10 +749,15 @@ class _Stages:
         """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
         per rank): the slowest rank's compute-only critical path under the plan's schedule,
         the execution model's stage order (:func:`~slimdata.execution.critical.critical_path`):
-        under the interleaved schedule the count and lag are chosen for its smaller bubble."""
-        times = critical_path(
-            fwd, bwd, order, self.pp, schedule=self.schedule, v=self.v, layers=self.layers
-        )
+        under the interleaved schedule the count and lag are chosen for its smaller bubble;
+        ``inf`` for an order the schedule cannot run (interleaved: some counts not a multiple
+        of ``pp``), so another count or lag wins."""
+        try:
+            times = critical_path(
+                fwd, bwd, order, self.pp, schedule=self.schedule, v=self.v, layers=self.layers
+            )
+        except PlanError:
+            return math.inf
         return float(times.max())
 
     def plan_estimate(self, plan: StepPlan) -> float:
