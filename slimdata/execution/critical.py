@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike
 
+from slimdata.errors import PlanError
 from slimdata.execution.schedule import stage_ops
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import RankStep, StepPlan
@@ -130,8 +131,11 @@ def _sequence(schedule: str, order: tuple[tuple[str, int], ...], pp: int, v: int
                 ops.append((kind, c, i))
                 pos[s] += 1
                 progressed = True
-        if not progressed:  # pragma: no cover - the schedules never deadlock
-            raise AssertionError(f"{schedule} order deadlocked on {pp} stages")
+        if not progressed:  # e.g. interleaved, pp 8, v 2: 10 packs at lag 0
+            raise PlanError(
+                f"the {schedule} schedule cannot run this order of {len(order)} ops on {pp} "
+                f"stages (v={v}): its devices wait on each other; try another micro-batch count"
+            )
     return _Sequence(
         backward=np.array([k == "B" for k, _c, _i in ops], dtype=bool),
         chunk=np.array([c for _k, c, _i in ops], dtype=np.int64),

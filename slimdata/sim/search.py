@@ -11,8 +11,10 @@ For a baseline the search covers:
   every document of the run fits, so no document is cut), ``cap`` (``layout.token_cap``, the
   default) and ``2 cap``, ``4 cap`` (fewer, larger ones: ``R / k`` tokens per device) while a
   DP group's share of the batch needs more than one row of ``R / 2``;
-- **micro-batches of slimpack** (``pp > 1``), which chooses its own count estimating 1F1B:
-  also 2x and 4x its choice (:data:`MICROBATCH_SEARCH`);
+- **micro-batches of slimpack** (``pp > 1``), which chooses its own count by estimating the
+  step under the schedule it is solved for (``Layout.schedule``): also 2x and 4x its choice
+  (:data:`MICROBATCH_SEARCH`; its estimate has no communication and checks memory with
+  1F1B's packs in flight, so more, smaller micro-batches may still be faster or fit);
 - **pipeline schedule** (``pp > 1``): 1F1B or interleaved (``SimConfig.virtual_stages``
   virtual stages).
 
@@ -20,8 +22,13 @@ For a baseline the search covers:
 step; ``smallest`` the smallest ``k`` that fits, with the schedule the user gave (what the
 Megatron default of the paper does); ``cp=N`` exactly that size. Costs and shortcuts:
 
-- a plan does not depend on the schedule: each ``(strategy, k, R, step)`` is solved once and
-  simulated once per schedule (:class:`Evaluator` memoizes both);
+- a baseline's plan does not depend on the schedule: each ``(strategy, k, R, step)`` is solved
+  once and simulated once per schedule; a strategy that plans for the schedule
+  (:data:`PLANS_BY_SCHEDULE`, slimpack) is solved once per schedule too, with the schedule
+  and ``SimConfig.virtual_stages`` in its layout (:class:`Evaluator` memoizes both); with
+  ``best`` its 1F1B plan is also simulated under the interleaved schedule
+  (:data:`CROSS_SCHEDULE`, ``Setup.plan_schedule``), no solve added, and the micro-batch
+  search starts from the fastest of those too;
 - a ``(k, R)`` whose largest pack cannot fit even alone (``act_bytes_per_token * tokens *
   smallest stage share / k`` above the cap: a necessary condition for the simulated peak) is
   pruned without simulating it;
@@ -128,6 +135,10 @@ class Setup:
     cp: int
     row: int = 0
     microbatches: int = 0
+    plan_schedule: str = ""
+    """For :data:`PLANS_BY_SCHEDULE`: the schedule the plan is solved for when it is not the
+    one simulated ("": the simulated one); the search also runs slimpack's 1F1B plan under the
+    interleaved schedule (:data:`CROSS_SCHEDULE`)."""
 
 
 @dataclass(frozen=True)
@@ -161,8 +172,9 @@ class _Stream:
 
 
 class Evaluator:
-    """Solve and simulate ``(strategy, Setup, step)`` at most once each (per schedule); a
-    stream strategy (``streams``: name -> packer class) is advanced step by step."""
+    """Solve and simulate ``(strategy, Setup, step)`` at most once each (per schedule; solve
+    per schedule only for :data:`PLANS_BY_SCHEDULE`); a stream strategy (``streams``: name ->
+    packer class) is advanced step by step."""
 
     def __init__(
         self,
@@ -177,7 +189,7 @@ class Evaluator:
         self.batches, self.layout, self.cost = batches, layout, cost
         self.config, self.seed, self._solve = config, seed, solve
         self._stream_kinds = dict(streams or {})
-        self._plans: dict[tuple[str, Setup, int], tuple[StepPlan, float]] = {}
+        self._plans: dict[tuple[str, Setup, str | None, int], tuple[StepPlan, float]] = {}
         self._sims: dict[tuple[str, Setup, str, int], SimResult] = {}
         self._streams: dict[tuple[str, Setup], _Stream] = {}
         self.log = SearchLog()
@@ -197,13 +209,14 @@ class Evaluator:
         other.log = self.log
         return other
 
-    def layout_for(self, at: Setup) -> Layout:
+    def layout_for(self, at: Setup, schedule: str | None = None) -> Layout:
         """The layout a plan is solved for under static CP ``k = at.cp``: ``dp / k`` DP
         groups; a group of k devices holds a pack split k ways, so it has k devices' memory
         (the simulator then checks every device's peak, gathered K/V included); packs of at
-        most ``at.row`` tokens when given."""
+        most ``at.row`` tokens when given; ``schedule`` (:meth:`plan_schedule`) with the
+        simulator's virtual stages when given, else the layout's own."""
         k = at.cp
-        return dataclasses.replace(
+        lay = dataclasses.replace(
             self.layout,
             dp=self.layout.dp // k,
             ranks_per_node=max(1, self.layout.ranks_per_node // k),
@@ -211,18 +224,36 @@ class Evaluator:
             pack_tokens=at.row or self.layout.pack_tokens,
             microbatches=at.microbatches or self.layout.microbatches,
         )
+        if schedule is None:
+            return lay
+        return dataclasses.replace(
+            lay, schedule=schedule, virtual_stages=self.config.virtual_stages
+        )
 
-    def plan(self, name: str, at: Setup, step: int) -> tuple[StepPlan, float]:
-        """The plan of iteration ``step`` (a step, or a stream's flush iteration) and its
-        solve milliseconds."""
-        key = (name, at, step)
+    def plan_schedule(self, name: str, schedule: str | None) -> str | None:
+        """The schedule ``name``'s plan is solved for when it runs under ``schedule`` (default:
+        the user's): that schedule for a strategy that plans for it
+        (:data:`PLANS_BY_SCHEDULE`) with a pipeline, else ``None`` (one plan for every
+        schedule, solved with the layout as given; so is a stream strategy's, advanced
+        once)."""
+        if name not in PLANS_BY_SCHEDULE or name in self._stream_kinds or self.layout.pp == 1:
+            return None
+        return schedule or self.config.schedule
+
+    def plan(
+        self, name: str, at: Setup, step: int, schedule: str | None = None
+    ) -> tuple[StepPlan, float]:
+        """The plan of iteration ``step`` (a step, or a stream's flush iteration) to run under
+        ``schedule`` (default: the user's) and its solve milliseconds."""
+        sch = self.plan_schedule(name, at.plan_schedule or schedule)
+        key = (name, dataclasses.replace(at, plan_schedule=""), sch, step)
         if key not in self._plans and name in self._stream_kinds:
             self._advance(name, at, step)
         elif key not in self._plans:
             t0 = time.perf_counter()
             plan = self._solve(
                 self.batches[step],
-                self.layout_for(at),
+                self.layout_for(at, sch),
                 name,
                 self.seed,
                 self.cost,
@@ -258,7 +289,7 @@ class Evaluator:
         while st.next <= min(step, n - 1):
             t0 = time.perf_counter()
             plan = st.packer.step(self.batches[st.next], st.next)
-            self._plans[(name, at, st.next)] = (plan, (time.perf_counter() - t0) * 1e3)
+            self._plans[(name, at, None, st.next)] = (plan, (time.perf_counter() - t0) * 1e3)
             self.log.solves += 1
             st.next += 1
         if step >= n and st.flush_iterations is None:
@@ -266,7 +297,7 @@ class Evaluator:
             plans = st.packer.flush(n)
             ms = (time.perf_counter() - t0) * 1e3 / max(len(plans), 1)
             for i, plan in enumerate(plans):
-                self._plans[(name, at, n + i)] = (plan, ms)
+                self._plans[(name, at, None, n + i)] = (plan, ms)
             self.log.solves += len(plans)
             st.flush_iterations = len(plans)
 
@@ -275,7 +306,7 @@ class Evaluator:
         if key not in self._sims:
             cfg = dataclasses.replace(self.config, cp=at.cp, schedule=schedule)
             self._sims[key] = simulate_step(
-                self.plan(name, at, step)[0], self.cost, self.layout, cfg
+                self.plan(name, at, step, schedule)[0], self.cost, self.layout, cfg
             )
             self.log.simulations += 1
         return self._sims[key]
@@ -291,7 +322,7 @@ class Evaluator:
         """Every step in one configuration, or why it does not fit."""
         plans, sims, ms = [], [], []
         for step in range(self.iterations(name, at)):
-            plan, t = self.plan(name, at, step)
+            plan, t = self.plan(name, at, step, schedule)
             r = self.sim(name, at, schedule, step)
             if r.over_memory:
                 return f"needs {r.peak_memory_gib:.1f} GiB per device in step {step}"
@@ -321,7 +352,7 @@ def _screen(ev: Evaluator, name: str, at: Setup, schedule: str) -> float | str:
     """First-step time of a configuration, or why it does not fit."""
     ev.log.screened += 1
     try:
-        plan, _ = ev.plan(name, at, 0)
+        plan, _ = ev.plan(name, at, 0, schedule)
     except PlanError as exc:
         return str(exc)
     if ev.cannot_fit(plan, at.cp):
@@ -352,32 +383,65 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
         over: list[tuple[Setup, str]] = []  # over the memory cap: more micro-batches may fit
         why = ""
         for k in sizes:
-            for sch in schedules:
-                fails = _try(ev, name, Setup(k), sch, screened)
+            for at, sch in _first_pass(ev, name, k, schedules, choice):
+                fails = _try(ev, name, at, sch, screened)
                 why = why or fails
                 if fails.startswith(OVER_MEMORY):
-                    over.append((Setup(k), sch))
+                    over.append((at, sch))
         if rows and choice.mode == "best":
             for _t, at, sch in sorted(screened)[:ROW_CANDIDATES]:
                 _try_rows(ev, name, at.cp, sch, screened)
         if name in MICROBATCH_SEARCH and choice.mode == "best" and lay.pp > 1:
-            best = [(at, sch) for _t, at, sch in sorted(screened)[:ROW_CANDIDATES]]
-            for at, sch in best + over:
+            for at, sch in _microbatch_bases(screened) + over:
                 _try_microbatches(ev, name, at, sch, screened)
         out = _first_that_fits(ev, name, sorted(screened), why, sizes[-1])
     ev.log.seconds += time.perf_counter() - t0
     return out
 
 
+def _first_pass(
+    ev: Evaluator, name: str, k: int, schedules: list[str], choice: BaselineConfig
+) -> list[tuple[Setup, str]]:
+    """The configurations screened first at CP size ``k``: each schedule, and with ``best``
+    for :data:`CROSS_SCHEDULE` the 1F1B plan under the interleaved schedule too."""
+    out = [(Setup(k), sch) for sch in schedules]
+    if name in CROSS_SCHEDULE and choice.mode == "best" and ev.layout.pp > 1:
+        out += [(Setup(k, plan_schedule="1f1b"), s) for s in schedules if s != "1f1b"]
+    return out
+
+
+def _microbatch_bases(screened: list[Screened]) -> list[tuple[Setup, str]]:
+    """Where the micro-batch search starts: the :data:`ROW_CANDIDATES` fastest configurations
+    whose plan is solved for the schedule simulated, and the fastest of those whose plan is
+    1F1B's under another schedule or runs 1F1B (the search before plans depended on the
+    schedule), so the search never does worse than that one."""
+    own = [(at, sch) for _t, at, sch in sorted(screened) if not at.plan_schedule]
+    cross = [(at, sch) for _t, at, sch in sorted(screened) if at.plan_schedule or sch == "1f1b"]
+    out = own[:ROW_CANDIDATES]
+    return out + [c for c in cross[:ROW_CANDIDATES] if c not in out]
+
+
 ROW_CANDIDATES = 2
 """Row lengths are searched at the best ``(k, schedule)`` configurations of the first pass."""
 
 MICROBATCH_SEARCH: tuple[str, ...] = ("slimpack",)
-"""Strategies that choose their own micro-batches per pipeline (estimated for 1F1B): with
-``best`` and ``pp > 1`` the search also asks them for 2x and 4x their choice at the best
-configurations of the first pass (an interleaved schedule keeps more micro-batches in flight,
-so it may fit only with more, smaller ones, and more shrink the bubble); also where its own
-choice is over the memory cap."""
+"""Strategies that choose their own micro-batches per pipeline (estimated for the schedule
+they are solved for, without communication): with ``best`` and ``pp > 1`` the search also
+asks them for 2x and 4x their choice at the best configurations of the first pass (an
+interleaved schedule keeps more micro-batches in flight than the planner's 1F1B memory check
+counts, so it may fit only with more, smaller ones, and more may shrink the bubble); also
+where its own choice is over the memory cap."""
+
+CROSS_SCHEDULE: tuple[str, ...] = ("slimpack",)
+"""Strategies of :data:`PLANS_BY_SCHEDULE` whose 1F1B plan is also run under the interleaved
+schedule (with ``best``): its estimate has no communication and 1F1B's memory, so the plan for
+1F1B is at times the faster one interleaved (measured on the fair study's 512K wikipedia
+cells: 150.3 s vs 156.2 s at DP 8 x PP 8)."""
+
+PLANS_BY_SCHEDULE: tuple[str, ...] = ("slimpack",)
+"""Strategies whose plan depends on the pipeline schedule (``Layout.schedule``: slimpack
+chooses its pack count and lag by the schedule's critical path): with ``pp > 1`` they are
+solved once per schedule they are simulated under; every other strategy once for all."""
 
 MICROBATCH_FACTORS = (2, 4)
 
@@ -391,16 +455,17 @@ Screened = tuple[float, Setup, str]
 def _try(ev: Evaluator, name: str, at: Setup, sch: str, screened: list[Screened]) -> str:
     """Screen one configuration into ``screened``; why it does not fit, or ``""``."""
     t = _screen(ev, name, at, sch)
-    ev.log.tried.append(
-        {
-            "strategy": name,
-            "cp": at.cp,
-            "row": at.row,
-            "microbatches": at.microbatches,
-            "schedule": sch,
-            "first_step": t,
-        }
-    )
+    tried = {
+        "strategy": name,
+        "cp": at.cp,
+        "row": at.row,
+        "microbatches": at.microbatches,
+        "schedule": sch,
+        "first_step": t,
+    }
+    if at.plan_schedule:  # a plan solved for another schedule than the one simulated
+        tried["plan_schedule"] = at.plan_schedule
+    ev.log.tried.append(tried)
     if isinstance(t, str):
         return t
     screened.append((t, at, sch))
@@ -432,10 +497,10 @@ def _try_microbatches(
     increasing order until one does not fit or is slower than the one before (where its own
     choice did not fit, until one fits and then as before)."""
     prev = next((t for t, a, ss in screened if (a, ss) == (at, sch)), float("inf"))
-    chosen = len(ev.plan(name, at, 0)[0].ranks[0].forward)
+    chosen = len(ev.plan(name, at, 0, sch)[0].ranks[0].forward)  # at.plan_schedule's choice
     for factor in MICROBATCH_FACTORS:
         n = len(screened)
-        more = Setup(at.cp, at.row, factor * chosen)
+        more = Setup(at.cp, at.row, factor * chosen, at.plan_schedule)
         if any(a == more and ss == sch for _t, a, ss in screened):
             continue
         fails = _try(ev, name, more, sch, screened)

@@ -7,9 +7,13 @@ from dataclasses import dataclass
 
 from slimdata.errors import ConfigError
 
-__all__ = ["Layout"]
+__all__ = ["SCHEDULES", "Layout"]
 
 GIB = 1 << 30
+
+SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved")
+"""Pipeline schedules a lockstep plan can be estimated for (the execution model's registry,
+:data:`slimdata.execution.schedule.SCHEDULES`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +44,13 @@ class Layout:
     (CP groups), so the job has ``dp * cp`` devices; ``memory_gib`` stays per device and a DP
     rank is planned with its ``cp`` devices' memory (:attr:`memory_bytes`), as the
     simulator's static-CP search solves (:mod:`slimdata.sim.cp`)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule the plan will run under when ``pp > 1``: ``1f1b`` or ``interleaved``
+    (Megatron's interleaved 1F1B over :attr:`virtual_stages` model chunks per device). A
+    lockstep planner that estimates the step (SlimPack) estimates it under this schedule."""
+    virtual_stages: int = 1
+    """Model chunks per device under the ``interleaved`` schedule (Megatron's
+    ``--num-layers-per-virtual-pipeline-stage`` expressed as a count); unused otherwise."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.dp, int) or self.dp < 1:
@@ -62,6 +73,20 @@ class Layout:
             raise ConfigError(
                 f"cp={self.cp!r}: static context parallelism needs an integer >= 1 (1: none)"
             )
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule={self.schedule!r}: use one of {', '.join(SCHEDULES)}")
+        v = self.virtual_stages
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(
+                f"virtual_stages={v!r}: model chunks per device need an integer >= 1 "
+                "(e.g. 2 with schedule='interleaved')"
+            )
+
+    @property
+    def chunks_per_device(self) -> int:
+        """Model chunks each pipeline device holds: ``virtual_stages`` under the interleaved
+        schedule with ``pp > 1``, else 1 (then every schedule is 1F1B)."""
+        return self.virtual_stages if self.pp > 1 and self.schedule == "interleaved" else 1
 
     @property
     def memory_bytes(self) -> float:

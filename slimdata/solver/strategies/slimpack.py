@@ -14,10 +14,14 @@ slices costing more than a quarter of a rank's time are cut finer first
 Phase 2 (asymmetric MicroPacks, :mod:`slimdata.solver.micropack`): per rank, forward packs
 balanced on forward cost and backward packs balanced on backward cost, under the token cap
 (``layout.token_cap``) and the memory cap (``layout.memory_bytes``). In lockstep mode every
-rank gets the same pack count ``m`` (``layout.microbatches`` or the smallest that fits) and
-pack ``i`` is the ``i``-th cost quantile of each rank's (balanced) load; memory is checked
-per pipeline stage as the simulator accounts it (first stage's share of the layers, 1F1B's
-extra packs in flight, merge buffers; :func:`~slimdata.solver.micropack.pack_rank_lockstep`).
+rank gets the same pack count ``m`` (``layout.microbatches`` or, among candidates, the one
+with the smallest estimated step) and pack ``i`` is the ``i``-th cost quantile of each rank's
+(balanced) load; memory is checked per pipeline stage as the simulator accounts it (first
+stage's share of the layers, 1F1B's extra packs in flight, merge buffers;
+:func:`~slimdata.solver.micropack.pack_rank_lockstep`). The estimate is the execution model's
+compute-only critical path under the schedule the plan will run (``layout.schedule``, 1F1B or
+interleaved over ``layout.virtual_stages``; :mod:`slimdata.execution.critical`), recorded as
+``plan.meta["pipeline_estimate"]``.
 
 An optional MILP refinement (``milp_seconds > 0``, :mod:`slimdata.solver.milp`) improves the
 phase-1 assignment under a wall-time budget, warm-started from it; the heuristic answer is kept
@@ -505,7 +509,7 @@ def slimpack(
     else:
         with _recompute_advice(cost):
             estimate, packs, lag, p1 = _solve_lockstep(
-                view, layout, options, _Stages(layout.pp, cost.layers)
+                view, layout, options, _Stages.of(layout, cost)
             )
     plan = assemble_plan(
         view=view,
@@ -525,7 +529,7 @@ def slimpack(
     )
     _check_pack_cap(view, packs, layout.token_cap, step)
     if layout.mode != "free":  # the estimate of the plan as assembled (fused slices priced)
-        estimate = plan_critical_path(plan, layout.pp, layers=cost.layers)
+        estimate = _Stages.of(layout, cost).plan_estimate(plan)
         plan.meta["pipeline_estimate"] = round(estimate, 6)
     return plan
 
@@ -746,17 +750,44 @@ class _Stages:
     pp: int
     layers: int
     """The model's layers: the execution model's split of the model into pipeline chunks."""
+    schedule: str = "1f1b"
+    """The schedule the plan will run under (``Layout.schedule``): the estimate's stage order."""
+    v: int = 1
+    """Model chunks per device (``Layout.chunks_per_device``; 1 unless interleaved)."""
+
+    @classmethod
+    def of(cls, layout: Layout, cost: CostModel) -> _Stages:
+        """The pipeline of ``layout`` for a model of ``cost.layers`` layers."""
+        return cls(layout.pp, cost.layers, layout.schedule, layout.chunks_per_device)
 
     @property
     def share(self) -> float:
-        """The first (largest) stage's share of the layers (:func:`stage_share`)."""
+        """The first (largest) stage's share of the layers (:func:`stage_share`); memory is
+        checked with 1F1B's packs in flight under every schedule (the simulator checks the
+        schedule's own peak)."""
         return stage_share(self.layers, self.pp)
 
     def estimate(self, fwd: np.ndarray, bwd: np.ndarray, order) -> float:
         """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
-        per rank): the slowest rank's compute-only critical path under 1F1B, the execution
-        model's stage order (:func:`~slimdata.execution.critical.critical_path`)."""
-        return float(critical_path(fwd, bwd, order, self.pp, layers=self.layers).max())
+        per rank): the slowest rank's compute-only critical path under the plan's schedule,
+        the execution model's stage order (:func:`~slimdata.execution.critical.critical_path`):
+        under the interleaved schedule the count and lag are chosen for its smaller bubble;
+        ``inf`` for an order the schedule cannot run (interleaved: some counts not a multiple
+        of ``pp``), so another count or lag wins."""
+        try:
+            times = critical_path(
+                fwd, bwd, order, self.pp, schedule=self.schedule, v=self.v, layers=self.layers
+            )
+        except PlanError:
+            return math.inf
+        return float(times.max())
+
+    def plan_estimate(self, plan: StepPlan) -> float:
+        """:meth:`estimate` of an assembled plan, every rank through its own order
+        (:func:`~slimdata.execution.critical.plan_critical_path`)."""
+        return plan_critical_path(
+            plan, self.pp, schedule=self.schedule, v=self.v, layers=self.layers
+        )
 
 
 def _lockstep(
@@ -950,7 +981,7 @@ def _check_slices(view: BatchView, cap: int, mem: float) -> None:
 
 
 def _layout_meta(layout: Layout) -> dict:
-    return {
+    out = {
         "dp": layout.dp,
         "pp": layout.pp,
         "ranks_per_node": layout.ranks_per_node,
@@ -960,3 +991,6 @@ def _layout_meta(layout: Layout) -> dict:
         "mode": layout.mode,
         "microbatches": layout.microbatches,
     }
+    if layout.pp > 1 and layout.schedule != "1f1b":  # 1F1B plans' meta as before
+        out.update(schedule=layout.schedule, virtual_stages=layout.virtual_stages)
+    return out

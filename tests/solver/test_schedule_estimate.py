@@ -1,0 +1,104 @@
+"""The lockstep planner estimates the step under the schedule the plan will run
+(``Layout.schedule``, ``Layout.virtual_stages``): 1F1B or interleaved."""
+
+import numpy as np
+import pytest
+
+from slimdata.cost import CostModel
+from slimdata.errors import ConfigError
+from slimdata.execution.critical import plan_critical_path
+from slimdata.execution.schedule import SCHEDULES as EXECUTION_SCHEDULES
+from slimdata.solver import Layout, solve
+from slimdata.solver.layout import SCHEDULES
+
+from .conftest import docs_of, unit_cost
+
+
+def test_layout_schedule_defaults_and_validation():
+    lay = Layout(dp=1)
+    assert (lay.schedule, lay.virtual_stages, lay.chunks_per_device) == ("1f1b", 1, 1)
+    assert tuple(EXECUTION_SCHEDULES) == SCHEDULES  # one registry of schedules
+    assert Layout(dp=1, pp=2, schedule="interleaved", virtual_stages=2).chunks_per_device == 2
+    # chunks only matter with a pipeline, and only under the interleaved schedule
+    assert Layout(dp=1, pp=1, schedule="interleaved", virtual_stages=2).chunks_per_device == 1
+    assert Layout(dp=1, pp=2, virtual_stages=2).chunks_per_device == 1
+    with pytest.raises(ConfigError, match=r"schedule='gpipe': use one of 1f1b, interleaved"):
+        Layout(dp=1, schedule="gpipe")
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ConfigError, match=f"virtual_stages={bad!r}"):
+            Layout(dp=1, pp=2, schedule="interleaved", virtual_stages=bad)  # type: ignore[arg-type]
+
+
+def test_estimate_is_the_interleaved_critical_path_by_hand():
+    """pp 2, two documents of 128 tokens (one slice each), 1 s/token forward, 2 s/token
+    backward: two packs of F 128 s, B 256 s whatever the schedule, lag 0.
+
+    1F1B (halves of a pack per stage): stage 0 F0 [0, 64] F1 [64, 128]; stage 1 F0 [64, 128]
+    B0 [128, 256] F1 [256, 320] B1 [320, 448]; stage 0 B0 [256, 384] B1 [448, 576]: 576 s.
+    Interleaved, v = 2 (chunk c on device c % 2, a quarter of a pack each; F 32 s, B 64 s):
+    device 0 F(0,0) [0, 32] F(0,1) [32, 64] F(2,0) [64, 96] F(2,1) [96, 128]; device 1 F(1,0)
+    [32, 64] F(1,1) [64, 96] F(3,0) [96, 128] B(3,0) [128, 192] F(3,1) [192, 224] B(3,1)
+    [224, 288]; device 0 B(2,0) [192, 256] B(2,1) [288, 352] B(0,0) [352, 416] B(0,1)
+    [416, 480]; device 1 B(1,0) [288, 352] B(1,1) [352, 416]: 480 s, the smaller bubble."""
+    cost, docs = unit_cost(), docs_of([128, 128], 128)
+    base = Layout(dp=1, pp=2, mode="lockstep", context=256, memory_gib=1000)
+    one = solve(docs, base, "slimpack", 0, cost)
+    lay = Layout(
+        dp=1, pp=2, mode="lockstep", context=256, memory_gib=1000, schedule="interleaved",
+        virtual_stages=2,
+    )  # fmt: skip
+    inter = solve(docs, lay, "slimpack", 0, cost)
+    for plan in (one, inter):  # the same packs: the guard that the estimates differ by schedule
+        rs = plan.ranks[0]
+        assert [p.cost for p in rs.forward] == [128.0, 128.0]
+        assert [p.cost for p in rs.backward] == [256.0, 256.0] and plan.meta["lag"] == 0
+    assert one.meta["pipeline_estimate"] == 576.0 == plan_critical_path(one, 2)
+    est = plan_critical_path(inter, 2, schedule="interleaved", v=2)
+    assert inter.meta["pipeline_estimate"] == 480.0 == est
+    assert inter.meta["layout"]["schedule"] == "interleaved"
+    assert inter.meta["layout"]["virtual_stages"] == 2
+    assert "schedule" not in one.meta["layout"]  # 1F1B plans record what they always did
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_interleaved_estimate_is_the_simulated_step_without_communication(pp):
+    """As for 1F1B (test_lockstep): on a network that costs nothing, the step the planner
+    chose its pack count and lag by is the simulator's interleaved step, per plan."""
+    from slimdata.cost import Interconnect
+    from slimdata.sim import SimConfig, simulate_step
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    free_net = Interconnect(intra_node_gbps=1e12, inter_node_gbps=1e12, latency_s=0.0)
+    config = SimConfig(interconnect=free_net, schedule="interleaved", virtual_stages=2)
+    rng = np.random.default_rng(pp)
+    for seed in range(2):
+        lengths = rng.integers(200, 20000, size=60).tolist()
+        layout = Layout(
+            dp=4, pp=pp, mode="lockstep", context=32768, memory_gib=20, schedule="interleaved",
+            virtual_stages=2,
+        )  # fmt: skip
+        plan = solve(docs_of(lengths, 2048), layout, "slimpack", seed, cost)
+        assert not plan.merges  # merged slices are priced with CP chunk efficiency: not here
+        sim = simulate_step(plan, cost, layout, config)
+        assert plan.meta["pipeline_estimate"] == pytest.approx(sim.step_time, rel=1e-6, abs=1e-6)
+        one = plan_critical_path(plan, pp, layers=cost.layers)
+        assert plan.meta["pipeline_estimate"] < one  # interleaving shrinks the bubble
+
+
+def test_an_order_the_interleaved_schedule_cannot_run_is_a_plan_error():
+    """pp 8, v 2, 10 packs at lag 0 (not a multiple of pp): the devices wait on each other.
+    The planner prices such a candidate ``inf`` so another count or lag wins."""
+    import math
+
+    from slimdata.errors import PlanError
+    from slimdata.execution.critical import critical_path
+    from slimdata.solver.common import interleaved_order
+    from slimdata.solver.strategies.slimpack import _Stages
+
+    order = interleaved_order(10, 10, 0)
+    with pytest.raises(PlanError, match="interleaved schedule cannot run"):
+        critical_path([1.0] * 10, [2.0] * 10, order, 8, schedule="interleaved", v=2)
+    stages = _Stages(8, 32, "interleaved", 2)
+    assert stages.estimate(np.ones((10, 1)), np.full((10, 1), 2.0), order) == math.inf
+    ok = interleaved_order(16, 16, 0)  # a multiple of pp runs: the guard is not vacuous
+    assert math.isfinite(stages.estimate(np.ones((16, 1)), np.full((16, 1), 2.0), ok))
