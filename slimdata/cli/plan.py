@@ -44,6 +44,7 @@ __all__ = ["command"]
 @click.option(
     "--cp",
     default="auto",
+    metavar="auto|N",
     show_default=True,
     callback=lambda _ctx, _param, value: _cp_size(value),
     help="Static context parallelism: ranks per DP rank (Megatron's --context-parallel-size), "
