@@ -182,3 +182,20 @@ def test_decompressed_copies_live_outside_the_build_until_closed(tmp_path):
     assert scratch != packed and list(scratch.rglob("*.mds"))
     reader.close()
     assert not scratch.exists() and reader.shards[0].dirname == str(packed)
+
+
+def test_auto_falls_back_to_the_next_size_when_an_epoch_does_not_plan(tmp_path, monkeypatch):
+    # the screening order puts cp = 1 first; the epoch cannot plan at cp = 1 (two documents
+    # of 13.0 GiB per step on 2 devices of 8 GiB), so the epoch is planned at cp = 2 and the
+    # failure is reported; nothing of the failed attempt is left in the output
+    import slimdata.autocp as autocp
+
+    monkeypatch.setattr(
+        autocp, "cp_preference", lambda *a, **k: autocp.CpChoice([1, 2], "forced order")
+    )
+    res, out = _plan(tmp_path, TWO_BIG, "--global-batch-tokens", "65536", "--memory-gib", "8")
+    assert res.exit_code == 0, res.output
+    choice = json.loads(res.output)["cp_choice"]
+    assert choice["cp"] == 2 and choice["reason"] == "forced order"
+    assert len(choice["failed"]) == 1 and choice["failed"][0].startswith("cp=1: ")
+    assert json.loads((out / "plan.json").read_text())["cp"] == 2
