@@ -29,7 +29,7 @@ import numpy as np
 from slimdata.solver.common import BatchView
 from slimdata.solver.micropack import RankPacks
 
-__all__ = ["pack_rank_by_runs"]
+__all__ = ["longest_backward_last", "pack_rank_by_runs"]
 
 
 def pack_rank_by_runs(
@@ -181,3 +181,78 @@ class _FreeRun:
                 held -= doc_kv[p]
         self.held = held
         self.unioned = stop
+
+
+def longest_backward_last(view: BatchView, packs: RankPacks) -> RankPacks:
+    """``packs`` with the segment whose backward takes longest moved to the end.
+
+    A segment is a run of forward packs that no document and no backward pack crosses out
+    of, with its backward packs. In the eager order (:func:`~slimdata.plan.types.eager_order`)
+    a segment's backward packs run right after its last forward, releasing all it holds, so
+    segments run in any order at the same peak. DDP's gradient all-reduce streams out during
+    the last backward pack and is exposed for whatever of it that backward does not cover
+    (:func:`slimdata.sim.dag._gradient_all_reduce`): the longest backward last covers most.
+    A merge member's segment of pack 0 stays first: its group meets there.
+
+    Example: forward packs ``[a] [b0] [b1 c]`` (document ``b`` cut after ``b0``), backward
+    ``[a] [c b1] [b0]``, backward seconds ``a: 5``, ``b: 2``, ``c: 1``: the segments are
+    ``[a]`` (5 s) and ``[b0] [b1 c]`` (3 s); ``[a]`` goes last.
+    """
+    segments = _segments(view, packs)
+    head = 1 if packs.merge_pack is not None else 0
+    rest = segments[head:]
+    if len(rest) < 2:
+        return packs
+    bwd = view.lists[2]
+    seconds = [sum(bwd[s] for j in bs for s in packs.backward[j]) for _fs, bs in rest]
+    k = max(range(len(rest)), key=lambda i: (seconds[i], i))  # on a tie, the later stays
+    if k == len(rest) - 1:
+        return packs
+    order = [*segments[:head], *rest[:k], *rest[k + 1 :], rest[k]]
+    fwd_ids = [i for fs, _bs in order for i in fs]
+    bwd_ids = [j for _fs, bs in order for j in bs]
+
+    def pick(items: list | None, ids: list[int]) -> list | None:
+        return None if items is None else [items[i] for i in ids]
+
+    return RankPacks(
+        pick(packs.forward, fwd_ids),  # type: ignore[arg-type]
+        pick(packs.backward, bwd_ids),  # type: ignore[arg-type]
+        packs.merge_pack,
+        packs.peak,
+        pick(packs.forward_cost, fwd_ids),
+        pick(packs.backward_cost, bwd_ids),
+    )
+
+
+def _segments(view: BatchView, packs: RankPacks) -> list[tuple[list[int], list[int]]]:
+    """``packs``' segments in order (:func:`longest_backward_last`): each as its forward and
+    backward pack indices."""
+    doc_of = view.lists[4]
+    n = len(packs.forward)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, pack in enumerate(packs.forward):
+        for s in pack:
+            first.setdefault(doc_of[s], i)
+            last[doc_of[s]] = i
+    crossing = np.zeros(n + 1, dtype=np.int64)  # crossing[i] > 0: no segment ends at pack i
+    for d, i in first.items():
+        crossing[i] += 1
+        crossing[last[d]] -= 1
+    ready = []
+    for pack in packs.backward:
+        docs = {doc_of[s] for s in pack}
+        lo = min(map(first.__getitem__, docs), default=0)
+        hi = max(map(last.__getitem__, docs), default=0)
+        crossing[lo] += 1
+        crossing[hi] -= 1
+        ready.append(hi)
+    ends = np.flatnonzero(np.cumsum(crossing)[:n] == 0)  # a segment ends at these packs
+    segment_of = np.searchsorted(ends, np.arange(n))
+    out: list[tuple[list[int], list[int]]] = [([], []) for _ in ends]
+    for i in range(n):
+        out[segment_of[i]][0].append(i)
+    for j, hi in enumerate(ready):
+        out[segment_of[hi]][1].append(j)
+    return out

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from slimdata.cost import CostModel
 from slimdata.solver.common import BatchView
-from slimdata.solver.freepack import pack_rank_by_runs
+from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
 from slimdata.solver.micropack import pack_rank
 
 from .conftest import GIB, docs_of, unit_cost
@@ -94,3 +94,36 @@ def test_same_packs_and_peak_as_pack_rank(
         assert ref is not None  # no vacuous pass
     if ref is not None:
         same(view, docs, merge_slices, cap=cap, mem=mem)
+
+
+def test_longest_backward_segment_runs_last():
+    # one-slice packs a | b0 | b1 | c (cap 128 tokens); b is cut, so b0 and b1 are one segment
+    # of 512 s of backward (a and c: 256 s each): it moves to the end, its packs in order
+    view = BatchView.build(docs_of([128, 256, 128], 128), unit_cost())
+    p = same(view, [0, 1, 2], cap=128, mem=math.inf)
+    assert p.forward == [[0], [1], [2], [3]]
+    assert p.backward == [[0], [2], [1], [3]]
+    q = longest_backward_last(view, p)
+    assert q.forward == [[0], [3], [1], [2]]
+    assert q.backward == [[0], [3], [2], [1]]
+    assert (q.peak, q.merge_pack) == (p.peak, None)
+
+
+def test_longest_backward_last_keeps_the_merge_pack_first_and_ties_in_place():
+    # merge share [5 6 7] first; then documents of 3 and 2 slices, cap 384 tokens
+    view = BatchView.build(docs_of([256, 384, 384], 128), unit_cost())
+    p = same(view, [1, 0], [5, 6, 7], cap=384, mem=math.inf)
+    assert p.forward == [[5, 6, 7], [2, 3, 4], [0, 1]]
+    q = longest_backward_last(view, p)
+    assert q.forward == [[5, 6, 7], [0, 1], [2, 3, 4]]
+    assert q.backward == [[5, 6, 7], [1, 0], [4, 3, 2]]
+    assert q.merge_pack == (0, 0)
+    even = BatchView.build(docs_of([256, 256, 384], 128), unit_cost())
+    p = same(even, [0, 1], [4, 5, 6], cap=256, mem=math.inf)
+    assert longest_backward_last(even, p) is p  # segments of 512 s each: nothing moves
+
+
+def test_a_single_segment_is_left_alone():
+    view = BatchView.build(docs_of([384, 256, 256], 128), unit_cost())
+    p = same(view, [0, 1, 2], cap=512, mem=math.inf)
+    assert longest_backward_last(view, p) is p

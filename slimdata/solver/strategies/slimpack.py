@@ -49,7 +49,7 @@ from slimdata.execution.critical import critical_path, plan_critical_path
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
-from slimdata.solver.freepack import pack_rank_by_runs
+from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
 from slimdata.solver.layout import Layout
 from slimdata.solver.merge import (
     MergePlan,
@@ -710,7 +710,9 @@ def _member_buffers(view: BatchView, groups, shares, scale: float) -> dict[int, 
 
 def _free(view: BatchView, p1: _Phase1, layout: Layout) -> list[RankPacks]:
     """Free mode: every rank packed on its own (:func:`pack_rank`'s packs, found a pack at a
-    time by :func:`~slimdata.solver.freepack.pack_rank_by_runs` where it applies)."""
+    time by :func:`~slimdata.solver.freepack.pack_rank_by_runs` where it applies), the
+    segment with the longest backward last (:func:`~slimdata.solver.freepack.longest_backward_last`:
+    it hides the gradient all-reduce)."""
     dp, cap, mem = layout.dp, layout.token_cap, layout.memory_bytes
     out = []
     for r in range(dp):
@@ -722,7 +724,7 @@ def _free(view: BatchView, p1: _Phase1, layout: Layout) -> list[RankPacks]:
             raise PlanError(
                 f"rank {r}: cannot pack its documents under the memory cap {mem / 2**30:.1f} GiB"
             )
-        out.append(p)
+        out.append(longest_backward_last(view, p))
     return out
 
 
