@@ -62,6 +62,9 @@ class BatchView:
     act: np.ndarray
     off: np.ndarray
     doc_fwd: np.ndarray
+    """Forward seconds of each document run whole (one slice ``[0, length)``: what a pack that
+    holds the whole document runs; its slices priced apiece would add their per-call
+    constants, which fused slices do not pay)."""
     doc_bwd: np.ndarray
     doc_len: np.ndarray
     doc_mem: np.ndarray
@@ -92,9 +95,10 @@ class BatchView:
         end = allcuts[~is_first]
         doc = np.repeat(np.arange(len(docs), dtype=np.int64), counts)
         sc = cost.slice_costs(start, end)
-        doc_fwd = np.add.reduceat(sc.fwd, off[:-1]) if len(start) else np.zeros(len(docs))
-        doc_bwd = np.add.reduceat(sc.bwd, off[:-1]) if len(start) else np.zeros(len(docs))
         doc_len = np.array(list(map(_LENGTH, docs)), dtype=np.int64)
+        # a document runs whole where it is not cut between packs: priced as one slice
+        doc_fwd = np.asarray(cost.forward(np.zeros_like(doc_len), doc_len), dtype=float)
+        doc_bwd = np.asarray(cost.backward(np.zeros_like(doc_len), doc_len), dtype=float)
         doc_act = np.add.reduceat(sc.act_bytes, off[:-1]) if len(start) else np.zeros(len(docs))
         empty = counts == 0
         for arr in (doc_fwd, doc_bwd, doc_act):

@@ -135,3 +135,23 @@ def test_members_merge_shares_stay_within_the_group_largest():
         after, before = shares(plan, g.ranks), shares(solo, g0.ranks)
         assert max(f for f, _ in after) <= max(f for f, _ in before) * (1 + 1e-9)
         assert max(b for _, b in after) <= max(b for _, b in before) * (1 + 1e-9)
+
+
+def test_a_document_is_priced_as_it_runs_whole():
+    # 1 s a token forward, 2 s backward, and 5 s / 7 s a call: a document of 3 slices of 128
+    # tokens runs as one call in a pack that holds it whole (384 + 5 and 768 + 7 s), not as
+    # 3 calls (384 + 15 and 768 + 21 s)
+    cost = CostModel(
+        fwd_lin=1.0,
+        fwd_att=0.0,
+        fwd_const=5.0,
+        bwd_lin=2.0,
+        bwd_att=0.0,
+        bwd_const=7.0,
+        act_bytes_per_token=1.0,
+        kv_bytes_per_token=0.0,
+    )
+    view = BatchView.build(docs_of([384, 100], 128), cost)
+    assert view.doc_fwd.tolist() == [389.0, 105.0]
+    assert view.doc_bwd.tolist() == [775.0, 207.0]
+    assert view.fwd.tolist() == [133.0, 133.0, 133.0, 105.0]
