@@ -62,9 +62,9 @@ class BatchView:
     act: np.ndarray
     off: np.ndarray
     doc_fwd: np.ndarray
-    """Forward seconds of each document run whole (one slice ``[0, length)``: what a pack that
-    holds the whole document runs; its slices priced apiece would add their per-call
-    constants, which fused slices do not pay)."""
+    """Forward seconds of each document run in the fewest calls the pack token cap allows
+    (:func:`_fewest_calls_prices`: what a rank that holds the document whole runs, its slices
+    fused; priced apiece they would add per-call constants that fused slices do not pay)."""
     doc_bwd: np.ndarray
     doc_len: np.ndarray
     doc_mem: np.ndarray
@@ -75,7 +75,9 @@ class BatchView:
     gathered buffer per token of its group."""
 
     @classmethod
-    def build(cls, docs: Sequence[Document], cost: CostModel) -> BatchView:
+    def build(cls, docs: Sequence[Document], cost: CostModel, cap: int | None = None) -> BatchView:
+        """The batch's slices and their costs; each document priced as it runs in the fewest
+        calls the pack token ``cap`` allows (one without it)."""
         docs = tuple(docs)
         cuts = list(map(_CUTS, docs))
         # lists then arrays: np.fromiter over an iterator costs ~0.3 us an item, a list ~0.02
@@ -96,9 +98,7 @@ class BatchView:
         doc = np.repeat(np.arange(len(docs), dtype=np.int64), counts)
         sc = cost.slice_costs(start, end)
         doc_len = np.array(list(map(_LENGTH, docs)), dtype=np.int64)
-        # a document runs whole where it is not cut between packs: priced as one slice
-        doc_fwd = np.asarray(cost.forward(np.zeros_like(doc_len), doc_len), dtype=float)
-        doc_bwd = np.asarray(cost.backward(np.zeros_like(doc_len), doc_len), dtype=float)
+        doc_fwd, doc_bwd = _fewest_calls_prices(cost, doc_len, cap)
         doc_act = np.add.reduceat(sc.act_bytes, off[:-1]) if len(start) else np.zeros(len(docs))
         empty = counts == 0
         for arr in (doc_fwd, doc_bwd, doc_act):
@@ -143,6 +143,20 @@ class BatchView:
             kv.tolist(),
             (self.fwd / 2).tolist(),
             (self.bwd / 2).tolist(),
+        )
+
+    def summed(self) -> BatchView:
+        """This batch with every slice's and document's backward seconds added to its forward
+        and none left: one load per item, its total time. Free mode balances on it: a DDP
+        rank meets the others only at the gradient all-reduce, so only its total counts (the
+        balance of forward and backward apiece, which lockstep packs need, is a stricter goal
+        that a local search stops short of)."""
+        return replace(
+            self,
+            fwd=self.fwd + self.bwd,
+            bwd=np.zeros_like(self.bwd),
+            doc_fwd=self.doc_fwd + self.doc_bwd,
+            doc_bwd=np.zeros_like(self.doc_bwd),
         )
 
     @cached_property
@@ -338,6 +352,28 @@ class _SliceRuns:
     @cached_property
     def run_list(self) -> list[int]:
         return self.run.tolist()
+
+
+def _fewest_calls_prices(
+    cost: CostModel, lengths: np.ndarray, cap: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of documents of ``lengths`` tokens, each run as pieces of
+    ``cap`` tokens from its start (one call each, every piece attending to the prefix before
+    it); one piece each without a cap. ``cap=512``: a 700-token document runs ``[0, 512)``
+    and ``[512, 700)``."""
+    calls = np.ones(len(lengths), dtype=np.int64)
+    if cap is not None:
+        calls = np.maximum(1, -(-lengths // cap))
+    first = np.cumsum(calls) - calls
+    piece = np.arange(int(calls.sum())) - np.repeat(first, calls)  # piece index in its document
+    ends = np.repeat(lengths, calls)
+    starts = piece * (cap or 0)
+    ends = np.minimum(starts + (cap or 0), ends) if cap is not None else ends
+    if not len(lengths):
+        return np.zeros(0), np.zeros(0)
+    fwd = np.add.reduceat(np.asarray(cost.forward(starts, ends), dtype=float), first)
+    bwd = np.add.reduceat(np.asarray(cost.backward(starts, ends), dtype=float), first)
+    return fwd, bwd
 
 
 def _pack_of_slice(n: int, packs: list[list[list[int]]]) -> tuple[np.ndarray, np.ndarray]:

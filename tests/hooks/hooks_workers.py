@@ -74,8 +74,9 @@ def plan_two_groups4():
 
 def plan_solver2():
     # 512-token packs: a 2-rank merge of the 700-token document has ~350-token shares, which
-    # a 256-token cap (pack_tokens is a hard cap for merge shares too) would not allow
-    plan, toks = solver_case([60, 25, 130, 700], "slimpack", 2, 0, context=512)
+    # a 256-token cap (pack_tokens is a hard cap for merge shares too) would not allow; its
+    # 2.8 MiB of activations and K/V do not fit a 2.5 MiB device, so it must be merged
+    plan, toks = solver_case([60, 25, 130, 700], "slimpack", 2, 0, context=512, memory_gib=0.0025)
     assert plan.merges, "the solver was expected to merge the 700-token document"
     return toks, plan
 

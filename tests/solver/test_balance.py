@@ -88,8 +88,9 @@ def synthetic(longs, total, seed):
         (64, [120000], 1 << 20, 131072),  # a 2048-token tail slice is half a rank's time
     ],
 )
-def test_free_plans_balance_forward_and_backward(dp, longs, total, context):
-    # the previous solver left 1.025-1.039 here (whole long documents, coarse tail slices)
+def test_free_plans_balance_each_ranks_total_time(dp, longs, total, context):
+    # free mode balances a rank's forward plus backward time, all a DDP step waits for
+    # (whole long documents and coarse tail slices once left 1.025-1.039 here)
     for seed in (0, 1):
         plan = solve(
             synthetic(longs, total, seed),
@@ -98,9 +99,7 @@ def test_free_plans_balance_forward_and_backward(dp, longs, total, context):
             0,
             LLAMA8B,
         )
-        assert plan.meta["imbalance_fwd"] <= 1.02
-        assert plan.meta["imbalance_bwd"] <= 1.02
-        assert plan.meta["imbalance"] <= 1.02
+        assert plan.meta["imbalance"] <= 1.005
 
 
 def test_skew_merge_can_be_turned_off():

@@ -539,11 +539,11 @@ def _batch_view(
 ) -> BatchView:
     """The batch's slices; in free mode, slices costlier than ``refine_share`` of the balanced
     per-rank time cut finer first (:func:`~slimdata.solver.refine.refine_costly_slices`)."""
-    view = BatchView.build(batch, cost)
+    view = BatchView.build(batch, cost, layout.token_cap)
     if refine_share > 0 and layout.mode == "free":
         finer = refine_costly_slices(view, layout.dp, cost, share=refine_share)
         if finer is not None:
-            view = BatchView.build(finer, cost)
+            view = BatchView.build(finer, cost, layout.token_cap)
     return view
 
 
@@ -628,8 +628,8 @@ def _phase1(
     gather: float = MERGE_GATHER,
     layer_share: float = 1.0,
 ) -> _Phase1:
-    """DP-Merge groups (member shares sized to one of ``packs`` packs), two-dimensional LPT,
-    local search, optional MILP. ``mem``: bytes a rank may hold (full-model bytes: the device
+    """DP-Merge groups (member shares sized to one of ``packs`` packs), two-dimensional LPT
+    (one-dimensional in free mode: a rank's total time), local search, optional MILP. ``mem``: bytes a rank may hold (full-model bytes: the device
     cap over the first pipeline stage's share of the layers); ``gather``: merge members also
     hold that many times their group's K/V (:func:`~slimdata.solver.merge.plan_merges`)."""
     merges = plan_merges(
@@ -646,11 +646,13 @@ def _phase1(
     unmerged = np.ones(len(view.docs), dtype=bool)
     unmerged[list(merges.merged_docs)] = False
     rest = np.flatnonzero(unmerged)  # the documents not merged, in order
-    assign, member_slices, held = _distribute(view, layout, merges, rest, mem, gather / layer_share)
+    # free mode: only a rank's total time counts (BatchView.summed)
+    load = view.summed() if layout.mode == "free" else view
+    assign, member_slices, held = _distribute(load, layout, merges, rest, mem, gather / layer_share)
     group_ranks = [ranks for ranks, _d in merges.groups]
     moves = (
         improve(
-            view,
+            load,
             assign,
             member_slices,
             group_ranks,
@@ -667,7 +669,7 @@ def _phase1(
         from slimdata.solver.milp import refine_assignment
 
         assign, info = refine_assignment(
-            view, rest, assign, layout.dp, member_slices, seconds=options.milp_seconds
+            load, rest, assign, layout.dp, member_slices, seconds=options.milp_seconds
         )
     return _Phase1(merges, member_slices, moves, info, assign, view)
 
