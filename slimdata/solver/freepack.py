@@ -184,13 +184,14 @@ class _FreeRun:
 
 
 def longest_backward_last(view: BatchView, packs: RankPacks) -> RankPacks:
-    """``packs`` with the segment whose backward takes longest moved to the end.
+    """``packs`` (free mode's: every backward pack one forward pack's slices) with the segment
+    whose backward takes longest moved to the end.
 
-    A segment is a run of forward packs that no document and no backward pack crosses out
-    of, with its backward packs. In the eager order (:func:`~slimdata.plan.types.eager_order`)
-    a segment's backward packs run right after its last forward, releasing all it holds, so
-    segments run in any order at the same peak. DDP's gradient all-reduce streams out during
-    the last backward pack and is exposed for whatever of it that backward does not cover
+    A segment is a run of forward packs that no document crosses out of, with their backward
+    packs. In the eager order (:func:`~slimdata.plan.types.eager_order`) a segment's backward
+    packs run right after its last forward, releasing all it holds, so segments run in any
+    order at the same peak. DDP's gradient all-reduce streams out during the last backward
+    pack and is exposed for whatever of it that backward does not cover
     (:func:`slimdata.sim.dag._gradient_all_reduce`): the longest backward last covers most.
     A merge member's segment of pack 0 stays first: its group meets there.
 
@@ -226,33 +227,25 @@ def longest_backward_last(view: BatchView, packs: RankPacks) -> RankPacks:
 
 
 def _segments(view: BatchView, packs: RankPacks) -> list[tuple[list[int], list[int]]]:
-    """``packs``' segments in order (:func:`longest_backward_last`): each as its forward and
-    backward pack indices."""
-    doc_of = view.lists[4]
-    n = len(packs.forward)
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for i, pack in enumerate(packs.forward):
-        for s in pack:
-            first.setdefault(doc_of[s], i)
-            last[doc_of[s]] = i
-    crossing = np.zeros(n + 1, dtype=np.int64)  # crossing[i] > 0: no segment ends at pack i
-    for d, i in first.items():
-        crossing[i] += 1
-        crossing[last[d]] -= 1
-    ready = []
-    for pack in packs.backward:
-        docs = {doc_of[s] for s in pack}
-        lo = min(map(first.__getitem__, docs), default=0)
-        hi = max(map(last.__getitem__, docs), default=0)
-        crossing[lo] += 1
-        crossing[hi] -= 1
-        ready.append(hi)
-    ends = np.flatnonzero(np.cumsum(crossing)[:n] == 0)  # a segment ends at these packs
-    segment_of = np.searchsorted(ends, np.arange(n))
-    out: list[tuple[list[int], list[int]]] = [([], []) for _ in ends]
-    for i in range(n):
-        out[segment_of[i]][0].append(i)
-    for j, hi in enumerate(ready):
-        out[segment_of[hi]][1].append(j)
+    """``packs``' segments in order (:func:`longest_backward_last`), each as its forward and
+    backward pack indices; one segment of everything unless every backward pack holds one
+    forward pack's slices. A document's slices are consecutive in free mode's forward stream, so a
+    document crosses out of forward pack ``i`` exactly when it ends ``i`` and starts ``i + 1``."""
+    F, doc_of = packs.forward, view.lists[4]
+    # a backward pack starts at its forward pack's last slice (a merge share's at its first)
+    start = {p[-1]: i for i, p in enumerate(F) if p}
+    if packs.merge_pack is not None and F[0]:
+        start[F[0][0]] = 0
+    mirror = [start.get(b[0], -1) if b else -1 for b in packs.backward]
+    if any(i < 0 or sorted(F[i]) != sorted(b) for i, b in zip(mirror, packs.backward, strict=True)):
+        return [(list(range(len(F))), list(range(len(packs.backward))))]
+    out: list[tuple[list[int], list[int]]] = []
+    segment_of = []
+    for i, p in enumerate(F):
+        if i == 0 or not p or not F[i - 1] or doc_of[F[i - 1][-1]] != doc_of[p[0]]:
+            out.append(([], []))
+        out[-1][0].append(i)
+        segment_of.append(len(out) - 1)
+    for j, i in enumerate(mirror):
+        out[segment_of[i]][1].append(j)
     return out
