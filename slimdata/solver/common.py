@@ -361,16 +361,16 @@ def _fewest_calls_prices(
     ``cap`` tokens from its start (one call each, every piece attending to the prefix before
     it); one piece each without a cap. ``cap=512``: a 700-token document runs ``[0, 512)``
     and ``[512, 700)``."""
-    calls = np.ones(len(lengths), dtype=np.int64)
-    if cap is not None:
-        calls = np.maximum(1, -(-lengths // cap))
-    first = np.cumsum(calls) - calls
-    piece = np.arange(int(calls.sum())) - np.repeat(first, calls)  # piece index in its document
-    ends = np.repeat(lengths, calls)
-    starts = piece * (cap or 0)
-    ends = np.minimum(starts + (cap or 0), ends) if cap is not None else ends
+    if cap is None:
+        zero = np.zeros_like(lengths)
+        fwd, bwd = cost.forward(zero, lengths), cost.backward(zero, lengths)
+        return np.asarray(fwd, dtype=float), np.asarray(bwd, dtype=float)
     if not len(lengths):
         return np.zeros(0), np.zeros(0)
+    calls = np.maximum(1, -(-lengths // cap))
+    first = np.cumsum(calls) - calls
+    starts = (np.arange(int(calls.sum())) - np.repeat(first, calls)) * cap
+    ends = np.minimum(starts + cap, np.repeat(lengths, calls))
     fwd = np.add.reduceat(np.asarray(cost.forward(starts, ends), dtype=float), first)
     bwd = np.add.reduceat(np.asarray(cost.backward(starts, ends), dtype=float), first)
     return fwd, bwd

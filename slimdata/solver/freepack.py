@@ -229,8 +229,9 @@ def longest_backward_last(view: BatchView, packs: RankPacks) -> RankPacks:
 def _segments(view: BatchView, packs: RankPacks) -> list[tuple[list[int], list[int]]]:
     """``packs``' segments in order (:func:`longest_backward_last`), each as its forward and
     backward pack indices; one segment of everything unless every backward pack holds one
-    forward pack's slices. A document's slices are consecutive in free mode's forward stream, so a
-    document crosses out of forward pack ``i`` exactly when it ends ``i`` and starts ``i + 1``."""
+    forward pack's slices. A document's slices are consecutive in free mode's forward stream,
+    so a document crosses out of forward pack ``i`` exactly when it ends ``i`` and starts
+    ``i + 1``."""
     F, doc_of = packs.forward, view.lists[4]
     # a backward pack starts at its forward pack's last slice (a merge share's at its first)
     start = {p[-1]: i for i, p in enumerate(F) if p}

@@ -629,9 +629,10 @@ def _phase1(
     layer_share: float = 1.0,
 ) -> _Phase1:
     """DP-Merge groups (member shares sized to one of ``packs`` packs), two-dimensional LPT
-    (one-dimensional in free mode: a rank's total time), local search, optional MILP. ``mem``: bytes a rank may hold (full-model bytes: the device
-    cap over the first pipeline stage's share of the layers); ``gather``: merge members also
-    hold that many times their group's K/V (:func:`~slimdata.solver.merge.plan_merges`)."""
+    (one-dimensional in free mode: a rank's total time), local search, optional MILP.
+    ``mem``: bytes a rank may hold (full-model bytes: the device cap over the first pipeline
+    stage's share of the layers); ``gather``: merge members also hold that many times their
+    group's K/V (:func:`~slimdata.solver.merge.plan_merges`)."""
     merges = plan_merges(
         view,
         layout.dp,
@@ -713,8 +714,8 @@ def _member_buffers(view: BatchView, groups, shares, scale: float) -> dict[int, 
 def _free(view: BatchView, p1: _Phase1, layout: Layout) -> list[RankPacks]:
     """Free mode: every rank packed on its own (:func:`pack_rank`'s packs, found a pack at a
     time by :func:`~slimdata.solver.freepack.pack_rank_by_runs` where it applies), the
-    segment with the longest backward last (:func:`~slimdata.solver.freepack.longest_backward_last`:
-    it hides the gradient all-reduce)."""
+    segment with the longest backward last
+    (:func:`~slimdata.solver.freepack.longest_backward_last`: it hides the all-reduce)."""
     dp, cap, mem = layout.dp, layout.token_cap, layout.memory_bytes
     out = []
     for r in range(dp):
