@@ -143,18 +143,25 @@ def _smallest_k(
 ):
     """Fewest members whose split fits ``mem`` (with the group's ``buffer_of(members)``
     bytes) and the pack token ``cap`` and keeps every member within the balanced forward and
-    backward time (falls back to the fewest that fit memory and the cap)."""
+    backward time (falls back to the fewest that fit memory and the cap). When one slice alone
+    is above the balanced time, no split keeps every member within it: the fewest that fit is
+    the answer, and the larger ``k`` are not split."""
+    idx = np.asarray(slices, dtype=np.int64)
+    # a member's time is at least its costliest slice's (sums of costs >= 0 only grow)
+    balanced = bool(view.fwd[idx].max() <= fill * fshare and view.bwd[idx].max() <= fill * bshare)
     fallback = None
     for k in range(k_min, k_max + 1):
         members, _loads, peak = split_group(view, slices, k)
         if _fits(view, members, peak, mem, buffer_of, cap):
-            if all(
+            if balanced and all(
                 view.fwd[ms].sum() <= fill * fshare and view.bwd[ms].sum() <= fill * bshare
                 for ms in members
             ):
                 return k, members
             if fallback is None:
                 fallback = (k, members)
+            if not balanced:
+                break
     return fallback or (None, None)
 
 
