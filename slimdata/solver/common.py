@@ -117,6 +117,11 @@ class BatchView:
         )
 
     @cached_property
+    def tokens(self) -> np.ndarray:
+        """Tokens of every slice (``end - start``)."""
+        return self.end - self.start
+
+    @cached_property
     def lists(self) -> tuple[list[int], list[float], list[float], list[float], list[int]]:
         """Python lists ``(tokens, fwd, bwd, act, doc)`` per slice, for per-slice loops."""
         return (

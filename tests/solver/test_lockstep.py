@@ -87,15 +87,19 @@ def test_one_rank_prepared_once_packs_every_lag_as_fresh():
     assert work.pack(cap=1024, mem=1e30, lag=0).backward == [[], [3, 2, 1], [0, 4, 5], [6, 7]]
 
 
+@pytest.mark.parametrize(("analytic", "slice_tokens"), [(False, 128), (True, 128), (True, 1024)])
 @pytest.mark.parametrize("seed", range(6))
-def test_packs_without_the_memory_walk_are_the_walks_packs(seed):
+def test_packs_without_the_memory_walk_are_the_walks_packs(seed, analytic, slice_tokens):
     # where a rank's bytes all fit, pack(peak=False) packs the forward once and the backward
-    # per lag: the same packs (and the same refusals) as the memory walk, merge share or not
+    # per lag: the same packs (and the same refusals) as the memory walk, merge share or not;
+    # with the analytic model's attention costs the float sums are not exact, and slices of
+    # 1024 tokens can alone pass a pack's target or the 256-token cap
     from slimdata.solver.micropack import LockstepWork
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(64, 2048, size=int(rng.integers(2, 12))).tolist()
-    view = BatchView.build(docs_of([512, *lengths]), unit_cost())
+    cost = CostModel.analytic("llama-8b", "h100", "full") if analytic else unit_cost()
+    view = BatchView.build(docs_of([512, *lengths], slice_tokens), cost)
     units = [view.slices_of(d) for d in range(1, len(view.docs))]
     merge = view.slices_of(0)[: int(rng.integers(0, 3))]
     fast_path = refused = 0
@@ -117,6 +121,19 @@ def test_packs_without_the_memory_walk_are_the_walks_packs(seed):
                 assert fast.backward_cost == [sum(map(bwd.__getitem__, p)) for p in walk.backward]
                 fast_path += work._forward.get(cap) is not None
     assert fast_path and refused  # guard: both outcomes were compared
+
+
+def test_a_backward_pack_takes_its_first_slice_even_past_its_target():
+    # documents of 20 and 135 tokens: slice 0 (20 tokens), slices 1, 2 (128 + 7 tokens);
+    # backward 2 s/token: 40, 256, 14 s. At lag 1 backward pack 0 takes slice 2 (14 s); pack
+    # 1's target is 14 + 296 / 3 = 112.7 s and slice 1's midpoint, 14 + 128 s, passes it, but
+    # a pack always takes its first slice (with the memory walk and without)
+    from slimdata.solver.micropack import LockstepWork
+
+    view = BatchView.build(docs_of([20, 135]), unit_cost())
+    work = LockstepWork.of(view, [view.slices_of(0), view.slices_of(1)], (), 4)
+    for peak in (True, False):
+        assert work.pack(cap=4096, mem=1e30, lag=1, peak=peak).backward == [[2], [1], [0], []]
 
 
 def test_pack_rank_lockstep_merge_pack_first_and_caps():

@@ -185,3 +185,24 @@ def test_split_group_hands_out_fresh_lists_of_one_split(ucost):
     loads[0] = -1.0
     again, loads2, _ = split_group(view, slices, 2)  # the batch's memo is not changed
     assert again == [[0, 2, 4], [1, 3, 5]] and loads2.tolist() == [1152.0, 984.0]
+
+
+def test_member_sums_are_numpys_sums_to_the_bit():
+    # members of 0 to 9 slices over costs spanning six orders of magnitude: every member's
+    # sum equals values[ms].sum() exactly (the merge planner compares them with thresholds),
+    # and the peaks equal member_peak's one by one
+    from slimdata.cost import CostModel
+    from slimdata.solver.merge import member_peak, member_peaks, member_sums
+
+    rng = np.random.default_rng(0)
+    values = rng.random(200) * 10.0 ** rng.integers(-3, 3, 200)
+    members = [
+        rng.choice(200, int(rng.integers(0, 10)), replace=False).tolist() for _ in range(300)
+    ]
+    got = member_sums(values, members)
+    assert got.tolist() == [values[np.asarray(ms, dtype=np.int64)].sum() for ms in members]
+    assert {len(ms) for ms in members} == set(range(10))  # guard: every size was compared
+    view = BatchView.build(docs_of([4096, 3000, 700], 128), CostModel.analytic("llama-8b"))
+    shares = [rng.choice(len(view.doc), int(rng.integers(0, 6)), replace=False) for _ in range(50)]
+    shares = [sorted(s.tolist()) for s in shares]
+    assert member_peaks(view, shares).tolist() == [member_peak(view, s) for s in shares]
