@@ -161,18 +161,25 @@ def _place_by_both_loads(
     cands = [np.asarray(r, dtype=np.int64) for r in members]
     F = np.zeros(dp)
     Bl = np.zeros(dp)
+    # every rank's loads after adding a whole document, in buffers (no arrays per item)
+    add, maximum = np.add, np.maximum
+    F_with, B_with, worse = np.empty(dp), np.empty(dp), np.empty(dp)
     k = items.next
     while k < len(ids) and (grp[k] >= 0 or fn[k] + bn[k] >= 0.04):
         g = grp[k]
         if g < 0:
-            r = int(np.argmin(np.maximum(F + fn[k], Bl + bn[k])))
+            add(F, fn[k], out=F_with)
+            add(Bl, bn[k], out=B_with)
+            maximum(F_with, B_with, out=worse)
+            r = int(worse.argmin())
             out_docs[r].append(ids[k])
+            F[r], Bl[r] = F_with[r], B_with[r]
         else:
             cand = cands[g]
             r = int(cand[np.argmin(np.maximum(F[cand] + fn[k], Bl[cand] + bn[k]))])
             out_merge[r].append(ids[k])
-        F[r] += fn[k]
-        Bl[r] += bn[k]
+            F[r] += fn[k]
+            Bl[r] += bn[k]
         k += 1
     items.next = k
     return (F + Bl).tolist()
