@@ -1,6 +1,8 @@
 """Lockstep / pipeline plans: pack counts that suit the pipeline, balanced packs across pack
 indices (forward and backward), no empty packs, the backward lag, and the 1F1B estimate."""
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -103,6 +105,7 @@ def test_packs_without_the_memory_walk_are_the_walks_packs(seed, analytic, slice
     units = [view.slices_of(d) for d in range(1, len(view.docs))]
     merge = view.slices_of(0)[: int(rng.integers(0, 3))]
     fast_path = refused = 0
+    unbound = Counter()  # lag >= 1 on the fast path: the packs no lag binds handed out or not
     for m in (1, 2, 3, 5, 8):
         work = LockstepWork.of(view, units, merge, m)
         for lag in (*range(m), m + 1):
@@ -120,7 +123,30 @@ def test_packs_without_the_memory_walk_are_the_walks_packs(seed, analytic, slice
                 assert fast.forward_cost == [sum(map(fwd.__getitem__, p)) for p in walk.forward]
                 assert fast.backward_cost == [sum(map(bwd.__getitem__, p)) for p in walk.backward]
                 fast_path += work._forward.get(cap) is not None
-    assert fast_path and refused  # guard: both outcomes were compared
+                if lag >= 1 and cap in work._unbound:
+                    unbound[fast is work._unbound[cap][0]] += 1
+    assert fast_path and refused and unbound[True]  # guard: these outcomes were compared
+
+
+def test_packs_no_lag_binds_are_handed_out_only_where_the_lag_does_not_bind():
+    # a 768-token document (slices 0-5) and two of 128 (6, 7); 4 packs of 256 forward tokens:
+    # F0 [0, 1] F1 [2, 3] F2 [4, 5] F3 [6, 7]; the long document completes with F2. Unbound
+    # (every document complete), backward packs take 512 s each: [5, 4] [3, 2] [1, 0] [6, 7].
+    # At lag 1, B0 runs after F1, before the long document completes: the lag binds (B0 is
+    # empty); at lag 2, B0 runs after F2 and B1 after F3: the unbound packs
+    from slimdata.solver.micropack import LockstepWork
+
+    view = BatchView.build(docs_of([768, 128, 128]), unit_cost())
+    work = LockstepWork.of(view, [view.slices_of(d) for d in range(3)], (), 4)
+    for lag, backward in [
+        (1, [[], [5, 4, 3], [2, 1, 0], [6, 7]]),
+        (2, [[5, 4], [3, 2], [1, 0], [6, 7]]),
+        (3, [[5, 4], [3, 2], [1, 0], [6, 7]]),
+    ]:
+        fast = work.pack(cap=1024, mem=1e30, lag=lag, peak=False)
+        walk = work.pack(cap=1024, mem=1e30, lag=lag)
+        assert fast.backward == walk.backward == backward
+        assert (fast is work._unbound[1024][0]) == (lag >= 2)
 
 
 def test_a_backward_pack_takes_its_first_slice_even_past_its_target():
