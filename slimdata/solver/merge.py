@@ -142,15 +142,15 @@ def _lpt(
     heap = [(0.0 if base is None else float(base[j]), j) for j in range(k)]
     heapq.heapify(heap)
     members: list[list[int]] = [[] for _ in range(k)]
-    loads = np.zeros(k)
+    loads = [0.0] * k
     for i, c in zip(idx[order].tolist(), cost[order].tolist(), strict=True):
-        load, j = heapq.heappop(heap)
+        load, j = heap[0]  # the least loaded member (entries are distinct: one order)
         members[j].append(i)
         loads[j] += c
-        heapq.heappush(heap, (load + c, j))
+        heapq.heapreplace(heap, (load + c, j))
     for ms in members:
         ms.sort()
-    return members, loads
+    return members, np.array(loads)
 
 
 def member_peak(view: BatchView, slices: Sequence[int]) -> float:
@@ -433,8 +433,10 @@ class _Groups:
     def join(self, rule: _Rule, d: int) -> bool:
         """No free ranks left for ``d``'s own group: join the group that can hold it with the
         fewest free ranks added (then the least loaded); a rank serves one group per step."""
-        options = ((g, e) for g in range(len(self.plan.groups)) for e in range(len(self.free) + 1))
-        for g, extra in sorted(options, key=lambda ge: (ge[1], self.load[ge[0]])):
+        # fewest free ranks added first, then the least loaded group (ties: the first)
+        by_load = sorted(range(len(self.plan.groups)), key=self.load.__getitem__)
+        options = ((g, e) for e in range(len(self.free) + 1) for g in by_load)
+        for g, extra in options:
             ranks, docs = self.plan.groups[g]
             merged = self.slices[g] + list(rule.view.slices_of(d))
             split = _Split.of(rule.view, merged, len(ranks) + extra)
