@@ -46,6 +46,7 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.execution.critical import critical_path, plan_critical_path
+from slimdata.gcpause import cyclic_gc_paused
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.budget import MemoryBudget
@@ -505,6 +506,7 @@ def _slice_move_within_cap(
     return max(new_lo, new_hi) <= cap
 
 
+@cyclic_gc_paused()
 def slimpack(
     batch: Sequence[Document],
     layout: Layout,
