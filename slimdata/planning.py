@@ -7,10 +7,7 @@ plan balances the same costs that were written next to every slice.
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +15,7 @@ from slimdata.columns import SampleReader
 from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
 from slimdata.errors import ConfigError, InputError, OutputExistsError, PlanError
+from slimdata.gcpause import cyclic_gc_paused
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 
 if TYPE_CHECKING:
@@ -43,21 +41,7 @@ def build_cost_model(shards: str | Path) -> CostModel:
         raise InputError(f"{sidecar}: no readable cost model ({exc})") from exc
 
 
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Cyclic garbage collection off while an epoch's plan objects are built: millions of
-    acyclic documents, slices and packs that every generation-2 pass would re-scan (reference
-    counting still frees them). Restored on exit."""
-    enabled = gc.isenabled()  # used as a decorator: per call
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-@_cyclic_gc_paused()
+@cyclic_gc_paused()
 def plan_to_shards(
     out: str | Path,
     *,

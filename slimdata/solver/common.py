@@ -121,6 +121,11 @@ class BatchView:
         )
 
     @cached_property
+    def tokens(self) -> np.ndarray:
+        """Tokens of every slice (``end - start``)."""
+        return self.end - self.start
+
+    @cached_property
     def lists(self) -> tuple[list[int], list[float], list[float], list[float], list[int]]:
         """Python lists ``(tokens, fwd, bwd, act, doc)`` per slice, for per-slice loops."""
         return (
@@ -261,8 +266,8 @@ def assemble_plan(
     for r in range(layout.dp):
         mf, mb = merge_rank_pack.get(r, (-1, -1))
         g = rank_merge.get(r)
-        fpacks = runs.packs(forward[r], runs.fwd, mf, g)
-        bpacks = runs.packs(backward[r], runs.bwd, mb, g)
+        fpacks = runs.packs(forward[r], runs.fwd, runs.fwd_list, mf, g)
+        bpacks = runs.packs(backward[r], runs.bwd, runs.bwd_list, mb, g)
         order = interleaved_order(len(fpacks), len(bpacks), lag) if mode == "lockstep" else ()
         ranks.append(RankStep(rank=r, forward=fpacks, backward=bpacks, order=order))
     meta = dict(meta or {})
@@ -331,10 +336,16 @@ class _SliceRuns:
         )
 
     def packs(
-        self, lists: list[list[int]], price: np.ndarray, merge_at: int, g: int | None
+        self,
+        lists: list[list[int]],
+        price: np.ndarray,
+        price_list: list[float],
+        merge_at: int,
+        g: int | None,
     ) -> tuple[MicroPack, ...]:
         """MicroPacks of one rank's packs of view slices (``lists``), each priced as the sum
-        of its runs' ``price``; pack ``merge_at`` is merge group ``g``'s."""
+        of its runs' ``price`` (``price_list``: the same as a list); pack ``merge_at`` is
+        merge group ``g``'s."""
         run, slices = self.run_list, self.slices
         out = []
         for i, pack in enumerate(lists):
@@ -343,7 +354,7 @@ class _SliceRuns:
             out.append(
                 MicroPack(
                     tuple(map(slices.__getitem__, ids)),
-                    float(price[ids].sum()) if ids else 0.0,
+                    _summed(price, price_list, ids),
                     g if i == merge_at else None,
                 )
             )
@@ -352,6 +363,24 @@ class _SliceRuns:
     @cached_property
     def run_list(self) -> list[int]:
         return self.run.tolist()
+
+    @cached_property
+    def fwd_list(self) -> list[float]:
+        return self.fwd.tolist()
+
+    @cached_property
+    def bwd_list(self) -> list[float]:
+        return self.bwd.tolist()
+
+
+def _summed(price: np.ndarray, price_list: list[float], ids: list[int]) -> float:
+    """``float(price[ids].sum())``; one or two prices (most packs) from the list: a sum of two
+    has one rounding, in either order, so the number is the same."""
+    if len(ids) == 1:
+        return price_list[ids[0]]
+    if len(ids) == 2:
+        return price_list[ids[0]] + price_list[ids[1]]
+    return float(price[ids].sum()) if ids else 0.0
 
 
 def _fewest_calls_prices(

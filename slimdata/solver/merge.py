@@ -21,9 +21,11 @@ if none can and it does not fit one rank, :class:`PlanError` names it and the li
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -68,32 +70,117 @@ def split_group(
     at several pack counts) and handed out as fresh lists.
     """
     if base is not None:
-        return _split(view, slices, k, base)
-    key = (tuple(slices), k)
-    if key not in view.memo:
-        view.memo[key] = _split(view, slices, k, None)
-    members, loads, peak = view.memo[key]
-    return [list(ms) for ms in members], loads.copy(), peak
+        members, loads = _lpt(view, slices, k, base)
+        return members, loads, float(member_peaks(view, members).max())
+    split = _Split.of(view, slices, k)
+    return split.fresh_members(), split.loads.copy(), split.peak
 
 
-def _split(
+ROUGH = 1e-9
+"""Relative margin beyond which :attr:`_Split.rough_peak` answers a memory question as the
+exact peak would: its sums add the same values (all >= 0) in another order, and two such
+sums of ``n`` values differ by at most about ``2 (n - 1)`` x 1.1e-16 of their size (2e-13
+for a thousand slices)."""
+
+
+@dataclass(frozen=True, eq=False)
+class _Split:
+    """One split of a group's slices over ``k`` members (:func:`_lpt`) and what the planner
+    asks of it: the members' tokens, a rough peak, and when first asked their forward and
+    backward seconds (``fwd[ms].sum()``) and exact peak (:func:`member_peaks`). Computed once
+    per batch (the planner tries the same documents at several pack counts); ``members`` is
+    shared: hand out copies."""
+
+    view: BatchView
+    members: list[list[int]]
+    loads: np.ndarray
+    tokens: np.ndarray
+    rough_peak: float
+    """The largest member's peak bytes, its activations summed in one pass over all the
+    members (within :data:`ROUGH` of :attr:`peak`): most memory questions are answered by it
+    with room to spare."""
+
+    @classmethod
+    def of(cls, view: BatchView, slices: Sequence[int], k: int) -> _Split:
+        key = (tuple(slices), k)
+        if key not in view.memo:
+            members, loads = _lpt(view, slices, k, None)
+            sizes = np.fromiter(map(len, members), dtype=np.int64, count=k)
+            owner = np.repeat(np.arange(k), sizes)
+            flat = np.fromiter(itertools.chain.from_iterable(members), np.int64, len(slices))
+            # token sums are exact in any order (integers below 2**53)
+            tokens = np.bincount(owner, view.tokens[flat], minlength=k).astype(np.int64)
+            act = np.bincount(owner, view.act[flat], minlength=k)
+            view.memo[key] = cls(
+                view=view,
+                members=members,
+                loads=loads,
+                tokens=tokens,
+                rough_peak=float(_held_bytes(view, act, tokens).max()),
+            )
+        return view.memo[key]
+
+    @cached_property
+    def peak(self) -> float:
+        """The largest member's peak bytes (:func:`member_peaks`)."""
+        return float(member_peaks(self.view, self.members).max())
+
+    @cached_property
+    def fwd(self) -> np.ndarray:
+        """Each member's forward seconds."""
+        return member_sums(self.view.fwd, self.members)
+
+    @cached_property
+    def bwd(self) -> np.ndarray:
+        """Each member's backward seconds."""
+        return member_sums(self.view.bwd, self.members)
+
+    def fresh_members(self) -> list[list[int]]:
+        return [list(ms) for ms in self.members]
+
+    def fits(self, mem: float, buffer_of, cap: float) -> bool:
+        """Every member's share plus the group's merge buffers (``buffer_of(tokens)``, the
+        members' tokens) within ``mem``, shares within ``cap``: ``peak + buffers <= mem``,
+        read off :attr:`rough_peak` where it is clear by more than :data:`ROUGH`."""
+        tokens = self.tokens.tolist()
+        buffers = buffer_of(tokens)
+        rough = self.rough_peak + buffers
+        if rough * (1 + ROUGH) < mem:
+            held = True
+        elif rough * (1 - ROUGH) > mem:
+            held = False
+        else:
+            held = self.peak + buffers <= mem
+        return held and max(tokens) <= cap
+
+    def within(self, fshare: float, bshare: float) -> bool:
+        """Does every member carry at most ``fshare`` forward and ``bshare`` backward
+        seconds?"""
+        return bool(((self.fwd <= fshare) & (self.bwd <= bshare)).all())
+
+    def largest_time(self) -> float:
+        """The largest member's forward + backward seconds."""
+        return float((self.fwd + self.bwd).max())
+
+
+def _lpt(
     view: BatchView, slices: Sequence[int], k: int, base: Sequence[float] | None
-) -> tuple[list[list[int]], np.ndarray, float]:
+) -> tuple[list[list[int]], np.ndarray]:
     idx = np.asarray(slices, dtype=np.int64)
     cost = view.fwd[idx] + view.bwd[idx]
     order = np.argsort(-cost, kind="stable")
     heap = [(0.0 if base is None else float(base[j]), j) for j in range(k)]
     heapq.heapify(heap)
     members: list[list[int]] = [[] for _ in range(k)]
-    loads = np.zeros(k)
+    loads = [0.0] * k
     for i, c in zip(idx[order].tolist(), cost[order].tolist(), strict=True):
-        load, j = heapq.heappop(heap)
+        load, j = heap[0]  # the least loaded member (entries are distinct: one order)
         members[j].append(i)
         loads[j] += c
-        heapq.heappush(heap, (load + c, j))
+        heapq.heapreplace(heap, (load + c, j))
     for ms in members:
         ms.sort()
-    return members, loads, max(member_peak(view, ms) for ms in members)
+    return members, np.array(loads)
 
 
 def member_peak(view: BatchView, slices: Sequence[int]) -> float:
@@ -102,8 +189,35 @@ def member_peak(view: BatchView, slices: Sequence[int]) -> float:
     merge buffer of :func:`plan_merges`)."""
     if len(slices) == 0:
         return 0.0
-    ms = np.asarray(slices, dtype=np.int64)
-    return float(view.act[ms].sum()) + view.kv_per_token * member_tokens(view, slices)
+    act = float(view.act[np.asarray(slices, dtype=np.int64)].sum())
+    return _held_bytes(view, act, member_tokens(view, slices))
+
+
+def member_peaks(view: BatchView, members: Sequence[Sequence[int]]) -> np.ndarray:
+    """:func:`member_peak` of each member's slices."""
+    return _held_bytes(view, member_sums(view.act, members), member_sums(view.tokens, members))
+
+
+def _held_bytes(view: BatchView, act, tokens):
+    """Bytes of a merge share of ``act`` activation bytes and ``tokens`` tokens (numbers or
+    arrays): its activations and its K/V."""
+    return act + view.kv_per_token * tokens
+
+
+def member_sums(values: np.ndarray, members: Sequence[Sequence[int]]) -> np.ndarray:
+    """``values[ms].sum()`` for each member's slices ``ms``, the same numbers: members of one
+    or two slices at once (a sum of two has one rounding, in either order), the others one
+    by one (numpy's summation order)."""
+    sizes = np.fromiter(map(len, members), dtype=np.int64, count=len(members))
+    out = np.zeros(len(members), dtype=values.dtype)
+    for size in (1, 2):
+        rows = np.flatnonzero(sizes == size)
+        if len(rows):
+            idx = np.array([members[r] for r in rows.tolist()], dtype=np.int64)
+            out[rows] = values[idx[:, 0]] if size == 1 else values[idx[:, 0]] + values[idx[:, 1]]
+    for r in np.flatnonzero(sizes > 2).tolist():
+        out[r] = values[np.asarray(members[r], dtype=np.int64)].sum()
+    return out
 
 
 def member_tokens(view: BatchView, slices: Sequence[int]) -> int:
@@ -112,21 +226,15 @@ def member_tokens(view: BatchView, slices: Sequence[int]) -> int:
     return sum(map(view.lists[0].__getitem__, slices))
 
 
-def _within_cap(view: BatchView, members: Sequence[Sequence[int]], cap: float) -> bool:
-    return all(member_tokens(view, ms) <= cap for ms in members)
-
-
 def group_buffer(view: BatchView, members: Sequence[Sequence[int]], gather: float) -> float:
     """``gather`` x one layer's gathered K/V of a group whose members hold these merge shares
     (:func:`slimdata.plan.pipeline.merge_exchange_tokens`: shares padded to the largest)."""
-    tokens = merge_exchange_tokens([member_tokens(view, ms) for ms in members])
-    return gather * view.gathered_kv_per_token * tokens
+    return _gathered_bytes(view, [member_tokens(view, ms) for ms in members], gather)
 
 
-def _fits(view: BatchView, members, peak: float, mem: float, buffer_of, cap: float) -> bool:
-    """Every member's share plus the group's merge buffers within ``mem``, shares within
-    ``cap``."""
-    return peak + buffer_of(members) <= mem and _within_cap(view, members, cap)
+def _gathered_bytes(view: BatchView, tokens: Sequence[int], gather: float) -> float:
+    """:func:`group_buffer` of members holding ``tokens`` tokens each."""
+    return gather * view.gathered_kv_per_token * merge_exchange_tokens(tokens)
 
 
 def _smallest_k(
@@ -139,38 +247,44 @@ def _smallest_k(
     bshare: float,
     fill: float = 0.9,
     cap: float = math.inf,
-    buffer_of=lambda members: 0.0,
-):
-    """Fewest members whose split fits ``mem`` (with the group's ``buffer_of(members)``
-    bytes) and the pack token ``cap`` and keeps every member within the balanced forward and
-    backward time (falls back to the fewest that fit memory and the cap)."""
+    buffer_of=lambda tokens: 0.0,
+) -> tuple[int, _Split] | tuple[None, None]:
+    """Fewest members whose split fits ``mem`` (with the group's ``buffer_of(tokens)`` bytes,
+    ``tokens`` per member) and the pack token ``cap`` and keeps every member within the
+    balanced forward and backward time (falls back to the fewest that fit memory and the
+    cap). When one slice alone is above the balanced time, no split keeps every member within
+    it: the fewest that fit is the answer, and the larger ``k`` are not split."""
+    idx = np.asarray(slices, dtype=np.int64)
+    # a member's time is at least its costliest slice's (sums of costs >= 0 only grow)
+    balanced = bool(view.fwd[idx].max() <= fill * fshare and view.bwd[idx].max() <= fill * bshare)
     fallback = None
     for k in range(k_min, k_max + 1):
-        members, _loads, peak = split_group(view, slices, k)
-        if _fits(view, members, peak, mem, buffer_of, cap):
-            if all(
-                view.fwd[ms].sum() <= fill * fshare and view.bwd[ms].sum() <= fill * bshare
-                for ms in members
-            ):
-                return k, members
+        split = _Split.of(view, slices, k)
+        if split.fits(mem, buffer_of, cap):
+            if balanced and split.within(fill * fshare, fill * bshare):
+                return k, split
             if fallback is None:
-                fallback = (k, members)
+                fallback = (k, split)
+            if not balanced:
+                break
     return fallback or (None, None)
 
 
-def _closest_to_one_pack(view, sl, k, members, mem, balanced, packs, cap, buffer_of):
+def _closest_to_one_pack(
+    view: BatchView, sl, k: int, split: _Split, mem, balanced, packs, cap, buffer_of
+) -> tuple[int, _Split]:
     """Between ``k`` members (shares at most one pack) and ``k - 1`` (shares above it), keep
     the split whose largest pack, merge share or ``(balanced - share) / (packs - 1)``, is
     smaller."""
 
-    def worst(ms) -> float:
-        s = max(float(view.fwd[m].sum() + view.bwd[m].sum()) for m in ms)
+    def worst(split: _Split) -> float:
+        s = split.largest_time()
         return max(s, (balanced - s) / (packs - 1))
 
-    fewer, _loads, peak = split_group(view, sl, k - 1)
-    if _fits(view, fewer, peak, mem, buffer_of, cap) and worst(fewer) < worst(members):
+    fewer = _Split.of(view, sl, k - 1)
+    if fewer.fits(mem, buffer_of, cap) and worst(fewer) < worst(split):
         return k - 1, fewer
-    return k, members
+    return k, split
 
 
 def skew_group_sizes(
@@ -288,8 +402,9 @@ class _Rule:
     """A member's balanced forward seconds (per pack in lockstep mode)."""
     bwd_share: float
 
-    def buffer_of(self, members) -> float:  # full-model bytes, as ``mem``
-        return group_buffer(self.view, members, self.gather) / self.layer_share
+    def buffer_of(self, tokens: Sequence[int]) -> float:  # full-model bytes, as ``mem``
+        """:func:`group_buffer` of members holding ``tokens`` tokens each."""
+        return _gathered_bytes(self.view, tokens, self.gather) / self.layer_share
 
 
 def _group_size(rule: _Rule, d: int, time: float, k_skew: int):
@@ -302,7 +417,7 @@ def _group_size(rule: _Rule, d: int, time: float, k_skew: int):
         return None, None
     k_time = max(2, math.ceil(time * packs / balanced) if balanced > 0 else 2, k_skew)
     k_cap = math.ceil(float(view.doc_len[d]) / rule.cap) if math.isfinite(rule.cap) else 2
-    k, members = _smallest_k(
+    k, split = _smallest_k(
         view,
         sl,
         min(max(k_time, k_cap), k_max),
@@ -314,11 +429,13 @@ def _group_size(rule: _Rule, d: int, time: float, k_skew: int):
         cap=rule.cap,
         buffer_of=rule.buffer_of,
     )
-    if k is not None and packs > 1 and k > 2:
-        k, members = _closest_to_one_pack(
-            view, sl, k, members, rule.mem, balanced, packs, rule.cap, rule.buffer_of
+    if k is None or split is None:
+        return None, None
+    if packs > 1 and k > 2:
+        k, split = _closest_to_one_pack(
+            view, sl, k, split, rule.mem, balanced, packs, rule.cap, rule.buffer_of
         )
-    return k, members
+    return k, split.fresh_members()
 
 
 @dataclass
@@ -342,18 +459,20 @@ class _Groups:
     def join(self, rule: _Rule, d: int) -> bool:
         """No free ranks left for ``d``'s own group: join the group that can hold it with the
         fewest free ranks added (then the least loaded); a rank serves one group per step."""
-        options = ((g, e) for g in range(len(self.plan.groups)) for e in range(len(self.free) + 1))
-        for g, extra in sorted(options, key=lambda ge: (ge[1], self.load[ge[0]])):
+        # fewest free ranks added first, then the least loaded group (ties: the first)
+        by_load = sorted(range(len(self.plan.groups)), key=self.load.__getitem__)
+        options = ((g, e) for e in range(len(self.free) + 1) for g in by_load)
+        for g, extra in options:
             ranks, docs = self.plan.groups[g]
             merged = self.slices[g] + list(rule.view.slices_of(d))
-            members, loads, peak = split_group(rule.view, merged, len(ranks) + extra)
-            if _fits(rule.view, members, peak, rule.mem, rule.buffer_of, rule.cap):
+            split = _Split.of(rule.view, merged, len(ranks) + extra)
+            if split.fits(rule.mem, rule.buffer_of, rule.cap):
                 ranks = (*ranks, *self.free[:extra])
                 del self.free[:extra]
                 self.slices[g] = merged
-                self.load[g] = float(loads.max())
+                self.load[g] = float(split.loads.max())
                 self.plan.groups[g] = (ranks, (*docs, d))
-                self._assign(ranks, members, d)
+                self._assign(ranks, split.fresh_members(), d)
                 return True
         return False
 

@@ -275,6 +275,11 @@ class LockstepWork:
     documents hold at once."""
     _forward: dict[int, _Forward | None] = field(default_factory=dict, repr=False)
     """Per token cap: the forward packs where memory cannot bind (:meth:`_forward_at`)."""
+    _unbound: dict[int, tuple[RankPacks | None, list[int]]] = field(
+        default_factory=dict, repr=False
+    )
+    """Per token cap: the packs where neither memory nor the lag binds, and where each
+    backward pack ends (:meth:`_backward_at`)."""
 
     @classmethod
     def of(
@@ -342,11 +347,33 @@ class LockstepWork:
         return self._forward[cap]
 
     def _backward_at(self, fwd: _Forward, cap: int, lag: int) -> RankPacks | None:
+        """The packs of :meth:`pack` at ``lag`` when memory never binds (:meth:`_backward_walk`).
+
+        From lag 1 on, a backward pack is cut short by its lag only when the water-filling
+        target (or the token cap) would have it take slices of documents not yet complete;
+        usually none is: then the packs are those of a lag that never binds (lag ``m``, every
+        document complete), packed once per cap and handed out for every such lag. At lag 1
+        and up, pack ``k`` may take the slices before ``fwd.avail[k + lag]`` (``k < m -
+        lag``); when the unbound pack ends there or before, the walk at ``lag`` takes the
+        same slices, pack after pack, and refuses alike."""
+        if lag >= 1:
+            if cap not in self._unbound:
+                self._unbound[cap] = self._backward_walk(fwd, cap, self.m)
+            packs, ends = self._unbound[cap]
+            avail = fwd.avail
+            if all(ends[k] <= avail[k + lag] for k in range(fwd.base, self.m - lag)):
+                return packs
+        return self._backward_walk(fwd, cap, lag)[0]
+
+    def _backward_walk(
+        self, fwd: _Forward, cap: int, lag: int
+    ) -> tuple[RankPacks | None, list[int]]:
         """The packs of :meth:`pack` at ``lag`` when memory never binds: backward pack ``j``
         runs after forward pack ``j + lag`` closes (the merge share's first), each taking the
         backward work of completed documents (oldest first, from each end) up to the
         water-filling target, the last of the packs left taking everything; the same float
-        operations in the same order as :meth:`_LockstepRank.emit_backward`."""
+        operations in the same order as :meth:`_LockstepRank.emit_backward`. Also returns
+        where each backward pack ends in ``fwd.seq`` (0 for the merge share's)."""
         tok, bwd = self.view.lists[0], self.view.lists[2]
         half_b = self.view.packing_lists[3]
         seq, avail, base, m = fwd.seq, fwd.avail, fwd.base, self.m
@@ -355,6 +382,7 @@ class LockstepWork:
         B: list[list[int]] = [list(self.merge_slices)] if base else []
         costs = [sum(map(bwd.__getitem__, self.merge_slices))] if base else []
         cum_b, pos = 0.0, 0
+        ends = [0] * len(B)
         # emissions: one after each forward close c >= lag, then the ones left (last: final)
         limits = [avail[c] for c in range(lag, m)] + [end] * min(lag, m)
         for k, limit in enumerate(limits[len(B) :], start=len(B)):
@@ -373,12 +401,13 @@ class LockstepWork:
                 pos += 1
             B.append(pack)
             costs.append(pack_b)
+            ends.append(pos)
             over = over or pack_tok > cap
         if over or pos < end:
-            return None
+            return None, ends
         # the forward lists are shared by every lag's packs (read-only)
         merge_pack = (0, 0) if base else None
-        return RankPacks(fwd.packs, B, merge_pack, math.nan, fwd.costs, costs)
+        return RankPacks(fwd.packs, B, merge_pack, math.nan, fwd.costs, costs), ends
 
 
 @dataclass(frozen=True)

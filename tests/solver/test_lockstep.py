@@ -1,6 +1,8 @@
 """Lockstep / pipeline plans: pack counts that suit the pipeline, balanced packs across pack
 indices (forward and backward), no empty packs, the backward lag, and the 1F1B estimate."""
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -87,18 +89,23 @@ def test_one_rank_prepared_once_packs_every_lag_as_fresh():
     assert work.pack(cap=1024, mem=1e30, lag=0).backward == [[], [3, 2, 1], [0, 4, 5], [6, 7]]
 
 
+@pytest.mark.parametrize(("analytic", "slice_tokens"), [(False, 128), (True, 128), (True, 1024)])
 @pytest.mark.parametrize("seed", range(6))
-def test_packs_without_the_memory_walk_are_the_walks_packs(seed):
+def test_packs_without_the_memory_walk_are_the_walks_packs(seed, analytic, slice_tokens):
     # where a rank's bytes all fit, pack(peak=False) packs the forward once and the backward
-    # per lag: the same packs (and the same refusals) as the memory walk, merge share or not
+    # per lag: the same packs (and the same refusals) as the memory walk, merge share or not;
+    # with the analytic model's attention costs the float sums are not exact, and slices of
+    # 1024 tokens can alone pass a pack's target or the 256-token cap
     from slimdata.solver.micropack import LockstepWork
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(64, 2048, size=int(rng.integers(2, 12))).tolist()
-    view = BatchView.build(docs_of([512, *lengths]), unit_cost())
+    cost = CostModel.analytic("llama-8b", "h100", "full") if analytic else unit_cost()
+    view = BatchView.build(docs_of([512, *lengths], slice_tokens), cost)
     units = [view.slices_of(d) for d in range(1, len(view.docs))]
     merge = view.slices_of(0)[: int(rng.integers(0, 3))]
     fast_path = refused = 0
+    unbound = Counter()  # lag >= 1 on the fast path: the packs no lag binds handed out or not
     for m in (1, 2, 3, 5, 8):
         work = LockstepWork.of(view, units, merge, m)
         for lag in (*range(m), m + 1):
@@ -113,10 +120,51 @@ def test_packs_without_the_memory_walk_are_the_walks_packs(seed):
                 assert (fast.forward, fast.backward) == (walk.forward, walk.backward)
                 assert fast.merge_pack == walk.merge_pack
                 fwd, bwd = view.lists[1], view.lists[2]
-                assert fast.forward_cost == [sum(map(fwd.__getitem__, p)) for p in walk.forward]
-                assert fast.backward_cost == [sum(map(bwd.__getitem__, p)) for p in walk.backward]
+                f = [sum(map(fwd.__getitem__, p)) for p in walk.forward]
+                b = [sum(map(bwd.__getitem__, p)) for p in walk.backward]
+                if analytic:  # Python >= 3.12 sums floats with compensation: last-ulp sums
+                    assert np.allclose(fast.forward_cost, f, rtol=1e-12, atol=0.0)
+                    assert np.allclose(fast.backward_cost, b, rtol=1e-12, atol=0.0)
+                else:  # integer seconds: exact in any order
+                    assert (fast.forward_cost, fast.backward_cost) == (f, b)
                 fast_path += work._forward.get(cap) is not None
-    assert fast_path and refused  # guard: both outcomes were compared
+                if lag >= 1 and cap in work._unbound:
+                    unbound[fast is work._unbound[cap][0]] += 1
+    assert fast_path and refused and unbound[True]  # guard: these outcomes were compared
+
+
+def test_packs_no_lag_binds_are_handed_out_only_where_the_lag_does_not_bind():
+    # a 768-token document (slices 0-5) and two of 128 (6, 7); 4 packs of 256 forward tokens:
+    # F0 [0, 1] F1 [2, 3] F2 [4, 5] F3 [6, 7]; the long document completes with F2. Unbound
+    # (every document complete), backward packs take 512 s each: [5, 4] [3, 2] [1, 0] [6, 7].
+    # At lag 1, B0 runs after F1, before the long document completes: the lag binds (B0 is
+    # empty); at lag 2, B0 runs after F2 and B1 after F3: the unbound packs
+    from slimdata.solver.micropack import LockstepWork
+
+    view = BatchView.build(docs_of([768, 128, 128]), unit_cost())
+    work = LockstepWork.of(view, [view.slices_of(d) for d in range(3)], (), 4)
+    for lag, backward in [
+        (1, [[], [5, 4, 3], [2, 1, 0], [6, 7]]),
+        (2, [[5, 4], [3, 2], [1, 0], [6, 7]]),
+        (3, [[5, 4], [3, 2], [1, 0], [6, 7]]),
+    ]:
+        fast = work.pack(cap=1024, mem=1e30, lag=lag, peak=False)
+        walk = work.pack(cap=1024, mem=1e30, lag=lag)
+        assert fast.backward == walk.backward == backward
+        assert (fast is work._unbound[1024][0]) == (lag >= 2)
+
+
+def test_a_backward_pack_takes_its_first_slice_even_past_its_target():
+    # documents of 20 and 135 tokens: slice 0 (20 tokens), slices 1, 2 (128 + 7 tokens);
+    # backward 2 s/token: 40, 256, 14 s. At lag 1 backward pack 0 takes slice 2 (14 s); pack
+    # 1's target is 14 + 296 / 3 = 112.7 s and slice 1's midpoint, 14 + 128 s, passes it, but
+    # a pack always takes its first slice (with the memory walk and without)
+    from slimdata.solver.micropack import LockstepWork
+
+    view = BatchView.build(docs_of([20, 135]), unit_cost())
+    work = LockstepWork.of(view, [view.slices_of(0), view.slices_of(1)], (), 4)
+    for peak in (True, False):
+        assert work.pack(cap=4096, mem=1e30, lag=1, peak=peak).backward == [[2], [1], [0], []]
 
 
 def test_pack_rank_lockstep_merge_pack_first_and_caps():

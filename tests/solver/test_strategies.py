@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,53 @@ def test_split_group_hands_out_fresh_lists_of_one_split(ucost):
     loads[0] = -1.0
     again, loads2, _ = split_group(view, slices, 2)  # the batch's memo is not changed
     assert again == [[0, 2, 4], [1, 3, 5]] and loads2.tolist() == [1152.0, 984.0]
+
+
+def test_a_split_answers_memory_questions_as_its_exact_peak():
+    # 0.1 bytes of activations per token: sums that round. The rough peak (activations summed
+    # in one pass over the members) answers clear questions; at the exact peak's own value,
+    # where the rough one is off by an ulp, the answer comes from the exact peak
+    from slimdata.cost import CostModel
+    from slimdata.solver.merge import _Split, member_peaks
+
+    cost = CostModel(
+        fwd_lin=1.0,
+        fwd_att=0.0,
+        fwd_const=0.0,
+        bwd_lin=2.0,
+        bwd_att=0.0,
+        bwd_const=0.0,
+        act_bytes_per_token=0.1,
+        kv_bytes_per_token=0.0,
+    )
+    view = BatchView.build(docs_of([2566, 1947, 1582]), cost)
+    split = _Split.of(view, list(range(len(view.doc))), 2)
+    peak = split.peak
+    assert peak == float(member_peaks(view, split.members).max())
+    assert split.rough_peak != peak and abs(split.rough_peak - peak) <= 1e-12 * peak  # guard
+    none = lambda tokens: 0.0  # noqa: E731
+    assert split.fits(2 * peak, none, math.inf) and not split.fits(peak / 2, none, math.inf)
+    assert split.fits(peak, none, math.inf)
+    assert not split.fits(float(np.nextafter(peak, 0.0)), none, math.inf)
+    assert not split.fits(2 * peak, none, int(split.tokens.max()) - 1)  # the token cap
+
+
+def test_member_sums_are_numpys_sums_to_the_bit():
+    # members of 0 to 9 slices over costs spanning six orders of magnitude: every member's
+    # sum equals values[ms].sum() exactly (the merge planner compares them with thresholds),
+    # and the peaks equal member_peak's one by one
+    from slimdata.cost import CostModel
+    from slimdata.solver.merge import member_peak, member_peaks, member_sums
+
+    rng = np.random.default_rng(0)
+    values = rng.random(200) * 10.0 ** rng.integers(-3, 3, 200)
+    members = [
+        rng.choice(200, int(rng.integers(0, 10)), replace=False).tolist() for _ in range(300)
+    ]
+    got = member_sums(values, members)
+    assert got.tolist() == [values[np.asarray(ms, dtype=np.int64)].sum() for ms in members]
+    assert {len(ms) for ms in members} == set(range(10))  # guard: every size was compared
+    view = BatchView.build(docs_of([4096, 3000, 700], 128), CostModel.analytic("llama-8b"))
+    shares = [rng.choice(len(view.doc), int(rng.integers(0, 6)), replace=False) for _ in range(50)]
+    shares = [sorted(s.tolist()) for s in shares]
+    assert member_peaks(view, shares).tolist() == [member_peak(view, s) for s in shares]

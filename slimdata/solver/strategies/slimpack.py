@@ -37,7 +37,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -46,8 +46,10 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.execution.critical import critical_path, plan_critical_path
+from slimdata.gcpause import cyclic_gc_paused
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
+from slimdata.solver.budget import MemoryBudget
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
 from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
 from slimdata.solver.layout import Layout
@@ -160,18 +162,25 @@ def _place_by_both_loads(
     cands = [np.asarray(r, dtype=np.int64) for r in members]
     F = np.zeros(dp)
     Bl = np.zeros(dp)
+    # every rank's loads after adding a whole document, in buffers (no arrays per item)
+    add, maximum = np.add, np.maximum
+    F_with, B_with, worse = np.empty(dp), np.empty(dp), np.empty(dp)
     k = items.next
     while k < len(ids) and (grp[k] >= 0 or fn[k] + bn[k] >= 0.04):
         g = grp[k]
         if g < 0:
-            r = int(np.argmin(np.maximum(F + fn[k], Bl + bn[k])))
+            add(F, fn[k], out=F_with)
+            add(Bl, bn[k], out=B_with)
+            maximum(F_with, B_with, out=worse)
+            r = int(worse.argmin())
             out_docs[r].append(ids[k])
+            F[r], Bl[r] = F_with[r], B_with[r]
         else:
             cand = cands[g]
             r = int(cand[np.argmin(np.maximum(F[cand] + fn[k], Bl[cand] + bn[k]))])
             out_merge[r].append(ids[k])
-        F[r] += fn[k]
-        Bl[r] += bn[k]
+            F[r] += fn[k]
+            Bl[r] += bn[k]
         k += 1
     items.next = k
     return (F + Bl).tolist()
@@ -213,7 +222,7 @@ def improve(
     assign: list[list[int]],
     shares: dict[int, list[int]],
     groups: Sequence[tuple[int, ...]],
-    mem: float,
+    mem: float | MemoryBudget,
     *,
     rounds: int = 400,
     top: int = 32,
@@ -231,12 +240,14 @@ def improve(
     merge slice to/with another member of its group (if no member's share then exceeds the
     group's largest, in either dimension: the merge pack runs in lockstep on the members and
     takes the largest share; and both members' merge memory stays within ``mem`` minus the
-    group's merge ``buffers`` bytes, default 0, and both shares within the pack token ``cap``).
+    group's merge ``buffers`` bytes, default 0, and both shares within the pack token ``cap``;
+    a :class:`~slimdata.solver.budget.MemoryBudget` records these questions).
     Stops when no move lowers the top load by ``min_gain`` (relative), when the top load is at
     most ``target`` (default :data:`IMPROVE_TARGET`: good enough, saves time) or after
     ``rounds`` moves. Returns the number of moves; deterministic.
     """
-    search = _LocalSearch(view, assign, shares, groups, mem, buffers, cap)
+    budget = mem if isinstance(mem, MemoryBudget) else MemoryBudget(mem)
+    search = _LocalSearch(view, assign, shares, groups, budget, buffers, cap)
     moves = 0
     for _ in range(rounds):
         load = np.maximum(search.F, search.B)
@@ -268,15 +279,16 @@ class _LocalSearch:
         assign: list[list[int]],
         shares: dict[int, list[int]],
         groups: Sequence[tuple[int, ...]],
-        mem: float,
+        budget: MemoryBudget,
         buffers: Sequence[float],
         cap: float,
     ):
-        self.view, self.assign, self.shares, self.groups, self.cap = (
+        self.view, self.assign, self.shares, self.groups, self.budget, self.cap = (
             view,
             assign,
             shares,
             groups,
+            budget,
             cap,
         )
         dp = len(assign)
@@ -293,16 +305,17 @@ class _LocalSearch:
             self.owner[a] = r
         self.placed = np.flatnonzero(self.owner >= 0)
         self.ranks = np.arange(dp)
-        self._add_merge_groups(mem, buffers)
+        self._add_merge_groups(buffers)
 
-    def _add_merge_groups(self, mem: float, buffers: Sequence[float]) -> None:
-        """Members' merge shares join their loads; each group's memory limit per member."""
+    def _add_merge_groups(self, buffers: Sequence[float]) -> None:
+        """Members' merge shares join their loads; each group's merge buffers (the budget a
+        member's merge share may hold is the rank's less these)."""
         view, shares, dp = self.view, self.shares, len(self.assign)
         self.group_of: dict[int, int] = {}
         self.sowner = np.full(len(view.doc), -1, dtype=np.int64)
         self.gslices: list[np.ndarray] = []
         self.roomy: list[bool] = []  # the group's documents fit one rank whole: no memory check
-        self.limit: list[float] = []  # bytes a member's merge share may hold
+        self.reserve: list[float] = []  # the group's merge buffers, bytes
         self.SF = np.zeros(dp)  # members' merge shares (normalized forward, backward)
         self.SB = np.zeros(dp)
         for g, grp in enumerate(self.groups):
@@ -315,8 +328,9 @@ class _LocalSearch:
                 self.B[r] += self.SB[r]
             gs = np.concatenate([np.asarray(shares[r], dtype=np.int64) for r in grp])
             self.gslices.append(gs)
-            self.limit.append(mem - (buffers[g] if len(buffers) else 0.0))
-            self.roomy.append(float(view.doc_mem[np.unique(view.doc[gs])].sum()) <= self.limit[g])
+            self.reserve.append(buffers[g] if len(buffers) else 0.0)
+            whole = float(view.doc_mem[np.unique(view.doc[gs])].sum())
+            self.roomy.append(self.budget.fits(whole, self.reserve[g]))
 
     def candidates(self, hi: int, top: int) -> list[_Candidates]:
         """``hi``'s ``top`` costliest documents against every other rank's documents and an
@@ -410,7 +424,9 @@ class _LocalSearch:
             (y < 0 and n_hi == 1)
             or not (
                 self.roomy[g]
-                or _slice_move_fits(self.view, self.shares, hi, lo, x, y, self.limit[g])
+                or _slice_move_fits(
+                    self.view, self.shares, hi, lo, x, y, self.budget, self.reserve[g]
+                )
             )
             or not _slice_move_within_cap(self.view, self.shares, hi, lo, x, y, self.cap)
         )
@@ -461,13 +477,22 @@ class _LocalSearch:
 
 
 def _slice_move_fits(
-    view: BatchView, shares: dict[int, list[int]], hi: int, lo: int, x: int, y: int, mem: float
+    view: BatchView,
+    shares: dict[int, list[int]],
+    hi: int,
+    lo: int,
+    x: int,
+    y: int,
+    budget: MemoryBudget,
+    reserve: float,
 ) -> bool:
-    """Do both members' merge shares fit ``mem`` after slice ``x`` moves from ``hi`` to ``lo``
-    (and slice ``y``, if ``>= 0``, from ``lo`` to ``hi``)?"""
+    """Do both members' merge shares fit ``budget`` less ``reserve`` after slice ``x`` moves
+    from ``hi`` to ``lo`` (and slice ``y``, if ``>= 0``, from ``lo`` to ``hi``)?"""
     new_lo = [s for s in shares[lo] if s != y] + [x]
     new_hi = [s for s in shares[hi] if s != x] + ([y] if y >= 0 else [])
-    return member_peak(view, sorted(new_lo)) <= mem and member_peak(view, sorted(new_hi)) <= mem
+    return budget.fits(member_peak(view, sorted(new_lo)), reserve) and budget.fits(
+        member_peak(view, sorted(new_hi)), reserve
+    )
 
 
 def _slice_move_within_cap(
@@ -481,6 +506,7 @@ def _slice_move_within_cap(
     return max(new_lo, new_hi) <= cap
 
 
+@cyclic_gc_paused()
 def slimpack(
     batch: Sequence[Document],
     layout: Layout,
@@ -627,12 +653,15 @@ def _phase1(
     mem: float,
     gather: float = MERGE_GATHER,
     layer_share: float = 1.0,
+    placements: _Placements | None = None,
 ) -> _Phase1:
-    """DP-Merge groups (member shares sized to one of ``packs`` packs), two-dimensional LPT
-    (one-dimensional in free mode: a rank's total time), local search, optional MILP.
-    ``mem``: bytes a rank may hold (full-model bytes: the device cap over the first pipeline
-    stage's share of the layers); ``gather``: merge members also hold that many times their
-    group's K/V (:func:`~slimdata.solver.merge.plan_merges`)."""
+    """DP-Merge groups (member shares sized to one of ``packs`` packs), then their placement:
+    two-dimensional LPT (one-dimensional in free mode: a rank's total time), local search,
+    optional MILP (:func:`_place`). ``mem``: bytes a rank may hold (full-model bytes: the
+    device cap over the first pipeline stage's share of the layers); ``gather``: merge
+    members also hold that many times their group's K/V
+    (:func:`~slimdata.solver.merge.plan_merges`); ``placements``: the placements found so far
+    in this solve, reused where they apply (:class:`_Placements`)."""
     merges = plan_merges(
         view,
         layout.dp,
@@ -644,12 +673,65 @@ def _phase1(
         balance_ratio=options.skew_merge,
         cap=layout.token_cap,
     )
+    placements = placements or _Placements(view, layout, options)
+    return placements.place(merges, mem, gather / layer_share)
+
+
+@dataclass
+class _Placements:
+    """Phase 1's placements (:func:`_place`) found in one solve, by merge plan: the lockstep
+    candidate pack counts whose merge plans agree share one. Their memory budgets differ (each
+    count reserves room for its packs in flight), but a placement reads its budget only by
+    asking whether bytes fit (:class:`~slimdata.solver.budget.MemoryBudget`), so it is reused
+    for a budget that answers every question it asked alike: the same placement, computed
+    once (a batch without merges asks none)."""
+
+    view: BatchView
+    layout: Layout
+    options: SolveOptions
+    found: dict[tuple, list[tuple[MemoryBudget, _Phase1]]] = field(default_factory=dict)
+    """Per merge plan (:func:`_merge_key`) and buffer scale: each placement and its budget."""
+
+    def place(self, merges: MergePlan, mem: float, scale: float) -> _Phase1:
+        """:func:`_place` of ``merges`` under ``mem`` bytes, or the one found before that
+        answers alike."""
+        key = (_merge_key(merges), scale)  # before placing: the placement may edit the shares
+        for budget, p1 in self.found.get(key, ()):
+            if budget.answers_alike(mem):
+                return p1
+        budget = MemoryBudget(mem)
+        p1 = _place(self.view, self.layout, self.options, merges, budget, scale)
+        self.found.setdefault(key, []).append((budget, p1))
+        return p1
+
+
+def _merge_key(merges: MergePlan) -> tuple:
+    """Everything a placement reads of a merge plan, as a hashable snapshot: the groups, each
+    member's slices (in the plan's order) and the merged documents."""
+    return (
+        tuple(merges.groups),
+        tuple((r, tuple(s)) for r, s in merges.member_slices.items()),
+        tuple(sorted(merges.merged_docs)),
+    )
+
+
+def _place(
+    view: BatchView,
+    layout: Layout,
+    options: SolveOptions,
+    merges: MergePlan,
+    budget: MemoryBudget,
+    scale: float,
+) -> _Phase1:
+    """The documents not merged and the merge groups' slices over the ranks (joint LPT,
+    :func:`_distribute`), the local search (:func:`improve`) and the optional MILP; ``budget``:
+    bytes a rank may hold, ``scale`` x its group's gathered K/V held by a merge member."""
     unmerged = np.ones(len(view.docs), dtype=bool)
     unmerged[list(merges.merged_docs)] = False
     rest = np.flatnonzero(unmerged)  # the documents not merged, in order
     # free mode: only a rank's total time counts (BatchView.summed)
     load = view.summed() if layout.mode == "free" else view
-    assign, member_slices, held = _distribute(load, layout, merges, rest, mem, gather / layer_share)
+    assign, member_slices, held = _distribute(load, layout, merges, rest, budget, scale)
     group_ranks = [ranks for ranks, _d in merges.groups]
     moves = (
         improve(
@@ -657,7 +739,7 @@ def _phase1(
             assign,
             member_slices,
             group_ranks,
-            mem,
+            budget,
             rounds=options.improve_rounds,
             buffers=[held[g[0]] for g in group_ranks],
             cap=layout.token_cap,
@@ -676,11 +758,16 @@ def _phase1(
 
 
 def _distribute(
-    view: BatchView, layout: Layout, merges: MergePlan, rest: np.ndarray, mem: float, scale: float
+    view: BatchView,
+    layout: Layout,
+    merges: MergePlan,
+    rest: np.ndarray,
+    budget: MemoryBudget,
+    scale: float,
 ) -> tuple[list[list[int]], dict[int, list[int]], dict[int, float]]:
     """Documents ``rest`` and the merge groups' slices over the ranks by one joint LPT
     (:func:`assign_lpt`); if that overloads a member's memory (its share plus ``scale`` x its
-    group's gathered K/V above ``mem``) or its merge pack (above the token cap), the merge
+    group's gathered K/V above ``budget``) or its merge pack (above the token cap), the merge
     planner's own split is kept and only the documents are dealt. Returns per-rank documents,
     each member's merge slices and each member's merge buffer bytes."""
     dp = layout.dp
@@ -691,7 +778,7 @@ def _distribute(
     assign, shares = assign_lpt(view, rest, dp, groups)
     held = _member_buffers(view, merges.groups, shares, scale)
     if any(
-        member_peak(view, shares[r]) + held[r] > mem
+        not budget.fits(member_peak(view, shares[r]) + held[r])
         or member_tokens(view, shares[r]) > layout.token_cap
         for r in merges.member_slices
     ):
@@ -886,18 +973,28 @@ def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, stag
     beyond the plan order under 1F1B. With ``pp > 1`` and a best lag that memory held below ``m - 1``,
     :data:`MORE_PACKS` multiples of the fewest packs are tried as well. When no candidate fits, more and smaller packs are
     tried, then phase 1 again with twice and four times that reserve (more documents merged,
-    smaller merge shares). Returns ``(estimate, packs, lag, phase 1)``.
+    smaller merge shares). Phase 1's placement is computed once for the counts whose merge
+    plans agree (:class:`_Placements`). Returns ``(estimate, packs, lag, phase 1)``.
     """
     cap, mem, dp, pp = layout.token_cap, layout.memory_bytes, layout.dp, layout.pp
     share = stages.share
     total = float(view.doc_mem.sum())  # all activations + K/V of the batch
+    placements = _Placements(view, layout, options)
 
     def phase1(m: int, widen: float) -> _Phase1 | None:
         budget = mem / share - widen * (pp - 1) * total / (dp * m)
         if budget <= 0:
             return None
         try:
-            return _phase1(view, layout, options, packs=m, mem=budget, layer_share=share)
+            return _phase1(
+                view,
+                layout,
+                options,
+                packs=m,
+                mem=budget,
+                layer_share=share,
+                placements=placements,
+            )
         except PlanError:
             if widen == 1 and pp == 1:
                 raise
