@@ -118,9 +118,13 @@ def _add_model(h, view: BatchView, free: list[int], dp: int, shares, fixed):
     z = h.addVariable(lb=0.0)
     for d in free:
         h.addConstr(sum(x[d, r] for r in range(dp)) == 1)
+    backward = bool(view.doc_bwd[free].any() or B0.any())  # none: one load (BatchView.summed)
     for r in range(dp):
         h.addConstr(sum(float(view.doc_fwd[d]) * x[d, r] for d in free) - fs * z <= -float(F0[r]))
-        h.addConstr(sum(float(view.doc_bwd[d]) * x[d, r] for d in free) - bs * z <= -float(B0[r]))
+        if backward:
+            h.addConstr(
+                sum(float(view.doc_bwd[d]) * x[d, r] for d in free) - bs * z <= -float(B0[r])
+            )
     return x, z
 
 
