@@ -204,8 +204,8 @@ def longest_backward_last(view: BatchView, packs: RankPacks) -> RankPacks:
     rest = segments[head:]
     if len(rest) < 2:
         return packs
-    bwd = view.lists[2]
-    seconds = [sum(bwd[s] for j in bs for s in packs.backward[j]) for _fs, bs in rest]
+    at = view.lists[2].__getitem__  # backward seconds of a slice
+    seconds = [sum(sum(map(at, packs.backward[j])) for j in bs) for _fs, bs in rest]
     k = max(range(len(rest)), key=lambda i: (seconds[i], i))  # on a tie, the later stays
     if k == len(rest) - 1:
         return packs
@@ -238,7 +238,10 @@ def _segments(view: BatchView, packs: RankPacks) -> list[tuple[list[int], list[i
     if packs.merge_pack is not None and F[0]:
         start[F[0][0]] = 0
     mirror = [start.get(b[0], -1) if b else -1 for b in packs.backward]
-    if any(i < 0 or sorted(F[i]) != sorted(b) for i, b in zip(mirror, packs.backward, strict=True)):
+    if any(
+        i < 0 or (F[i][::-1] != b and sorted(F[i]) != sorted(b))
+        for i, b in zip(mirror, packs.backward, strict=True)
+    ):
         return [(list(range(len(F))), list(range(len(packs.backward))))]
     out: list[tuple[list[int], list[int]]] = []
     segment_of = []
