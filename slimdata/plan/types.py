@@ -74,7 +74,7 @@ def _ints(values: Any, what: str, count: int | None = None) -> tuple[int, ...]:
     return tuple(_int(v, what) for v in values)
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Slice:
     """Half-open token range ``[start, end)`` of document ``doc`` (an index into ``StepPlan.docs``).
 
@@ -221,7 +221,7 @@ def group_of_rank(merges: Sequence[MergeGroup], rank: int) -> int | None:
     return next((g for g, m in enumerate(merges) if rank in m.ranks), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Document:
     """A document of the step's global batch."""
 
