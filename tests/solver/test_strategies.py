@@ -193,19 +193,9 @@ def test_a_split_answers_memory_questions_as_its_exact_peak():
     # 0.1 bytes of activations per token: sums that round. The rough peak (activations summed
     # in one pass over the members) answers clear questions; at the exact peak's own value,
     # where the rough one is off by an ulp, the answer comes from the exact peak
-    from slimdata.cost import CostModel
     from slimdata.solver.merge import _Split, member_peaks
 
-    cost = CostModel(
-        fwd_lin=1.0,
-        fwd_att=0.0,
-        fwd_const=0.0,
-        bwd_lin=2.0,
-        bwd_att=0.0,
-        bwd_const=0.0,
-        act_bytes_per_token=0.1,
-        kv_bytes_per_token=0.0,
-    )
+    cost = unit_cost(act_tokens_per_gib=10 * 2**30)  # 0.1 bytes of activations per token
     view = BatchView.build(docs_of([2566, 1947, 1582]), cost)
     split = _Split.of(view, list(range(len(view.doc))), 2)
     peak = split.peak
