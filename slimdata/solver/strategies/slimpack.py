@@ -373,17 +373,23 @@ class _LocalSearch:
         yb = np.where(real, xb[yid], 0.0)
         df = xf[xs][:, None] - yf[None, :]
         db = xb[xs][:, None] - yb[None, :]
-        # max(F[hi] - df, B[hi] - db, F[lo] + df, B[lo] + db), partly in place: 6 matrices, not 9
-        pm = F[hi] - df
-        np.maximum(pm, B[hi] - db, out=pm)
-        lo_f = F[yown][None, :] + df
-        np.maximum(lo_f, B[yown][None, :] + db, out=lo_f)
-        np.maximum(pm, lo_f, out=pm)
-        if kind == "slice":
+        grow = None
+        if kind == "slice":  # a merge share may only grow up to the group's largest
             grow = (self.SF[yown][None, :] + df > top_f + 1e-12) | (
                 self.SB[yown][None, :] + db > top_b + 1e-12
             )
-            pm = np.where(grow, np.inf, pm)
+        # max(F[hi] - df, B[hi] - db, F[lo] + df, B[lo] + db) in three matrices: each term is
+        # written over the difference it was computed from once that is no longer read
+        maximum = np.maximum
+        pm = F[hi] - df
+        np.add(F[yown][None, :], df, out=df)
+        maximum(pm, df, out=pm)
+        np.subtract(B[hi], db, out=df)
+        maximum(pm, df, out=pm)
+        np.add(B[yown][None, :], db, out=db)
+        maximum(pm, db, out=pm)
+        if grow is not None:
+            pm[grow] = np.inf
         return pm
 
     def best_move(self, hi: int, bar: float, top: int) -> tuple[str, int, int, int] | None:
