@@ -102,3 +102,42 @@ def test_an_order_the_interleaved_schedule_cannot_run_is_a_plan_error():
     assert stages.estimate(np.ones((10, 1)), np.full((10, 1), 2.0), order) == math.inf
     ok = interleaved_order(16, 16, 0)  # a multiple of pp runs: the guard is not vacuous
     assert math.isfinite(stages.estimate(np.ones((16, 1)), np.full((16, 1), 2.0), ok))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_interleaved_plans_fit_the_budget_on_every_device(seed, monkeypatch):
+    """The packer checks memory with 1F1B's packs in flight; the interleaved warm-up keeps
+    more on the first devices. Every plan solved for the interleaved schedule stays within
+    16 GiB on every device in the simulator, and the check is not vacuous: with it switched
+    off (the packer's check alone) the same batches overflow."""
+    from slimdata.sim import SimConfig, simulate_step
+    from slimdata.solver.strategies import slimpack as sp
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    docs = docs_of(np.random.default_rng(seed).integers(200, 60000, size=40).tolist(), 2048)
+    layout = Layout(
+        dp=2, pp=4, mode="lockstep", context=65536, memory_gib=16, schedule="interleaved",
+        virtual_stages=2,
+    )  # fmt: skip
+    config = SimConfig(schedule="interleaved", virtual_stages=2)
+    sim = simulate_step(solve(docs, layout, "slimpack", 0, cost), cost, layout, config)
+    assert not sim.over_memory and sim.peak_memory_gib <= 16
+    monkeypatch.setattr(sp._Stages, "holds", lambda self, plan, cost, layout: True)
+    unchecked = simulate_step(solve(docs, layout, "slimpack", 0, cost), cost, layout, config)
+    assert unchecked.over_memory and unchecked.peak_memory_gib > 16
+
+
+def test_no_interleaved_plan_that_fits_is_a_clear_error(monkeypatch):
+    """When no candidate fits the interleaved schedule's peak, the solver says so and what
+    to change, instead of returning a plan that overflows."""
+    from slimdata.errors import PlanError
+    from slimdata.solver.strategies import slimpack as sp
+
+    docs = docs_of(np.random.default_rng(0).integers(200, 60000, size=40).tolist(), 2048)
+    layout = Layout(
+        dp=2, pp=4, mode="lockstep", context=65536, memory_gib=16, schedule="interleaved",
+        virtual_stages=2,
+    )  # fmt: skip
+    monkeypatch.setattr(sp._Stages, "holds", lambda self, plan, cost, layout: False)
+    with pytest.raises(PlanError, match="no plan fits 16.0 GiB per device under the interleaved"):
+        solve(docs, layout, "slimpack", 0, CostModel.analytic("llama-8b", "h100", "full"))

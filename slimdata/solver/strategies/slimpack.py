@@ -18,7 +18,10 @@ rank gets the same pack count ``m`` (``layout.microbatches`` or, among candidate
 with the smallest estimated step) and pack ``i`` is the ``i``-th cost quantile of each rank's
 (balanced) load; memory is checked per pipeline stage as the simulator accounts it (first
 stage's share of the layers, 1F1B's extra packs in flight, merge buffers;
-:func:`~slimdata.solver.micropack.pack_rank_lockstep`). The estimate is the execution model's
+:func:`~slimdata.solver.micropack.pack_rank_lockstep`); under the interleaved schedule, whose
+warm-up keeps more packs in flight, the assembled plan is checked on every device by the
+execution model's memory rule and the next-best candidate is taken while it does not fit
+(:meth:`_Stages.holds`). The estimate is the execution model's
 compute-only critical path under the schedule the plan will run (``layout.schedule``, 1F1B or
 interleaved over ``layout.virtual_stages``; :mod:`slimdata.execution.critical`), recorded as
 ``plan.meta["pipeline_estimate"]``.
@@ -46,13 +49,15 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.execution.critical import critical_path, plan_critical_path
+from slimdata.execution.memory import peak
+from slimdata.execution.program import ExecutionConfig, build_programs
 from slimdata.gcpause import cyclic_gc_paused
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.budget import MemoryBudget
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
 from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
-from slimdata.solver.layout import Layout
+from slimdata.solver.layout import GIB, Layout
 from slimdata.solver.merge import (
     MergePlan,
     group_buffer,
@@ -533,16 +538,39 @@ def slimpack(
     view = _batch_view(batch, layout, cost, options.refine_share)
     with _recompute_advice(cost):
         _check_slices(view, layout.token_cap, layout.memory_bytes)
-    estimate = None
+    stages = _Stages.of(layout, cost)
     if layout.mode == "free":
         with _recompute_advice(cost):
             p1 = _phase1(view, layout, options, packs=1, mem=layout.memory_bytes)
-        packs, lag = _free(view, p1, layout), 0
+        candidates: list[_Candidate] = [(math.nan, _free(view, p1, layout), 0, p1)]
     else:
         with _recompute_advice(cost):
-            estimate, packs, lag, p1 = _solve_lockstep(
-                view, layout, options, _Stages.of(layout, cost)
-            )
+            candidates = _solve_lockstep(view, layout, options, stages)
+    for candidate in candidates:
+        plan = _assemble(view, layout, cost, step, seed, options, candidate, t0, validate)
+        if layout.mode == "free" or stages.holds(plan, cost, layout):
+            return plan
+    raise PlanError(
+        f"lockstep: no plan fits {layout.memory_gib:.1f} GiB per device under the interleaved "
+        f"schedule with {stages.v} model chunks per device (its warm-up keeps more packs in "
+        "flight than 1F1B's): use --schedule 1f1b, fewer virtual stages, or raise --memory-gib"
+    )
+
+
+def _assemble(
+    view: BatchView,
+    layout: Layout,
+    cost: CostModel,
+    step: int,
+    seed: int,
+    options: SolveOptions,
+    candidate: _Candidate,
+    t0: float,
+    validate: bool,
+) -> StepPlan:
+    """The plan of one candidate's packs; a lockstep plan records the execution model's
+    estimate of it as assembled (fused slices priced)."""
+    estimate, packs, lag, p1 = candidate
     plan = assemble_plan(
         view=view,
         layout=layout,
@@ -555,14 +583,13 @@ def slimpack(
         merge_rank_pack={r: p.merge_pack for r, p in enumerate(packs) if p.merge_pack is not None},
         mode=layout.mode,
         lag=lag,
-        meta=_meta(seed, layout, options, p1, estimate, lag, packs),
+        meta=_meta(seed, layout, options, p1, None if math.isnan(estimate) else estimate, lag, packs),
         t0=t0,
         validate=validate,
     )
     _check_pack_cap(view, packs, layout.token_cap, step)
-    if layout.mode != "free":  # the estimate of the plan as assembled (fused slices priced)
-        estimate = _Stages.of(layout, cost).plan_estimate(plan)
-        plan.meta["pipeline_estimate"] = round(estimate, 6)
+    if layout.mode != "free":
+        plan.meta["pipeline_estimate"] = round(_Stages.of(layout, cost).plan_estimate(plan), 6)
     return plan
 
 
@@ -860,10 +887,25 @@ class _Stages:
 
     @property
     def share(self) -> float:
-        """The first (largest) stage's share of the layers (:func:`stage_share`); memory is
-        checked with 1F1B's packs in flight under every schedule (the simulator checks the
-        schedule's own peak)."""
+        """The first (largest) stage's share of the layers (:func:`stage_share`); the packer
+        checks memory with 1F1B's packs in flight under every schedule, and :meth:`holds`
+        checks the interleaved schedule's own."""
         return stage_share(self.layers, self.pp)
+
+    def holds(self, plan: StepPlan, cost: CostModel, layout: Layout) -> bool:
+        """Does every device of ``plan`` stay within ``layout.memory_gib`` under this
+        schedule? The packer's check is 1F1B's; the interleaved schedule's warm-up keeps more
+        packs in flight on the first devices (``(pp - 1) * 2 + (v - 1) * pp`` chunk passes),
+        so its plans are read off the execution model's memory rule
+        (:func:`~slimdata.execution.memory.peak` of every program; DDP / ZeRO-1 rules, as
+        pipelines run)."""
+        if self.pp == 1 or self.v == 1:
+            return True
+        config = ExecutionConfig(
+            pp=self.pp, schedule=self.schedule, virtual_stages=self.v, cp=layout.cp
+        )
+        limit = layout.memory_gib * GIB
+        return all(peak(p) <= limit for p in build_programs(plan, cost, config))
 
     def estimate(self, fwd: np.ndarray, bwd: np.ndarray, order) -> float:
         """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
@@ -889,7 +931,12 @@ class _Stages:
 
 
 def _lockstep(
-    view: BatchView, p1: _Phase1, layout: Layout, counts: Sequence[int], stages: _Stages
+    view: BatchView,
+    p1: _Phase1,
+    layout: Layout,
+    counts: Sequence[int],
+    stages: _Stages,
+    seen: list[_Candidate] | None = None,
 ) -> tuple[float, list[RankPacks], int] | None:
     """Lockstep packs of every rank for the pack count in ``counts`` and the backward lag with
     the smallest estimated step time (:meth:`_Stages.estimate`); ``None`` if none fits the
@@ -899,7 +946,7 @@ def _lockstep(
     every lag the bisection packs is estimated. Memory is checked per pipeline stage
     (``stages.share`` of the layers on the first stage, 1F1B's extra packs in flight, merge
     K/V buffers; :func:`pack_rank_lockstep`). Returns ``(estimate, packs, lag)``; the smaller
-    lag wins ties."""
+    lag wins ties. ``seen`` collects every count and lag that fits, with ``p1``."""
     best: tuple[float, list[RankPacks], int] | None = None
     gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / stages.share)
     for m in counts:
@@ -927,6 +974,8 @@ def _lockstep(
                 hi = mid - 1
         for lag in sorted(tried):
             found = tried[lag]
+            if found is not None and seen is not None:
+                seen.append((found[0], found[1], lag, p1))
             if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
                 best = (found[0], found[1], lag)
     return best
@@ -971,7 +1020,13 @@ def _lockstep_at(
     return stages.estimate(f, b, interleaved_order(m, m, lag)), packs
 
 
-def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, stages: _Stages):
+_Candidate = tuple[float, list["RankPacks"], int, "_Phase1"]
+"""A lockstep candidate: ``(estimate, packs, lag, phase 1)``."""
+
+
+def _solve_lockstep(
+    view: BatchView, layout: Layout, options: SolveOptions, stages: _Stages
+) -> list[_Candidate]:
     """Phase 1 and lockstep packs for the candidate pack counts; the best estimate wins.
 
     Phase 1 sizes merges for a budget of the device cap (in full-model bytes: over the first
@@ -980,7 +1035,9 @@ def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, stag
     :data:`MORE_PACKS` multiples of the fewest packs are tried as well. When no candidate fits, more and smaller packs are
     tried, then phase 1 again with twice and four times that reserve (more documents merged,
     smaller merge shares). Phase 1's placement is computed once for the counts whose merge
-    plans agree (:class:`_Placements`). Returns ``(estimate, packs, lag, phase 1)``.
+    plans agree (:class:`_Placements`). Returns the winner ``(estimate, packs, lag, phase
+    1)``, then every other count and lag that fit, by estimate: the schedule's own memory
+    check (:meth:`_Stages.holds`) takes the first it holds.
     """
     cap, mem, dp, pp = layout.token_cap, layout.memory_bytes, layout.dp, layout.pp
     share = stages.share
@@ -1007,17 +1064,18 @@ def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, stag
             return None
 
     best = None
+    seen: list[_Candidate] = []
     counts = _pack_counts(view, layout)
     extra = [k * counts[0] for k in MORE_PACKS] if pp > 1 and layout.microbatches is None else []
     for m in counts + extra:
         if m in extra and (best is None or best[2] >= len(best[1][0].forward) - 1):
             break  # more, smaller packs only when memory held the lag down
         p1 = phase1(m, 1.0)
-        found = _lockstep(view, p1, layout, [m], stages) if p1 is not None else None
+        found = _lockstep(view, p1, layout, [m], stages, seen) if p1 is not None else None
         if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
             best = (found[0], found[1], found[2], p1)
     if best is not None:
-        return best
+        return _winner_first(best, seen)
     if layout.microbatches is not None:
         raise PlanError(
             f"lockstep: the ranks' documents do not fit microbatches={layout.microbatches} "
@@ -1027,9 +1085,10 @@ def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, stag
     m = max(_pack_counts(view, layout))
     for widen in (1.0, 2.0, 4.0):
         p1 = phase1(m, widen)
-        found = _lockstep_fallback(view, p1, layout, stages) if p1 is not None else None
+        seen = []
+        found = _lockstep_fallback(view, p1, layout, stages, seen) if p1 is not None else None
         if found is not None:
-            return (*found, p1)
+            return _winner_first((*found, p1), seen)
     raise PlanError(
         f"lockstep: no pack count fits the memory cap of {mem / 2**30:.1f} GiB per device with "
         f"pp={pp} (1F1B keeps up to pp packs in flight on the first stage): raise "
@@ -1037,8 +1096,17 @@ def _solve_lockstep(view: BatchView, layout: Layout, options: SolveOptions, stag
     )
 
 
+def _winner_first(best: _Candidate, seen: list[_Candidate]) -> list[_Candidate]:
+    """``best``, then the other candidates ``seen`` by estimate (ties: in the order found)."""
+    return [best, *sorted((c for c in seen if c[1] is not best[1]), key=lambda c: c[0])]
+
+
 def _lockstep_fallback(
-    view: BatchView, p1: _Phase1, layout: Layout, stages: _Stages
+    view: BatchView,
+    p1: _Phase1,
+    layout: Layout,
+    stages: _Stages,
+    seen: list[_Candidate] | None = None,
 ) -> tuple[float, list[RankPacks], int] | None:
     """More packs until the caps fit (memory-bound ranks need more, smaller packs): pack
     counts growing by half from just above the candidates to the most slices a rank holds;
@@ -1050,7 +1118,7 @@ def _lockstep_fallback(
     )
     m = start
     while True:
-        found = _lockstep(view, p1, layout, [m], stages)
+        found = _lockstep(view, p1, layout, [m], stages, seen)
         if found is not None or m >= most:
             return found
         m = min(most, max(m + 1, (3 * m) // 2))
