@@ -211,16 +211,17 @@ class Evaluator:
 
     def layout_for(self, at: Setup, schedule: str | None = None) -> Layout:
         """The layout a plan is solved for under static CP ``k = at.cp``: ``dp / k`` DP
-        groups; a group of k devices holds a pack split k ways, so it has k devices' memory
-        (the simulator then checks every device's peak, gathered K/V included); packs of at
-        most ``at.row`` tokens when given; ``schedule`` (:meth:`plan_schedule`) with the
-        simulator's virtual stages when given, else the layout's own."""
+        groups of ``Layout.cp = k`` devices; a group holds a pack split k ways, so it is
+        planned with k devices' memory (``Layout.memory_bytes``; the simulator then checks
+        every device's peak, gathered K/V included); packs of at most ``at.row`` tokens when
+        given; ``schedule`` (:meth:`plan_schedule`) with the simulator's virtual stages when
+        given, else the layout's own."""
         k = at.cp
         lay = dataclasses.replace(
             self.layout,
             dp=self.layout.dp // k,
             ranks_per_node=max(1, self.layout.ranks_per_node // k),
-            memory_gib=self.layout.memory_gib * k,
+            cp=k,
             pack_tokens=at.row or self.layout.pack_tokens,
             microbatches=at.microbatches or self.layout.microbatches,
         )

@@ -72,3 +72,16 @@ def test_without_a_pipeline_slimpack_is_solved_once():
     ev.plan("slimpack", Setup(1), 0, "1f1b")
     ev.plan("slimpack", Setup(1), 0, "interleaved")
     assert len(calls) == 1 and calls[0][3] == "1f1b"  # the layout as given
+
+
+def test_static_cp_plans_are_solved_for_cp_groups_with_their_devices_memory():
+    """Under static CP k the search solves for ``dp / k`` DP groups of ``Layout.cp = k``
+    devices: a group's budget is k devices' (``memory_bytes``) while ``memory_gib`` stays
+    the device's, which the planner's own per-device memory checks read."""
+    docs = documents_from_lengths([128] * 16)
+    lay = Layout(dp=8, ranks_per_node=8, context=4096, memory_gib=10, mode="lockstep")
+    ev = Evaluator([docs], lay, linear_cost(layers=4), SimConfig(), 0, recording_solver([]))
+    group = ev.layout_for(Setup(cp=4))
+    assert (group.dp, group.cp, group.ranks_per_node, group.memory_gib) == (2, 4, 2, 10)
+    assert group.memory_bytes == 40 * 2**30 == 4 * lay.memory_bytes
+    assert ev.layout_for(Setup(cp=1)) == lay
