@@ -122,7 +122,7 @@ def test_interleaved_plans_fit_the_budget_on_every_device(seed, monkeypatch):
     config = SimConfig(schedule="interleaved", virtual_stages=2)
     sim = simulate_step(solve(docs, layout, "slimpack", 0, cost), cost, layout, config)
     assert not sim.over_memory and sim.peak_memory_gib <= 16
-    monkeypatch.setattr(sp._Stages, "holds", lambda self, plan, cost, layout: True)
+    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout: 0.0)
     unchecked = simulate_step(solve(docs, layout, "slimpack", 0, cost), cost, layout, config)
     assert unchecked.over_memory and unchecked.peak_memory_gib > 16
 
@@ -138,6 +138,30 @@ def test_no_interleaved_plan_that_fits_is_a_clear_error(monkeypatch):
         dp=2, pp=4, mode="lockstep", context=65536, memory_gib=16, schedule="interleaved",
         virtual_stages=2,
     )  # fmt: skip
-    monkeypatch.setattr(sp._Stages, "holds", lambda self, plan, cost, layout: False)
-    with pytest.raises(PlanError, match="no plan fits 16.0 GiB per device under the interleaved"):
+    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout: 17 * 2**30)
+    with pytest.raises(
+        PlanError,
+        match=r"no plan fits 16.0 GiB per device under the interleaved schedule \(the execution model.s peak of every candidate is above it, at best 17.0 GiB\)",
+    ):
         solve(docs, layout, "slimpack", 0, CostModel.analytic("llama-8b", "h100", "full"))
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_static_cp_pipeline_plans_fit_the_budget_on_every_device(seed, monkeypatch):
+    """Under static CP every pass holds one layer's gathered K/V, which the packer does not
+    count: the plan is read off the execution model's memory rule, and the packer's budget
+    calibrated until a candidate fits. 1F1B, two DP groups of two devices, 12 GiB each; the
+    packer's check alone overflows on these batches."""
+    from slimdata.sim import SimConfig, simulate_step
+    from slimdata.solver.strategies import slimpack as sp
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    docs = docs_of(np.random.default_rng(seed).integers(200, 60000, size=40).tolist(), 2048)
+    layout = Layout(dp=2, pp=2, cp=2, mode="lockstep", context=131072, memory_gib=12)
+    devices = Layout(dp=4, pp=2, mode="lockstep", context=131072, memory_gib=12)
+    sim = simulate_step(solve(docs, layout, "slimpack", 0, cost), cost, devices, SimConfig(cp=2))
+    assert not sim.over_memory and sim.peak_memory_gib <= 12
+    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout: 0.0)
+    unchecked = solve(docs, layout, "slimpack", 0, cost)
+    over = simulate_step(unchecked, cost, devices, SimConfig(cp=2))
+    assert over.over_memory and over.peak_memory_gib > 12

@@ -19,9 +19,9 @@ with the smallest estimated step) and pack ``i`` is the ``i``-th cost quantile o
 (balanced) load; memory is checked per pipeline stage as the simulator accounts it (first
 stage's share of the layers, 1F1B's extra packs in flight, merge buffers;
 :func:`~slimdata.solver.micropack.pack_rank_lockstep`); under the interleaved schedule, whose
-warm-up keeps more packs in flight, the assembled plan is checked on every device by the
-execution model's memory rule and the next-best candidate is taken while it does not fit
-(:meth:`_Stages.holds`). The estimate is the execution model's
+warm-up keeps more packs in flight, and under static CP, whose passes hold gathered K/V, the
+assembled plan is checked on every device by the execution model's memory rule and the
+next-best candidate is taken while it does not fit (:meth:`_Stages.peak`). The estimate is the execution model's
 compute-only critical path under the schedule the plan will run (``layout.schedule``, 1F1B or
 interleaved over ``layout.virtual_stages``; :mod:`slimdata.execution.critical`), recorded as
 ``plan.meta["pipeline_estimate"]``.
@@ -34,6 +34,7 @@ per-step latency target, the MILP does not meet the latter.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -538,22 +539,61 @@ def slimpack(
     view = _batch_view(batch, layout, cost, options.refine_share)
     with _recompute_advice(cost):
         _check_slices(view, layout.token_cap, layout.memory_bytes)
-    stages = _Stages.of(layout, cost)
     if layout.mode == "free":
         with _recompute_advice(cost):
             p1 = _phase1(view, layout, options, packs=1, mem=layout.memory_bytes)
-        candidates: list[_Candidate] = [(math.nan, _free(view, p1, layout), 0, p1)]
-    else:
-        with _recompute_advice(cost):
-            candidates = _solve_lockstep(view, layout, options, stages)
-    for candidate in candidates:
-        plan = _assemble(view, layout, cost, step, seed, options, candidate, t0, validate)
-        if layout.mode == "free" or stages.holds(plan, cost, layout):
-            return plan
+        candidate = (math.nan, _free(view, p1, layout), 0, p1)
+        return _assemble(view, layout, cost, step, seed, options, candidate, t0, validate)
+    return _lockstep_plan(view, layout, cost, step, seed, options, t0, validate)
+
+
+CALIBRATIONS = 3
+"""Lockstep solves with a smaller packer budget when every candidate's peak on some device
+(the execution model's, :meth:`_Stages.peak`) is above the budget: the packer scaled down by
+the overshoot each time."""
+
+
+def _lockstep_plan(
+    view: BatchView,
+    layout: Layout,
+    cost: CostModel,
+    step: int,
+    seed: int,
+    options: SolveOptions,
+    t0: float,
+    validate: bool,
+) -> StepPlan:
+    """The best lockstep candidate whose every device fits ``layout.memory_gib``
+    (:meth:`_Stages.peak`); while none does, the candidates again from a packer whose
+    budget is scaled by the smallest overshoot (:data:`CALIBRATIONS` times at most)."""
+    stages = _Stages.of(layout, cost)
+    limit = layout.memory_gib * GIB
+    packer = layout
+    lowest = math.inf
+    for attempt in range(CALIBRATIONS + 1):
+        try:
+            with _recompute_advice(cost):
+                candidates = _solve_lockstep(view, packer, options, stages)
+        except PlanError:
+            if attempt == 0:
+                raise
+            break  # a smaller packer budget fits no candidate: the overshoot is the answer
+        for candidate in candidates:
+            plan = _assemble(view, layout, cost, step, seed, options, candidate, t0, validate)
+            held = stages.peak(plan, cost, layout)
+            if held <= limit:
+                return plan
+            lowest = min(lowest, held)
+        assert math.isfinite(lowest)
+        packer = dataclasses.replace(
+            packer, memory_gib=packer.memory_gib * limit / lowest * (1 - 1e-3)
+        )
+    how = f"the {layout.schedule} schedule" if stages.v > 1 else "1F1B"
     raise PlanError(
-        f"lockstep: no plan fits {layout.memory_gib:.1f} GiB per device under the interleaved "
-        f"schedule with {stages.v} model chunks per device (its warm-up keeps more packs in "
-        "flight than 1F1B's): use --schedule 1f1b, fewer virtual stages, or raise --memory-gib"
+        f"lockstep: no plan fits {layout.memory_gib:.1f} GiB per device under {how}"
+        + (f" with static CP {layout.cp}" if layout.cp > 1 else "")
+        + f" (the execution model's peak of every candidate is above it, at best "
+        f"{lowest / GIB:.1f} GiB)"
     )
 
 
@@ -583,7 +623,9 @@ def _assemble(
         merge_rank_pack={r: p.merge_pack for r, p in enumerate(packs) if p.merge_pack is not None},
         mode=layout.mode,
         lag=lag,
-        meta=_meta(seed, layout, options, p1, None if math.isnan(estimate) else estimate, lag, packs),
+        meta=_meta(
+            seed, layout, options, p1, None if math.isnan(estimate) else estimate, lag, packs
+        ),
         t0=t0,
         validate=validate,
     )
@@ -888,24 +930,29 @@ class _Stages:
     @property
     def share(self) -> float:
         """The first (largest) stage's share of the layers (:func:`stage_share`); the packer
-        checks memory with 1F1B's packs in flight under every schedule, and :meth:`holds`
-        checks the interleaved schedule's own."""
+        checks memory with 1F1B's packs in flight under every schedule, and :meth:`peak`
+        reads the interleaved schedule's own (and static CP's) off the execution model."""
         return stage_share(self.layers, self.pp)
 
-    def holds(self, plan: StepPlan, cost: CostModel, layout: Layout) -> bool:
-        """Does every device of ``plan`` stay within ``layout.memory_gib`` under this
-        schedule? The packer's check is 1F1B's; the interleaved schedule's warm-up keeps more
-        packs in flight on the first devices (``(pp - 1) * 2 + (v - 1) * pp`` chunk passes),
-        so its plans are read off the execution model's memory rule
-        (:func:`~slimdata.execution.memory.peak` of every program; DDP / ZeRO-1 rules, as
-        pipelines run)."""
-        if self.pp == 1 or self.v == 1:
-            return True
+    def peak(self, plan: StepPlan, cost: CostModel, layout: Layout) -> float:
+        """The largest device peak of ``plan`` (bytes) where the packer's memory check is
+        not the execution model's, else 0. The packer's check is exact for 1F1B without
+        static CP. The interleaved schedule's warm-up keeps more packs in flight on the
+        first devices (``(pp - 1) * 2 + (v - 1) * pp`` chunk passes), and under static CP
+        every pass holds one layer's gathered K/V, which the packer does not count; those
+        plans are read off the execution model's memory rule
+        (:func:`~slimdata.execution.memory.peak` of every program, under the rules lockstep
+        plans run by: FSDP on one stage, DDP / ZeRO-1 in a pipeline)."""
+        if layout.cp == 1 and (self.pp == 1 or self.v == 1):
+            return 0.0
         config = ExecutionConfig(
-            pp=self.pp, schedule=self.schedule, virtual_stages=self.v, cp=layout.cp
+            pp=self.pp,
+            parallelism="fsdp" if self.pp == 1 else "ddp",
+            schedule=self.schedule,
+            virtual_stages=self.v,
+            cp=layout.cp,
         )
-        limit = layout.memory_gib * GIB
-        return all(peak(p) <= limit for p in build_programs(plan, cost, config))
+        return max(peak(p) for p in build_programs(plan, cost, config))
 
     def estimate(self, fwd: np.ndarray, bwd: np.ndarray, order) -> float:
         """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
@@ -1036,8 +1083,8 @@ def _solve_lockstep(
     tried, then phase 1 again with twice and four times that reserve (more documents merged,
     smaller merge shares). Phase 1's placement is computed once for the counts whose merge
     plans agree (:class:`_Placements`). Returns the winner ``(estimate, packs, lag, phase
-    1)``, then every other count and lag that fit, by estimate: the schedule's own memory
-    check (:meth:`_Stages.holds`) takes the first it holds.
+    1)``, then every other count and lag that fit, by estimate: the first whose every device
+    fits (:meth:`_Stages.peak`) is the plan.
     """
     cap, mem, dp, pp = layout.token_cap, layout.memory_bytes, layout.dp, layout.pp
     share = stages.share
@@ -1079,7 +1126,7 @@ def _solve_lockstep(
     if layout.microbatches is not None:
         raise PlanError(
             f"lockstep: the ranks' documents do not fit microbatches={layout.microbatches} "
-            f"packs of <= {cap} tokens and {mem / 2**30:.1f} GiB per device; raise "
+            f"packs of <= {cap} tokens and {layout.memory_gib:.1f} GiB per device; raise "
             "--microbatches or leave it unset"
         )
     m = max(_pack_counts(view, layout))
@@ -1090,7 +1137,7 @@ def _solve_lockstep(
         if found is not None:
             return _winner_first((*found, p1), seen)
     raise PlanError(
-        f"lockstep: no pack count fits the memory cap of {mem / 2**30:.1f} GiB per device with "
+        f"lockstep: no pack count fits the memory cap of {layout.memory_gib:.1f} GiB per device with "
         f"pp={pp} (1F1B keeps up to pp packs in flight on the first stage): raise "
         "--memory-gib, cut finer slices or lower --global-batch-tokens"
     )
