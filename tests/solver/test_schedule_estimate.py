@@ -150,18 +150,45 @@ def test_no_interleaved_plan_that_fits_is_a_clear_error(monkeypatch):
 def test_static_cp_pipeline_plans_fit_the_budget_on_every_device(seed, monkeypatch):
     """Under static CP every pass holds one layer's gathered K/V, which the packer does not
     count: the plan is read off the execution model's memory rule, and the packer's budget
-    calibrated until a candidate fits. 1F1B, two DP groups of two devices, 12 GiB each; the
+    calibrated until a candidate fits. 1F1B, two DP groups of two devices, 16 GiB each; the
     packer's check alone overflows on these batches."""
     from slimdata.sim import SimConfig, simulate_step
     from slimdata.solver.strategies import slimpack as sp
 
     cost = CostModel.analytic("llama-8b", "h100", "full")
-    docs = docs_of(np.random.default_rng(seed).integers(200, 60000, size=40).tolist(), 2048)
-    layout = Layout(dp=2, pp=2, cp=2, mode="lockstep", context=131072, memory_gib=12)
-    devices = Layout(dp=4, pp=2, mode="lockstep", context=131072, memory_gib=12)
+    docs = docs_of(np.random.default_rng(seed).integers(200, 120000, size=40).tolist(), 2048)
+    layout = Layout(dp=2, pp=2, cp=2, mode="lockstep", context=131072, memory_gib=16)
+    devices = Layout(dp=4, pp=2, mode="lockstep", context=131072, memory_gib=16)
     sim = simulate_step(solve(docs, layout, "slimpack", 0, cost), cost, devices, SimConfig(cp=2))
-    assert not sim.over_memory and sim.peak_memory_gib <= 12
+    assert not sim.over_memory and sim.peak_memory_gib <= 16
     monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout: 0.0)
     unchecked = solve(docs, layout, "slimpack", 0, cost)
     over = simulate_step(unchecked, cost, devices, SimConfig(cp=2))
-    assert over.over_memory and over.peak_memory_gib > 12
+    assert over.over_memory and over.peak_memory_gib > 16
+
+
+def test_a_memory_bound_solve_also_tries_twice_and_four_times_the_packs(monkeypatch):
+    """When memory binds (no usual pack count fits), the counts grow until one fits, ``m``;
+    then ``2 m`` and ``4 m`` are tried too (smaller packs: more in flight, a smaller bubble)
+    and the best estimate wins."""
+    from slimdata.solver.strategies import slimpack as sp
+
+    tried: list[tuple[int, float | None]] = []
+    real = sp._lockstep
+
+    def recording(view, p1, layout, counts, stages, seen=None):
+        found = real(view, p1, layout, counts, stages, seen)
+        tried.append((counts[0], None if found is None else found[0]))
+        return found
+
+    monkeypatch.setattr(sp, "_lockstep", recording)
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    docs = docs_of(np.random.default_rng(0).integers(200, 120000, size=40).tolist(), 2048)
+    layout = Layout(dp=2, pp=2, mode="lockstep", context=131072, memory_gib=32)
+    plan = solve(docs, layout, "slimpack", 0, cost)
+    fits = [(m, est) for m, est in tried if est is not None]
+    first = fits[-3][0]  # the first count that fits, then its two multiples
+    assert [m for m, _ in fits[-3:]] == [first, 2 * first, 4 * first]
+    assert all(est is None for m, est in tried if m < first)  # memory bound below it
+    best = min(fits[-3:], key=lambda f: f[1])
+    assert plan.meta["microbatches"] == best[0] != first

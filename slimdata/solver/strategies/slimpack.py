@@ -1156,8 +1156,10 @@ def _lockstep_fallback(
     seen: list[_Candidate] | None = None,
 ) -> tuple[float, list[RankPacks], int] | None:
     """More packs until the caps fit (memory-bound ranks need more, smaller packs): pack
-    counts growing by half from just above the candidates to the most slices a rank holds;
-    ``None`` if none fits."""
+    counts growing by half from just above the candidates to the most slices a rank holds,
+    then twice and four times the first that fits (memory binds, so smaller packs let more
+    be in flight: a longer warm-up, a smaller bubble); the best estimate; ``None`` if none
+    fits."""
     start = max(_pack_counts(view, layout)) + 1
     most = 1 + max(
         sum(len(u) for u in p1.units[r]) + (1 if r in p1.member_slices else 0)
@@ -1167,8 +1169,15 @@ def _lockstep_fallback(
     while True:
         found = _lockstep(view, p1, layout, [m], stages, seen)
         if found is not None or m >= most:
-            return found
+            break
         m = min(most, max(m + 1, (3 * m) // 2))
+    for more in (2 * m, 4 * m) if found is not None else ():
+        # memory binds here: smaller packs hold less each, so more of them fit in flight
+        if more <= most:
+            smaller = _lockstep(view, p1, layout, [more], stages, seen)
+            if smaller is not None and smaller[0] < found[0] * (1 - 1e-9):
+                found = smaller
+    return found
 
 
 def _packs_estimate(view: BatchView, layout: Layout) -> int:
