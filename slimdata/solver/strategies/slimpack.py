@@ -20,10 +20,11 @@ with the smallest estimated step) and pack ``i`` is the ``i``-th cost quantile o
 stage's share of the layers, 1F1B's extra packs in flight, merge buffers;
 :func:`~slimdata.solver.micropack.pack_rank_lockstep`); under the interleaved schedule, whose
 warm-up keeps more packs in flight, and under static CP, whose passes hold gathered K/V, the
-assembled plan is checked on every device by the execution model's memory rule and the
-next-best candidate is taken while it does not fit (:meth:`_Stages.peak`). The estimate is the execution model's
-compute-only critical path under the schedule the plan will run (``layout.schedule``, 1F1B or
-interleaved over ``layout.virtual_stages``; :mod:`slimdata.execution.critical`), recorded as
+assembled plan is checked on every device by the execution model's memory rule, the
+next-best candidate taken while it does not fit and the packer's budget calibrated when none
+does (:func:`_lockstep_plan`). The estimate is the execution model's compute-only critical
+path under the schedule the plan will run (``layout.schedule``, 1F1B or interleaved over
+``layout.virtual_stages``; :mod:`slimdata.execution.critical`), recorded as
 ``plan.meta["pipeline_estimate"]``.
 
 An optional MILP refinement (``milp_seconds > 0``, :mod:`slimdata.solver.milp`) improves the
