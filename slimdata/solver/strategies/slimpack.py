@@ -565,12 +565,14 @@ def _lockstep_plan(
     validate: bool,
 ) -> StepPlan:
     """The best lockstep candidate whose every device fits ``layout.memory_gib``
-    (:meth:`_Stages.peak`); while none does, the candidates again from a packer whose
-    budget is scaled by the smallest overshoot (:data:`CALIBRATIONS` times at most)."""
+    (:meth:`_Stages.peak`). When the best by estimate does not fit, memory binds: the first
+    that fits competes with the first that fits at twice and four times the winner's pack
+    count (smaller packs hold less each), the best estimate wins; while none fits, the
+    candidates again from a packer whose budget is scaled by the smallest overshoot
+    (:data:`CALIBRATIONS` times at most)."""
     stages = _Stages.of(layout, cost)
-    limit = layout.memory_gib * GIB
+    fitting = _Fitting(view, layout, cost, step, seed, options, t0, validate, stages)
     packer = layout
-    lowest = math.inf
     for attempt in range(CALIBRATIONS + 1):
         try:
             with _recompute_advice(cost):
@@ -579,23 +581,73 @@ def _lockstep_plan(
             if attempt == 0:
                 raise
             break  # a smaller packer budget fits no candidate: the overshoot is the answer
-        for candidate in candidates:
-            plan = _assemble(view, layout, cost, step, seed, options, candidate, t0, validate)
-            held = stages.peak(plan, cost, layout)
-            if held <= limit:
-                return plan
-            lowest = min(lowest, held)
-        assert math.isfinite(lowest)
+        plan = fitting.first(candidates)
+        if plan is not None and fitting.rounds == 1:
+            return plan  # the winner fits (always, where the packer's check is exact)
+        m = len(candidates[0][1][0].forward)
+        pool = [p for p in (plan, *fitting.with_more_packs(packer, m)) if p is not None]
+        if pool:
+            return min(pool, key=lambda p: p.meta["pipeline_estimate"])
         packer = dataclasses.replace(
-            packer, memory_gib=packer.memory_gib * limit / lowest * (1 - 1e-3)
+            packer, memory_gib=packer.memory_gib * fitting.limit / fitting.lowest * (1 - 1e-3)
         )
     how = f"the {layout.schedule} schedule" if stages.v > 1 else "1F1B"
     raise PlanError(
         f"lockstep: no plan fits {layout.memory_gib:.1f} GiB per device under {how}"
         + (f" with static CP {layout.cp}" if layout.cp > 1 else "")
         + f" (the execution model's peak of every candidate is above it, at best "
-        f"{lowest / GIB:.1f} GiB)"
+        f"{fitting.lowest / GIB:.1f} GiB)"
     )
+
+
+@dataclass
+class _Fitting:
+    """Assembles lockstep candidates and keeps the first whose every device fits the budget
+    (:meth:`_Stages.peak`), remembering the lowest peak of those that do not."""
+
+    view: BatchView
+    layout: Layout
+    cost: CostModel
+    step: int
+    seed: int
+    options: SolveOptions
+    t0: float
+    validate: bool
+    stages: _Stages
+    lowest: float = math.inf
+    rounds: int = 0
+    """Candidates assembled by the last :meth:`first`."""
+
+    @property
+    def limit(self) -> float:
+        return self.layout.memory_gib * GIB
+
+    def first(self, candidates: Sequence[_Candidate]) -> StepPlan | None:
+        args = (self.view, self.layout, self.cost, self.step, self.seed, self.options)
+        self.rounds = 0
+        for candidate in candidates:
+            self.rounds += 1
+            plan = _assemble(*args, candidate, self.t0, self.validate)
+            held = self.stages.peak(plan, self.cost, self.layout)
+            if held <= self.limit:
+                return plan
+            self.lowest = min(self.lowest, held)
+        return None
+
+    def with_more_packs(self, packer: Layout, m: int) -> list[StepPlan | None]:
+        """:meth:`first` of the candidates at ``2 m`` and ``4 m`` packs (none when the
+        user fixed the count)."""
+        out = []
+        for more in (2 * m, 4 * m) if self.layout.microbatches is None else ():
+            try:
+                with _recompute_advice(self.cost):
+                    at = dataclasses.replace(packer, microbatches=more)
+                    out.append(
+                        self.first(_solve_lockstep(self.view, at, self.options, self.stages))
+                    )
+            except PlanError:
+                continue
+        return out
 
 
 def _assemble(
