@@ -1,6 +1,8 @@
 """The lockstep planner estimates the step under the schedule the plan will run
 (``Layout.schedule``, ``Layout.virtual_stages``): 1F1B or interleaved."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -192,3 +194,30 @@ def test_a_memory_bound_solve_also_tries_twice_and_four_times_the_packs(monkeypa
     assert all(est is None for m, est in tried if m < first)  # memory bound below it
     best = min(fits[-3:], key=lambda f: f[1])
     assert plan.meta["microbatches"] == best[0] != first
+
+
+def test_a_winner_over_memory_competes_with_twice_and_four_times_its_packs(monkeypatch):
+    """When the best candidate by estimate does not fit a device, memory binds: the first
+    candidate that fits competes with the first that fits at twice and four times the
+    winner's pack count, and the smallest estimate wins. Here the winner's count is made to
+    overflow (every plan of that many packs reads as over the budget)."""
+    from slimdata.solver.strategies import slimpack as sp
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    docs = docs_of(np.random.default_rng(0).integers(200, 60000, size=40).tolist(), 2048)
+    layout = Layout(dp=2, pp=2, cp=2, mode="lockstep", context=131072, memory_gib=40)
+    m = solve(docs, layout, "slimpack", 0, cost).meta["microbatches"]
+    assembled: list[tuple[int, float, bool]] = []
+
+    def peak(self, plan, cost, layout):
+        fits = plan.meta["microbatches"] != m
+        assembled.append((plan.meta["microbatches"], plan.meta["pipeline_estimate"], fits))
+        return 0.0 if fits else math.inf
+
+    monkeypatch.setattr(sp._Stages, "peak", peak)
+    plan = solve(docs, layout, "slimpack", 0, cost)
+    pool = [(mb, est) for mb, est, fits in assembled if fits]  # the first fit of each round
+    assert [mb for mb, _ in pool][1:] == [2 * m, 4 * m] and pool[0][0] != m
+    assert assembled[0][0] == m and not assembled[0][2]  # the winner was tried first
+    best = min(pool, key=lambda p: p[1])
+    assert (plan.meta["microbatches"], plan.meta["pipeline_estimate"]) == best

@@ -540,12 +540,12 @@ def slimpack(
     view = _batch_view(batch, layout, cost, options.refine_share)
     with _recompute_advice(cost):
         _check_slices(view, layout.token_cap, layout.memory_bytes)
+    assembly = _Assembly(view, layout, cost, step, seed, options, t0, validate)
     if layout.mode == "free":
         with _recompute_advice(cost):
             p1 = _phase1(view, layout, options, packs=1, mem=layout.memory_bytes)
-        candidate = (math.nan, _free(view, p1, layout), 0, p1)
-        return _assemble(view, layout, cost, step, seed, options, candidate, t0, validate)
-    return _lockstep_plan(view, layout, cost, step, seed, options, t0, validate)
+        return assembly.plan((math.nan, _free(view, p1, layout), 0, p1))
+    return _lockstep_plan(assembly)
 
 
 CALIBRATIONS = 3
@@ -554,29 +554,19 @@ CALIBRATIONS = 3
 the overshoot each time."""
 
 
-def _lockstep_plan(
-    view: BatchView,
-    layout: Layout,
-    cost: CostModel,
-    step: int,
-    seed: int,
-    options: SolveOptions,
-    t0: float,
-    validate: bool,
-) -> StepPlan:
+def _lockstep_plan(assembly: _Assembly) -> StepPlan:
     """The best lockstep candidate whose every device fits ``layout.memory_gib``
     (:meth:`_Stages.peak`). When the best by estimate does not fit, memory binds: the first
     that fits competes with the first that fits at twice and four times the winner's pack
     count (smaller packs hold less each), the best estimate wins; while none fits, the
     candidates again from a packer whose budget is scaled by the smallest overshoot
     (:data:`CALIBRATIONS` times at most)."""
-    stages = _Stages.of(layout, cost)
-    fitting = _Fitting(view, layout, cost, step, seed, options, t0, validate, stages)
+    layout, cost = assembly.layout, assembly.cost
+    fitting = _Fitting(assembly, _Stages.of(layout, cost))
     packer = layout
     for attempt in range(CALIBRATIONS + 1):
         try:
-            with _recompute_advice(cost):
-                candidates = _solve_lockstep(view, packer, options, stages)
+            candidates = fitting.candidates(packer)
         except PlanError:
             if attempt == 0:
                 raise
@@ -591,7 +581,7 @@ def _lockstep_plan(
         packer = dataclasses.replace(
             packer, memory_gib=packer.memory_gib * fitting.limit / fitting.lowest * (1 - 1e-3)
         )
-    how = f"the {layout.schedule} schedule" if stages.v > 1 else "1F1B"
+    how = f"the {layout.schedule} schedule" if fitting.stages.v > 1 else "1F1B"
     raise PlanError(
         f"lockstep: no plan fits {layout.memory_gib:.1f} GiB per device under {how}"
         + (f" with static CP {layout.cp}" if layout.cp > 1 else "")
@@ -600,10 +590,9 @@ def _lockstep_plan(
     )
 
 
-@dataclass
-class _Fitting:
-    """Assembles lockstep candidates and keeps the first whose every device fits the budget
-    (:meth:`_Stages.peak`), remembering the lowest peak of those that do not."""
+@dataclass(frozen=True)
+class _Assembly:
+    """What turns a candidate's packs into the step's plan."""
 
     view: BatchView
     layout: Layout
@@ -613,6 +602,51 @@ class _Fitting:
     options: SolveOptions
     t0: float
     validate: bool
+
+    def plan(self, candidate: _Candidate) -> StepPlan:
+        """The plan of one candidate's packs; a lockstep plan records the execution model's
+        estimate of it as assembled (fused slices priced)."""
+        estimate, packs, lag, p1 = candidate
+        view, layout = self.view, self.layout
+        plan = assemble_plan(
+            view=view,
+            layout=layout,
+            cost=self.cost,
+            strategy="slimpack",
+            step=self.step,
+            forward=[p.forward for p in packs],
+            backward=[p.backward for p in packs],
+            merges=p1.merges.groups,
+            merge_rank_pack={
+                r: p.merge_pack for r, p in enumerate(packs) if p.merge_pack is not None
+            },
+            mode=layout.mode,
+            lag=lag,
+            meta=_meta(
+                self.seed,
+                layout,
+                self.options,
+                p1,
+                None if math.isnan(estimate) else estimate,
+                lag,
+                packs,
+            ),
+            t0=self.t0,
+            validate=self.validate,
+        )
+        _check_pack_cap(view, packs, layout.token_cap, self.step)
+        if layout.mode != "free":
+            estimate = _Stages.of(layout, self.cost).plan_estimate(plan)
+            plan.meta["pipeline_estimate"] = round(estimate, 6)
+        return plan
+
+
+@dataclass
+class _Fitting:
+    """Assembles lockstep candidates and keeps the first whose every device fits the budget
+    (:meth:`_Stages.peak`), remembering the lowest peak of those that do not."""
+
+    assembly: _Assembly
     stages: _Stages
     lowest: float = math.inf
     rounds: int = 0
@@ -620,15 +654,20 @@ class _Fitting:
 
     @property
     def limit(self) -> float:
-        return self.layout.memory_gib * GIB
+        return self.assembly.layout.memory_gib * GIB
+
+    def candidates(self, packer: Layout) -> list[_Candidate]:
+        """:func:`_solve_lockstep` with the packer's layout."""
+        a = self.assembly
+        with _recompute_advice(a.cost):
+            return _solve_lockstep(a.view, packer, a.options, self.stages)
 
     def first(self, candidates: Sequence[_Candidate]) -> StepPlan | None:
-        args = (self.view, self.layout, self.cost, self.step, self.seed, self.options)
         self.rounds = 0
         for candidate in candidates:
             self.rounds += 1
-            plan = _assemble(*args, candidate, self.t0, self.validate)
-            held = self.stages.peak(plan, self.cost, self.layout)
+            plan = self.assembly.plan(candidate)
+            held = self.stages.peak(plan, self.assembly.cost, self.assembly.layout)
             if held <= self.limit:
                 return plan
             self.lowest = min(self.lowest, held)
@@ -638,54 +677,13 @@ class _Fitting:
         """:meth:`first` of the candidates at ``2 m`` and ``4 m`` packs (none when the
         user fixed the count)."""
         out = []
-        for more in (2 * m, 4 * m) if self.layout.microbatches is None else ():
+        for more in (2 * m, 4 * m) if self.assembly.layout.microbatches is None else ():
             try:
-                with _recompute_advice(self.cost):
-                    at = dataclasses.replace(packer, microbatches=more)
-                    out.append(
-                        self.first(_solve_lockstep(self.view, at, self.options, self.stages))
-                    )
+                at = dataclasses.replace(packer, microbatches=more)
+                out.append(self.first(self.candidates(at)))
             except PlanError:
                 continue
         return out
-
-
-def _assemble(
-    view: BatchView,
-    layout: Layout,
-    cost: CostModel,
-    step: int,
-    seed: int,
-    options: SolveOptions,
-    candidate: _Candidate,
-    t0: float,
-    validate: bool,
-) -> StepPlan:
-    """The plan of one candidate's packs; a lockstep plan records the execution model's
-    estimate of it as assembled (fused slices priced)."""
-    estimate, packs, lag, p1 = candidate
-    plan = assemble_plan(
-        view=view,
-        layout=layout,
-        cost=cost,
-        strategy="slimpack",
-        step=step,
-        forward=[p.forward for p in packs],
-        backward=[p.backward for p in packs],
-        merges=p1.merges.groups,
-        merge_rank_pack={r: p.merge_pack for r, p in enumerate(packs) if p.merge_pack is not None},
-        mode=layout.mode,
-        lag=lag,
-        meta=_meta(
-            seed, layout, options, p1, None if math.isnan(estimate) else estimate, lag, packs
-        ),
-        t0=t0,
-        validate=validate,
-    )
-    _check_pack_cap(view, packs, layout.token_cap, step)
-    if layout.mode != "free":
-        plan.meta["pipeline_estimate"] = round(_Stages.of(layout, cost).plan_estimate(plan), 6)
-    return plan
 
 
 def _batch_view(
