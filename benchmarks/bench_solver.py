@@ -1,6 +1,6 @@
 """Solver benchmarks (not collected by pytest): heuristic latency and plan quality.
 
-Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|lockstep-latency|lockstep-split|quality|pipeline|memory|free-sim] [--validate]``
+Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|lockstep-latency|lockstep-split|quality|pipeline|memory|free-sim|schedule-memory] [--validate]``
 
 1. Latency of ``solve(..., "slimpack")`` (heuristic, MILP off) on one core for a 1M-token
    global batch over 64 DP ranks and a 4M-token batch over 256 ranks from ``wlb128k.json.gz``
@@ -25,6 +25,8 @@ Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--onl
 6. Where a lockstep PP 4 solve spends its CPU time (``--only lockstep-split``, not in the
    default run): phase 1 (all its calls) and the rounds that pack every rank at one pack count
    and lag, per solve, 4M tokens over 64 ranks.
+7. Lockstep plans under the interleaved schedule and under static CP against the simulator's
+   memory (``--only schedule-memory``, not in the default run): does every device fit?
 """
 
 from __future__ import annotations
@@ -241,6 +243,40 @@ def memory(quick: bool) -> None:
                     print(f"{rc:>9} {name:>10} {ctx // 1024:>4}K step {step}: {what}")
 
 
+def schedule_memory(quick: bool) -> None:
+    """Lockstep slimpack plans under the interleaved schedule and under static CP, judged by
+    the simulator's memory: wlb128k, 2M tokens over 8 devices per stage, pp 4, 128K context, llama-8b
+    full recompute, budgets of 60 to 20 GiB per device, 2 batches; the simulated step, the
+    largest device peak and whether it is over the budget (a refusal: ``fail``). Written to
+    run against older commits too (``PYTHONPATH=<checkout>``)."""
+    from slimdata.errors import PlanError
+    from slimdata.sim import SimConfig, simulate_step
+
+    print("\n== lockstep slimpack, wlb128k 2M tokens, dp 8, pp 4: simulated peak vs budget ==")
+    print(f"{'setting':>22} {'GiB':>4}  per batch: step s / peak GiB / over")
+    settings = [("interleaved v2", "interleaved", 2, 1), ("interleaved v4", "interleaved", 4, 1)]
+    settings += [("1f1b, static CP 2", "1f1b", 1, 2)]
+    for label, sch, v, k in settings:
+        for gib in (60, 30, 20):
+            cells = []
+            for b in batches("wlb128k", 1 << 21, 1 if quick else 2, 131072):
+                solve_at = Layout(
+                    dp=8 // k, pp=4, memory_gib=gib, context=131072, mode="lockstep",
+                    schedule=sch, virtual_stages=v, cp=k,
+                )  # fmt: skip
+                devices = Layout(dp=8, pp=4, memory_gib=gib, context=131072, mode="lockstep")
+                try:
+                    p = solve(b, solve_at, "slimpack", 0, COST, validate=False)
+                except PlanError:
+                    cells.append("fail")
+                    continue
+                config = SimConfig(schedule=sch, virtual_stages=max(v, 2), cp=k)
+                r = simulate_step(p, COST, devices, config)
+                over = "OVER" if r.over_memory else "ok"
+                cells.append(f"{r.step_time:.2f} / {r.peak_memory_gib:.1f} / {over}")
+            print(f"{label:>22} {gib:>4}  " + "   ".join(cells))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer batches")
@@ -254,6 +290,7 @@ if __name__ == "__main__":
             "pipeline",
             "memory",
             "free-sim",
+            "schedule-memory",
         ],
         default=None,
     )
@@ -272,5 +309,7 @@ if __name__ == "__main__":
         memory(args.quick)
     if args.only == "lockstep-split":
         lockstep_split(args.quick)
+    if args.only == "schedule-memory":
+        schedule_memory(args.quick)
     if args.only == "free-sim":
         free_sim(args.quick, SolveOptions(skew_merge=not args.no_skew))

@@ -407,13 +407,14 @@ class _LocalSearch:
             kind, xs, yid, yown = cand[:4]
             pm = self.pair_max(hi, cand)
             flat = pm.ravel()
-            low = flat.min()
+            first = int(flat.argmin())
+            low = flat[first]
             if float(low) >= bar:
                 continue
             if kind == "doc" and np.count_nonzero(flat == low) == 1:
                 # a document move is always allowed, so only the lowest is looked at: when it
                 # is unique, it is the first of the 8 lowest below (no partial sort needed)
-                lowest = [int(flat.argmin())]
+                lowest = [first]
             else:
                 few = np.argpartition(flat, 8)[:8] if len(flat) > 8 else np.arange(len(flat))
                 lowest = few[np.argsort(flat[few], kind="stable")].tolist()
