@@ -664,6 +664,7 @@ class _Fitting:
             return _solve_lockstep(a.view, packer, a.options, self.stages)
 
     def first(self, candidates: Sequence[_Candidate]) -> StepPlan | None:
+        """The plan of the first of ``candidates`` that fits every device, or None."""
         self.rounds = 0
         for candidate in candidates:
             self.rounds += 1
