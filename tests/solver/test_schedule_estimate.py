@@ -130,8 +130,9 @@ def test_interleaved_plans_fit_the_budget_on_every_device(seed, monkeypatch):
 
 
 def test_no_interleaved_plan_that_fits_is_a_clear_error(monkeypatch):
-    """When no candidate fits the interleaved schedule's peak, the solver says so and what
-    to change, instead of returning a plan that overflows."""
+    """When no candidate fits the interleaved schedule's peak (nor a calibrated packer's),
+    the solver says so with the best peak reached, instead of returning a plan that
+    overflows."""
     from slimdata.errors import PlanError
     from slimdata.solver.strategies import slimpack as sp
 
