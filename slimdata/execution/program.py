@@ -116,9 +116,13 @@ def build_programs(
     config: ExecutionConfig | None = None,
     *,
     compute_only: bool = False,
+    memory_only: bool = False,
 ) -> Programs:
     """The program of every (rank, stage) of ``plan`` (module docstring). ``compute_only``:
-    list the computes alone (their order and prices, e.g. for a time estimate; much faster)."""
+    list the computes alone (their order and prices, e.g. for a time estimate; much faster).
+    ``memory_only``: the computes and their allocations and frees, no collectives (what
+    :mod:`slimdata.execution.memory` reads: the same levels and peak, e.g. for a planner's
+    memory check; per-layer K/V collectives make the full programs long)."""
     config = config or ExecutionConfig()
     fsdp = config.parallelism == "fsdp"
     pt = pack_times(plan, cost, lockstep=fsdp, split=config.split)
@@ -127,7 +131,7 @@ def build_programs(
         if config.cp > 1 and not compute_only
         else None
     )
-    b = _Builder(plan, cost, config, pt, gathers)
+    b = _Builder(plan, cost, config, pt, gathers, memory_only=memory_only)
     order_all = common_order(plan) if fsdp else None
     programs = {}
     for r in range(plan.dp):
@@ -140,7 +144,7 @@ def build_programs(
                         ops.append(b.compute(kind, c, r, i))
                 else:
                     ops.extend(b.pass_ops(kind, c, r, i))
-            if not compute_only:
+            if not (compute_only or memory_only):
                 ops.extend(b.step_end(s))
             programs[(r, s)] = Program(r, s, b.device(s, r), tuple(ops))
     return Programs(programs, pt, b.frac, plan.dp, config.pp, gathers)
@@ -200,9 +204,11 @@ class _Builder:
         config: ExecutionConfig,
         pt: PackTimes,
         gathers: PassGathers | None,
+        *,
+        memory_only: bool = False,
     ):
         self.plan, self.cost, self.config, self.pt = plan, cost, config, pt
-        self.gathers = gathers
+        self.gathers, self.memory_only = gathers, memory_only
         self.kv_per_token = float(cost.gathered_kv_bytes(1))
         self.dp, self.pp, self.v = plan.dp, config.pp, config.chunks_per_device
         self.n_chunks = config.pp * self.v
@@ -239,20 +245,22 @@ class _Builder:
             return [Compute(kind, c, i, 0.0, 0, 0.0, 0)] if self.fsdp else []
         dev = self.device(c % self.pp, r)
         k = self.side[kind].offset[r] + i
-        before: list[Operation] = [
-            *self.receive(kind, c, r, k, dev),
-            *self.param_gather(kind, c, i),
-        ]
+        talk = not self.memory_only  # the collectives (memory_only: none)
+        before: list[Operation] = (
+            [*self.receive(kind, c, r, k, dev), *self.param_gather(kind, c, i)] if talk else []
+        )
         after: list[Operation] = []
         for alloc in self.transient(kind, k):
             before.append(alloc)
             after.append(Free(alloc.what, alloc.bytes))
-        before.extend(self.merge_exchange(kind, c, i, k))
-        before.extend(self.cp_exchange(kind, c, i, k, dev))
+        if talk:
+            before.extend(self.merge_exchange(kind, c, i, k))
+            before.extend(self.cp_exchange(kind, c, i, k, dev))
         before.extend(self.slice_allocs(kind, c, k))
         after.extend(self.slice_frees(kind, c, k))
-        after.extend(self.param_scatter(kind, c, i))
-        after.extend(self.send(kind, c, r, k, dev))
+        if talk:
+            after.extend(self.param_scatter(kind, c, i))
+            after.extend(self.send(kind, c, r, k, dev))
         return [*before, self.compute(kind, c, r, i), *after]
 
     def compute(self, kind: str, c: int, r: int, i: int) -> Compute:

@@ -284,3 +284,43 @@ def test_static_cp_lists_every_calls_kv_collectives_per_layer():
     # layer's gathered K/V, twice in the backward: F0 6 + 4, F1 10.5 + 8, B0 10.5 + 16,
     # B1 (after B0 freed [4,7)) 6 + 8
     assert levels(prog).tolist() == [10.0, 18.5, 26.5, 14.0]
+
+
+@pytest.mark.parametrize(
+    ("pp", "schedule", "v", "parallelism", "cp", "mode"),
+    [
+        (1, "1f1b", 1, "ddp", 1, "free"),
+        (1, "1f1b", 1, "fsdp", 1, "lockstep"),
+        (2, "interleaved", 2, "ddp", 1, "lockstep"),
+        (2, "1f1b", 1, "ddp", 2, "lockstep"),
+        (1, "1f1b", 1, "ddp", 2, "free"),
+    ],
+)
+def test_memory_only_programs_hold_what_the_full_programs_hold(
+    pp, schedule, v, parallelism, cp, mode
+):
+    """``memory_only`` drops the collectives and keeps every allocation, free and compute in
+    order: every device's levels are the full program's, bit for bit, with DP-Merge groups,
+    FSDP, the interleaved schedule and static CP."""
+    import numpy as np
+
+    from slimdata.docsource import documents_from_lengths
+    from slimdata.solver import Layout, solve
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    lengths = np.random.default_rng(0).integers(200, 60000, size=10).tolist()
+    layout = Layout(
+        dp=8, pp=pp, mode=mode, context=65536, memory_gib=20, cp=cp, schedule=schedule,
+        virtual_stages=v,
+    )  # fmt: skip
+    plan = solve(documents_from_lengths(lengths, 2048), layout, "slimpack", 0, cost)
+    assert plan.merges  # merge packs' gathered K/V buffers are among the allocations
+    config = ExecutionConfig(
+        pp=pp, parallelism=parallelism, schedule=schedule, virtual_stages=v, cp=cp
+    )
+    full = build_programs(plan, cost, config)
+    lean = build_programs(plan, cost, config, memory_only=True)
+    for key, program in full.programs.items():
+        assert levels(lean[key]).tolist() == levels(program).tolist()
+        assert not any(isinstance(op, Collective) for op in lean[key].ops)
+    assert sum(map(len, (p.ops for p in lean))) < sum(map(len, (p.ops for p in full)))

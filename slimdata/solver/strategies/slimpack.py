@@ -1005,7 +1005,7 @@ class _Stages:
             virtual_stages=self.v,
             cp=layout.cp,
         )
-        return max(peak(p) for p in build_programs(plan, cost, config))
+        return max(peak(p) for p in build_programs(plan, cost, config, memory_only=True))
 
     def estimate(self, fwd: np.ndarray, bwd: np.ndarray, order) -> float:
         """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
