@@ -1,6 +1,6 @@
 """Solver benchmarks (not collected by pytest): heuristic latency and plan quality.
 
-Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|lockstep-latency|lockstep-split|quality|pipeline|memory|free-sim|schedule-memory] [--validate]``
+Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--only latency|lockstep-latency|lockstep-split|quality|pipeline|memory|free-sim|schedule-memory|study-solve] [--validate]``
 
 1. Latency of ``solve(..., "slimpack")`` (heuristic, MILP off) on one core for a 1M-token
    global batch over 64 DP ranks and a 4M-token batch over 256 ranks from ``wlb128k.json.gz``
@@ -27,6 +27,8 @@ Run: ``taskset -c 1 .venv/bin/python benchmarks/bench_solver.py [--quick] [--onl
    and lag, per solve, 4M tokens over 64 ranks.
 7. Lockstep plans under the interleaved schedule and under static CP against the simulator's
    memory (``--only schedule-memory``, not in the default run): does every device fit?
+8. slimpack's solve time in the fair study's hardest pipeline cell (``--only study-solve``,
+   not in the default run; about a minute).
 """
 
 from __future__ import annotations
@@ -277,6 +279,28 @@ def schedule_memory(quick: bool) -> None:
             print(f"{label:>22} {gib:>4}  " + "   ".join(cells))
 
 
+def study_solve(quick: bool) -> None:
+    """slimpack's solve time in the fair study's hardest pipeline cell (wikipedia 512K, DP 16
+    PP 4, ``study_fair.py``'s settings) at its chosen configuration: static CP 2, the
+    interleaved schedule; ``simulate``'s search at ``cp=2`` (it asks for 384 micro-batches)."""
+    from pathlib import Path
+
+    from study_fair import CONTEXTS, distributions, setting
+
+    from slimdata.sim import SimConfig, compare_strategies
+
+    lens = distributions(Path(DATA))["wikipedia"]
+    docs, layout, cost, gbt, _how = setting(lens, CONTEXTS["512K"], 16, 4, 1)
+    config = SimConfig(parallelism="zero1", schedule="interleaved")
+    r = compare_strategies(
+        docs, layout, cost, strategies=["slimpack"], steps=1, global_batch_tokens=gbt,
+        config=config, baseline_config="cp=2",
+    ).to_dict()  # fmt: skip
+    s = r["results"]["slimpack"]
+    print("\n== slimpack, wikipedia 512K DP 16 PP 4, static CP 2, interleaved ==")
+    print(f"step {s['step_time']:.2f} s, {s['config']}, solve {s['solve_ms'] / 1e3:.1f} s")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer batches")
@@ -291,6 +315,7 @@ if __name__ == "__main__":
             "memory",
             "free-sim",
             "schedule-memory",
+            "study-solve",
         ],
         default=None,
     )
@@ -309,6 +334,8 @@ if __name__ == "__main__":
         memory(args.quick)
     if args.only == "lockstep-split":
         lockstep_split(args.quick)
+    if args.only == "study-solve":
+        study_solve(args.quick)
     if args.only == "schedule-memory":
         schedule_memory(args.quick)
     if args.only == "free-sim":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from slimdata.errors import PlanError
 from slimdata.plan import StepPlan, check_lockstep, lockstep_schedule, split_calls
@@ -133,8 +134,16 @@ def cp_gather(slices: Sequence[Slice], docs: Mapping[int, Sequence[Slice]], cp: 
             if p not in seen:
                 seen.add(p)
                 items.append(p)
-    rows = tuple(sum(member_tokens(p, cp, m) for p in items) for m in range(cp))
+    shares = [_member_shares(p.end - p.start, cp) for p in items]
+    rows = tuple(map(sum, zip(*shares, strict=True))) if shares else (0,) * cp
     return CpGather(cp, tuple(items), rows)
+
+
+@lru_cache(maxsize=4096)
+def _member_shares(n: int, cp: int) -> tuple[int, ...]:
+    """:func:`member_tokens` of an ``n``-token slice for every member (it depends on the
+    slice's length alone)."""
+    return tuple(member_tokens(Slice(0, 0, n), cp, m) for m in range(cp))
 
 
 @dataclass(frozen=True)
