@@ -298,6 +298,9 @@ def study_solve(quick: bool) -> None:
     ).to_dict()  # fmt: skip
     s = r["results"]["slimpack"]
     print("\n== slimpack, wikipedia 512K DP 16 PP 4, static CP 2, interleaved ==")
+    if s.get("failed"):
+        print(f"failed: {s['reason']}")
+        return
     print(f"step {s['step_time']:.2f} s, {s['config']}, solve {s['solve_ms'] / 1e3:.1f} s")
 
 
