@@ -21,7 +21,7 @@ def rank_memory_trace(
 ) -> list[float]:
     """Bytes held after each event of ``plan.ranks[rank].order`` (pipeline stage 0 of
     ``config``, default: one stage, DDP with split calls, the executor's default)."""
-    program = build_programs(plan, cost, config)[(rank, 0)]
+    program = build_programs(plan, cost, config, memory_only=True)[(rank, 0)]
     return compute_levels(program).tolist()
 
 
@@ -30,12 +30,17 @@ def rank_peak_memory(
 ) -> float:
     """Peak bytes of ``rank`` over the step, buffers held while a pass runs included (0 for
     an idle rank)."""
-    return peak(build_programs(plan, cost, config)[(rank, 0)])
+    return peak(build_programs(plan, cost, config, memory_only=True)[(rank, 0)])
 
 
 def plan_peak_memory(
     plan: StepPlan, cost: CostModel, config: ExecutionConfig | None = None
 ) -> np.ndarray:
     """Peak bytes of every rank (stage 0 of ``config``), shape ``(dp,)``."""
-    programs = build_programs(plan, cost, config)
+    programs = build_programs(plan, cost, config, memory_only=True)
     return np.array([peak(programs[(r, 0)]) for r in range(plan.dp)])
+
+
+def device_peak_memory(plan: StepPlan, cost: CostModel, config: ExecutionConfig) -> float:
+    """The largest peak of any device of ``plan`` (every rank and pipeline stage), bytes."""
+    return max(peak(p) for p in build_programs(plan, cost, config, memory_only=True))

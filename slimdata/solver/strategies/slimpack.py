@@ -51,8 +51,7 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.execution.critical import critical_path, plan_critical_path
-from slimdata.execution.memory import peak
-from slimdata.execution.program import ExecutionConfig, build_programs
+from slimdata.execution.program import ExecutionConfig
 from slimdata.gcpause import cyclic_gc_paused
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
@@ -60,6 +59,7 @@ from slimdata.solver.budget import MemoryBudget
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
 from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
 from slimdata.solver.layout import GIB, Layout
+from slimdata.solver.memory import device_peak_memory
 from slimdata.solver.merge import (
     MergePlan,
     group_buffer,
@@ -658,10 +658,16 @@ class _Fitting:
         return self.assembly.layout.memory_gib * GIB
 
     def candidates(self, packer: Layout) -> list[_Candidate]:
-        """:func:`_solve_lockstep` with the packer's layout."""
+        """:func:`_solve_lockstep` with the packer's layout, phase 1's placements shared with
+        the earlier solves (they differ in budget and pack count only)."""
         a = self.assembly
         with _recompute_advice(a.cost):
-            return _solve_lockstep(a.view, packer, a.options, self.stages)
+            return _solve_lockstep(a.view, packer, a.options, self.stages, self.placements)
+
+    @cached_property
+    def placements(self) -> _Placements:
+        a = self.assembly
+        return _Placements(a.view, a.layout, a.options)
 
     def first(self, candidates: Sequence[_Candidate]) -> StepPlan | None:
         """The plan of the first of ``candidates`` that fits every device, or None."""
@@ -1005,7 +1011,7 @@ class _Stages:
             virtual_stages=self.v,
             cp=layout.cp,
         )
-        return max(peak(p) for p in build_programs(plan, cost, config, memory_only=True))
+        return device_peak_memory(plan, cost, config)
 
     def estimate(self, fwd: np.ndarray, bwd: np.ndarray, order) -> float:
         """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
@@ -1125,7 +1131,11 @@ _Candidate = tuple[float, list["RankPacks"], int, "_Phase1"]
 
 
 def _solve_lockstep(
-    view: BatchView, layout: Layout, options: SolveOptions, stages: _Stages
+    view: BatchView,
+    layout: Layout,
+    options: SolveOptions,
+    stages: _Stages,
+    placements: _Placements | None = None,
 ) -> list[_Candidate]:
     """Phase 1 and lockstep packs for the candidate pack counts; the best estimate wins.
 
@@ -1135,14 +1145,15 @@ def _solve_lockstep(
     :data:`MORE_PACKS` multiples of the fewest packs are tried as well. When no candidate fits, more and smaller packs are
     tried, then phase 1 again with twice and four times that reserve (more documents merged,
     smaller merge shares). Phase 1's placement is computed once for the counts whose merge
-    plans agree (:class:`_Placements`). Returns the winner ``(estimate, packs, lag, phase
+    plans agree (:class:`_Placements`; ``placements``: those of earlier solves of the same
+    batch, whose budgets differ). Returns the winner ``(estimate, packs, lag, phase
     1)``, then every other count and lag that fit, by estimate: the first whose every device
     fits (:meth:`_Stages.peak`) is the plan.
     """
     cap, mem, dp, pp = layout.token_cap, layout.memory_bytes, layout.dp, layout.pp
     share = stages.share
     total = float(view.doc_mem.sum())  # all activations + K/V of the batch
-    placements = _Placements(view, layout, options)
+    placements = placements or _Placements(view, layout, options)
 
     def phase1(m: int, widen: float) -> _Phase1 | None:
         budget = mem / share - widen * (pp - 1) * total / (dp * m)
