@@ -186,14 +186,17 @@ def split_calls(forward: Sequence[MicroPack], backward: Sequence[MicroPack]) -> 
     (0, [c])]]``, backward calls ``[[1], [1, 0]]``. A backward pack that is a union of forward
     packs gets one call per forward pack, which then run whole.
     """
-    bwd_of = {s: j for j, p in enumerate(backward) for s in p.slices}
+    # a rank's slices of one document never overlap: (doc, start) names a slice (hashed
+    # faster than the dataclass)
+    bwd_of = {(s.doc, s.start): j for j, p in enumerate(backward) for s in p.slices}
     fcalls = []
     into: list[set[int]] = [set() for _ in backward]
     for i, p in enumerate(forward):
         groups: dict[int, list[Slice]] = {}
         for s in p.slices:
-            groups.setdefault(bwd_of[s], []).append(s)
-            into[bwd_of[s]].add(i)
+            j = bwd_of[s.doc, s.start]
+            groups.setdefault(j, []).append(s)
+            into[j].add(i)
         if p.merge is not None and len(groups) > 1:
             return None
         fcalls.append(tuple((j, tuple(groups[j])) for j in sorted(groups, reverse=True)))
