@@ -2,9 +2,9 @@
 
 Every Python installation has it, it is real text (code, docstrings, comments) and it is
 long-tailed: for CPython 3.11 about 1,760 files, median ~1.6K tokens, p99 ~40K, max ~160K
-(``pydoc_data/topics.py``). ``site-packages`` (third-party code) and ``test`` packages of
-the CPython test suite are excluded so the corpus is the same on every machine with the
-same Python version.
+(``pydoc_data/topics.py``). ``site-packages`` and ``dist-packages`` (third-party code) and
+``__pycache__`` are excluded so the corpus is the same on every machine with the same Python
+version; the standard library's own test suites (``test/``, ``*/tests/``) are part of it.
 
 Provenance and license: the files are the CPython standard library, distributed with the
 interpreter under the Python Software Foundation License Version 2 (PSF-2.0); slimdata does
@@ -49,7 +49,7 @@ def corpus_info() -> dict[str, Any]:
     """Provenance record written to the sidecar when the default corpus is built."""
     return {
         "name": DEFAULT_CORPUS_SOURCE,
-        "description": "standard-library .py sources of the running interpreter (site-packages and test suites excluded)",
+        "description": "standard-library .py sources of the running interpreter (site-packages, dist-packages and __pycache__ excluded; the test suites included)",
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "license": "PSF-2.0 (Python Software Foundation License Version 2)",
         "provenance": "read from the local interpreter installation; not shipped by slimdata",

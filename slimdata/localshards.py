@@ -55,6 +55,7 @@ class LocalShards(LocalDataset):
         if not shard.compression or all(
             Path(shard.dirname, shard.split, raw.basename).is_file() for raw, _zip in pairs
         ):
+            self._check_raw_files(shard)
             return
         if self._scratch is None:
             self._scratch = tempfile.TemporaryDirectory(prefix="slimdata-shards-")
@@ -68,6 +69,20 @@ class LocalShards(LocalDataset):
             dest.parent.mkdir(parents=True, exist_ok=True)
             _decompress_into(source, shard.compression, raw.bytes, dest)
         shard.dirname = self._scratch.name
+
+    def _check_raw_files(self, shard: Any) -> None:
+        """Every raw file of ``shard`` exists with the size index.json gives it: a missing,
+        cut or replaced shard is a clear error, not a failed read mid-plan."""
+        for raw, _zip in shard.file_pairs:
+            path = Path(shard.dirname, shard.split or "", raw.basename)
+            if not path.is_file():
+                raise InputError(f"{self.local}: shard file {raw.basename} is missing")
+            size = path.stat().st_size
+            if raw.bytes is not None and size != raw.bytes:
+                raise InputError(
+                    f"{path}: {size} bytes where index.json gives {raw.bytes}: the shard is "
+                    "truncated or replaced; rebuild it"
+                )
 
 
 CHUNK = 1 << 20

@@ -8,6 +8,7 @@ plan balances the same costs that were written next to every slice.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,9 +99,27 @@ def plan_to_shards(
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
     )
-    if cp != "auto":
-        return write_epoch_plan(docs, out, cp=cp, **common)  # type: ignore[arg-type]
-    return _plan_auto_cp(docs, out, common)
+    created = not out.exists()
+    try:
+        if cp != "auto":
+            return write_epoch_plan(docs, out, cp=cp, **common)  # type: ignore[arg-type]
+        return _plan_auto_cp(docs, out, common)
+    except BaseException:  # nothing half-written is left to look like a plan
+        _discard(out, created)
+        raise
+
+
+def _discard(out: Path, created: bool) -> None:
+    """Remove what a failed plan wrote: ``out`` itself when the plan created it, else its
+    contents (it was empty)."""
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+    elif out.is_dir():
+        for child in out.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
 
 def _plan_auto_cp(docs: list[Document], out: Path, common: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import numpy as np
 from slimdata.cost import causal_pairs
 from slimdata.docsource import MANIFEST_NAME
 from slimdata.errors import InputError
+from slimdata.mdsindex import check_index
 from slimdata.planning import SIDECAR_NAME
 
 __all__ = ["PERCENTILES", "THRESHOLDS", "format_stats", "load_lengths_frame", "shard_stats"]
@@ -33,13 +34,35 @@ def load_lengths_frame(directory: str | Path):
 
     directory = Path(directory)
     manifest = directory / MANIFEST_NAME
+    if not directory.is_dir():
+        raise InputError(f"{directory} does not exist or is not a directory")
     if not manifest.is_file():
         raise InputError(
             f"{directory} has no {MANIFEST_NAME}: not a finished `slimdata build` output"
         )
-    df = pl.read_parquet(manifest, columns=["sample", "doc_id", "source", "length", "cuts"])
+    check_index(directory)  # a build whose index is broken cannot be read: say so here too
+    try:
+        df = pl.read_parquet(manifest, columns=["sample", "doc_id", "source", "length", "cuts"])
+    except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
+        raise InputError(f"{manifest}: unreadable or not a slimdata manifest ({exc})") from None
     attention = causal_pairs(0, df["length"].to_numpy().astype(np.float64))
     return df.with_columns(pl.Series("attention", attention, dtype=pl.Float64))
+
+
+def _sidecar(path: Path) -> dict[str, Any]:
+    """The build's sidecar (``{}`` when there is none), or a clear error when it is not a
+    JSON object with object-valued ``counts`` and ``tokenizer``."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise InputError(f"{path}: unreadable or not a slimdata build sidecar ({exc})") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(k, {}), dict) for k in ("counts", "tokenizer")
+    ):
+        raise InputError(f"{path}: not a slimdata build sidecar (expected a JSON object)")
+    return data
 
 
 def _share(df, mask, total_tokens: float, total_att: float) -> dict[str, float]:
@@ -60,8 +83,7 @@ def shard_stats(directory: str | Path) -> dict[str, Any]:
     df = load_lengths_frame(directory)
     if df.height == 0:
         raise InputError(f"{directory}: the manifest holds no document")
-    sidecar_path = directory / SIDECAR_NAME
-    sidecar = json.loads(sidecar_path.read_text()) if sidecar_path.is_file() else {}
+    sidecar = _sidecar(directory / SIDECAR_NAME)
     lengths = df["length"].cast(pl.Float64)
     total_tokens = float(lengths.sum())
     total_att = float(df["attention"].sum())

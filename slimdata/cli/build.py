@@ -308,6 +308,7 @@ def _write_plan(
         budget["optimizer"],
         layout["nodes"] * layout["ranks_per_node"],
         1,
+        pp_option=False,
     )
     plan = plan_to_shards(plan_dir, shards=output, **layout)
     if echo:

@@ -178,9 +178,12 @@ def resolve_memory(
     optimizer: str,
     dp: int,
     pp: int,
+    *,
+    pp_option: bool = True,
 ) -> tuple[float, str]:
     """``--memory-gib`` if given, else the device memory left after model states, and a
-    one-line account of where the number came from."""
+    one-line account of where the number came from (``pp_option``: the command has
+    ``--pp``, which an error may then suggest)."""
     from slimdata.cost import load_device
     from slimdata.cost.states import activation_budget_gib
 
@@ -189,7 +192,13 @@ def resolve_memory(
     if cost.param_count <= 0:
         raise ConfigError("the cost model has no parameter count: give --memory-gib")
     return activation_budget_gib(
-        load_device(device).memory_gib, cost.param_count, parallelism, optimizer, dp, pp
+        load_device(device).memory_gib,
+        cost.param_count,
+        parallelism,
+        optimizer,
+        dp,
+        pp,
+        pp_option=pp_option,
     )
 
 

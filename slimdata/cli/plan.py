@@ -143,6 +143,7 @@ def _memory_budget(
         budget["optimizer"],
         layout["nodes"] * layout["ranks_per_node"],
         1,
+        pp_option=False,
     )
 
 

@@ -58,9 +58,18 @@ def model_state_gib(params: int, parallelism: str, optimizer: str, dp: int, pp: 
 
 
 def activation_budget_gib(
-    device_gib: float, params: int, parallelism: str, optimizer: str, dp: int, pp: int
+    device_gib: float,
+    params: int,
+    parallelism: str,
+    optimizer: str,
+    dp: int,
+    pp: int,
+    *,
+    pp_option: bool = True,
 ) -> tuple[float, str]:
-    """The default ``--memory-gib`` and a one-line account of it; raises when nothing is left."""
+    """The default ``--memory-gib`` and a one-line account of it; raises when nothing is left,
+    naming what would leave room: more sharded states than ``parallelism``, a larger
+    ``--pp`` where the command has one (``pp_option``), or ``--memory-gib``."""
     states = model_state_gib(params, parallelism, optimizer, dp, pp)
     budget = RESERVE * device_gib - states
     how = (
@@ -68,9 +77,11 @@ def activation_budget_gib(
         f"({params / 1e9:.2f}B parameters, {parallelism}, {optimizer}, dp={dp}, pp={pp})"
     )
     if budget <= 0:
+        sharded = {"ddp": ["--parallelism zero1 or fsdp"], "zero1": ["--parallelism fsdp"]}
+        ways = [*sharded.get(parallelism, []), *(["a larger --pp"] if pp_option else [])]
         raise ConfigError(
             f"model states need {states:.1f} GiB per device, more than {RESERVE:.0%} of "
-            f"{device_gib:g} GiB: use --parallelism zero1 or fsdp, a larger --pp, or give "
-            "--memory-gib"
+            f"{device_gib:g} GiB ({parallelism}, dp={dp}, pp={pp}): "
+            + (f"use {', '.join(ways)}, or give --memory-gib" if ways else "give --memory-gib")
         )
     return budget, how

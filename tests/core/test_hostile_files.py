@@ -182,3 +182,72 @@ def test_damaged_manifest_is_a_clear_error(built, tmp_path):
         f"Error: {ds / 'manifest.parquet'}: document length 1000000000000000 exceeds the maximum "
         "of 2147483647 tokens per document (int32 attention offsets); split the document\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (("manifest.parquet", b"PAR1 not really"), "manifest.parquet: unreadable or not a slimdata manifest ("),
+        (("slimdata.json", b'{"cost_model": {"a"'), "slimdata.json: unreadable or not a slimdata build sidecar ("),
+        (("slimdata.json", b"[]"), "slimdata.json: not a slimdata build sidecar (expected a JSON object)"),
+        (("slimdata.json", b'{"counts": 3}'), "slimdata.json: not a slimdata build sidecar (expected a JSON object)"),
+        (("index.json", b'{"shards": [{"raw_da'), "index.json: not a valid MDS index ("),
+    ],
+)  # fmt: skip
+def test_stats_of_a_damaged_build_is_a_clear_error(built, tmp_path, damage, message):
+    ds = tmp_path / "ds"
+    shutil.copytree(built, ds)
+    assert CliRunner().invoke(cli, ["stats", str(ds)]).exit_code == 0  # the copy reads
+    name, content = damage
+    (ds / name).write_bytes(content)
+    result = CliRunner().invoke(cli, ["stats", str(ds)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"Error: {ds / name.split()[0]}"), result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_stats_of_a_missing_directory_says_so(tmp_path):
+    result = CliRunner().invoke(cli, ["stats", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2
+    assert result.output == f"Error: {tmp_path / 'nowhere'} does not exist or is not a directory\n"
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_plan_of_a_build_with_a_damaged_shard_is_a_clear_error_and_leaves_nothing(
+    built, tmp_path, damage
+):
+    ds = tmp_path / "ds"
+    shutil.copytree(built, ds)
+    basename = json.loads((ds / "index.json").read_text())["shards"][0]["raw_data"]["basename"]
+    shard = ds / basename
+    assert plan_cli(tmp_path, str(ds)).exit_code == 0  # the copy plans
+    shutil.rmtree(tmp_path / "plan")
+    if damage == "missing":
+        shard.unlink()
+        expected = f"Error: {ds}: shard file {basename} is missing\n"
+    else:
+        size = shard.stat().st_size
+        shard.write_bytes(shard.read_bytes()[: size // 2])
+        expected = (
+            f"Error: {shard}: {size // 2} bytes where index.json gives {size}: the shard is "
+            "truncated or replaced; rebuild it\n"
+        )
+    result = plan_cli(tmp_path, str(ds))
+    assert (result.exit_code, result.output) == (2, expected)
+    assert not (tmp_path / "plan").exists()  # no half-written plan left behind
+
+
+def test_no_room_for_model_states_names_only_what_would_help():
+    from slimdata.cost.states import activation_budget_gib
+
+    def message(parallelism, pp_option):
+        with pytest.raises(ConfigError) as exc:  # 70B parameters on one 80 GiB device
+            activation_budget_gib(80, 70 * 10**9, parallelism, "adam", 1, 1, pp_option=pp_option)
+        return str(exc.value).split(": ", 1)[1]
+
+    assert (
+        message("ddp", True)
+        == "use --parallelism zero1 or fsdp, a larger --pp, or give --memory-gib"
+    )
+    assert message("zero1", False) == "use --parallelism fsdp, or give --memory-gib"
+    assert message("fsdp", False) == "give --memory-gib"
