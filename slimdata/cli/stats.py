@@ -10,7 +10,7 @@ __all__ = ["command"]
 
 
 @click.command("stats")
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @json_option("the summary")
 @click.option(
     "--plots",

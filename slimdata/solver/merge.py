@@ -337,6 +337,7 @@ def plan_merges(
     layer_share: float = 1.0,
     whole: float | None = None,
     cap: float = math.inf,
+    devices: int = 1,
 ) -> MergePlan:
     """Choose merge groups for one batch (see the module docstring).
 
@@ -354,7 +355,8 @@ def plan_merges(
     footprint exceeds it must merge (default ``mem``; lower leaves room beside it).
     ``cap``: the pack token cap; a member's share runs as one pack, so no share holds more
     tokens (a document that cannot be shared that way stays whole on one rank, in several
-    packs).
+    packs). ``devices``: devices per rank (static CP's ``cp``; ``mem`` is theirs together),
+    for error messages.
     """
     groups = _Groups(free=list(range(dp)))
     if len(view.docs) == 0:
@@ -364,6 +366,7 @@ def plan_merges(
         view, dp, mem, packs, float(time.sum()) / dp, gather, layer_share, cap,
         mem if whole is None else whole,
         float(view.doc_fwd.sum()) / (dp * packs), float(view.doc_bwd.sum()) / (dp * packs),
+        devices,
     )  # fmt: skip
     k_skew = np.zeros(len(view.docs), dtype=np.int64)
     must_or_long = (view.doc_mem > rule.whole) | (time > share * rule.balanced)
@@ -401,6 +404,19 @@ class _Rule:
     fwd_share: float
     """A member's balanced forward seconds (per pack in lockstep mode)."""
     bwd_share: float
+    devices: int
+    """Devices per rank (static CP); ``mem`` is theirs together."""
+
+    @property
+    def cap_words(self) -> str:
+        """The memory cap as a user sets it: per device, and per rank under static CP."""
+        per_rank = self.mem * self.layer_share / GIB
+        if self.devices == 1:
+            return f"{per_rank:.1f} GiB per device"
+        return (
+            f"{per_rank / self.devices:.1f} GiB per device, "
+            f"{per_rank:.1f} GiB per DP rank of {self.devices} CP devices"
+        )
 
     def buffer_of(self, tokens: Sequence[int]) -> float:  # full-model bytes, as ``mem``
         """:func:`group_buffer` of members holding ``tokens`` tokens each."""
@@ -484,19 +500,27 @@ class _Groups:
 
 def _too_large(rule: _Rule, d: int) -> PlanError:
     view, doc = rule.view, rule.view.docs[d]
-    k_max = min(len(view.slices_of(d)), rule.dp)
+    slices = len(view.slices_of(d))
+    k_max = min(slices, rule.dp)
     buffers = (
         f" (each member also holds {rule.gather:g}x one layer's gathered K/V, "
         f"{rule.gather * view.gathered_kv_per_token * doc.length / GIB:.1f} GiB or more)"
-        if rule.gather > 0
+        if rule.gather > 0 and k_max > 1
         else ""
     )
+    holders = f"even {k_max} merged ranks" if k_max > 1 else "one rank"
+    remedies = ["raise --memory-gib"]
+    if slices < rule.dp:
+        remedies.append("cut finer slices (more merged ranks)")
+    else:
+        remedies.append("use more devices (--nodes, --ranks-per-node)")
+    if doc.length > rule.cap:
+        remedies.append("use --oversize split|truncate")
     return PlanError(
-        f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {len(view.slices_of(d))} slices) "
+        f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {slices} slices) "
         f"needs {view.doc_mem[d] * rule.layer_share / GIB:.1f} GiB but the memory cap is "
-        f"{rule.mem * rule.layer_share / GIB:.1f} GiB per device and even {k_max} merged ranks "
-        f"cannot hold it{buffers}: raise --memory-gib, cut finer slices, or use --oversize "
-        "split|truncate"
+        f"{rule.cap_words} and {holders} cannot hold it{buffers}: "
+        f"{', or '.join(remedies)}"
     )
 
 
@@ -504,8 +528,8 @@ def _no_room(rule: _Rule, d: int, k: int, free: int) -> PlanError:
     doc = rule.view.docs[d]
     return PlanError(
         f"document doc_id {doc.doc_id!r} ({doc.length} tokens) needs a merge group of {k} "
-        f"ranks (memory cap {rule.mem * rule.layer_share / GIB:.1f} GiB per device) but only "
-        f"{free} of {rule.dp} ranks are free and no existing group can absorb it: raise "
-        "--memory-gib or the DP size, lower --global-batch-tokens, or use --oversize "
-        "split|truncate"
+        f"ranks (memory cap {rule.cap_words}) but only {free} of {rule.dp} ranks are free "
+        "and no existing group can absorb it: raise --memory-gib or the DP size, or lower "
+        "--global-batch-tokens"
+        + (", or use --oversize split|truncate" if doc.length > rule.cap else "")
     )

@@ -206,10 +206,19 @@ def test_stats_of_a_damaged_build_is_a_clear_error(built, tmp_path, damage, mess
     assert message in result.output and "Traceback" not in result.output
 
 
-def test_stats_of_a_missing_directory_says_so(tmp_path):
-    result = CliRunner().invoke(cli, ["stats", str(tmp_path / "nowhere")])
+@pytest.mark.parametrize("command", ["stats", "simulate", "plan"])
+def test_a_missing_build_directory_is_worded_alike_by_every_command(tmp_path, command):
+    result = CliRunner().invoke(cli, [command, str(tmp_path / "nowhere")])
     assert result.exit_code == 2
-    assert result.output == f"Error: {tmp_path / 'nowhere'} does not exist or is not a directory\n"
+    assert f"Directory '{tmp_path / 'nowhere'}' does not exist." in result.output
+
+
+def test_stats_api_on_a_missing_directory_says_so(tmp_path):
+    from slimdata.errors import InputError
+    from slimdata.stats import shard_stats
+
+    with pytest.raises(InputError, match="nowhere does not exist or is not a directory$"):
+        shard_stats(tmp_path / "nowhere")
 
 
 @pytest.mark.parametrize("damage", ["missing", "truncated"])

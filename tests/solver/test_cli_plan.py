@@ -79,3 +79,24 @@ def test_plan_twice_writes_byte_identical_files(tmp_path):
         trees.append({p.name: p.read_bytes() for p in sorted(root.iterdir())})
     assert len(trees[0]) >= 3 and trees[0] == trees[1]
     assert b"solve_ms" not in b"".join(trees[0].values())
+
+
+def test_a_document_no_group_holds_names_the_cap_per_device_and_per_cp_rank(tmp_path):
+    """Under static CP a DP rank is planned with its CP devices' memory together; the error
+    gives the cap as the user set it (per device) and per DP rank, and suggests only what
+    helps: the 92,556-token document is within --context, so --oversize is not one of them,
+    and its 46 slices already span both DP ranks, so finer slices are not either."""
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("92556\n1000\n3000\n500\n")
+    args = ["plan", "--lengths", str(lengths), "--nodes", "1", "--ranks-per-node", "4"]
+    args += ["--global-batch-tokens", "131072", "--memory-gib", "2", "--cp", "2"]
+    res = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    assert (
+        "needs 36.8 GiB but the memory cap is 2.0 GiB per device, 4.0 GiB per DP rank of 2 CP "
+        "devices and even 2 merged ranks cannot hold it"
+    ) in res.output
+    assert res.output.rstrip().endswith(
+        ": raise --memory-gib, or use more devices (--nodes, --ranks-per-node)"
+    )
+    assert "Traceback" not in res.output and not (tmp_path / "out").exists()

@@ -806,6 +806,7 @@ def _phase1(
         layer_share=layer_share,
         balance_ratio=options.skew_merge,
         cap=layout.token_cap,
+        devices=layout.cp,
     )
     placements = placements or _Placements(view, layout, options)
     return placements.place(merges, mem, gather / layer_share)
