@@ -18,7 +18,7 @@ import numpy as np
 
 from slimdata.columns import check_manifest
 from slimdata.errors import ConfigError, InputError
-from slimdata.mdsindex import check_index
+from slimdata.mdsindex import indexed_samples
 from slimdata.plan.types import Document
 from slimdata.slicing import (
     DEFAULT_SLICE_TOKENS,
@@ -27,7 +27,13 @@ from slimdata.slicing import (
     cut_points_of,
 )
 
-__all__ = ["MANIFEST_NAME", "documents_from_lengths", "load_lengths", "load_shard_documents"]
+__all__ = [
+    "MANIFEST_NAME",
+    "documents_from_lengths",
+    "load_lengths",
+    "load_shard_documents",
+    "read_manifest",
+]
 
 MANIFEST_NAME = "manifest.parquet"
 
@@ -99,8 +105,11 @@ def documents_from_lengths(
     return list(map(Document, ids, ends, [max(n - 1, 0) for n in ends], cuts))
 
 
-def load_shard_documents(directory: str | Path) -> list[Document]:
-    """Documents of a ``slimdata build`` output directory, in global sample order."""
+def read_manifest(directory: str | Path, columns: list[str]):
+    """The manifest of a ``slimdata build`` output (pyarrow table of ``columns``, sorted by
+    sample) after checking it (:func:`~slimdata.columns.check_manifest`) and that it has
+    one row per sample of the build's ``index.json`` (a cut manifest would plan part of the
+    corpus)."""
     import pyarrow.parquet as pq
 
     directory = Path(directory)
@@ -109,16 +118,28 @@ def load_shard_documents(directory: str | Path) -> list[Document]:
         raise InputError(
             f"{directory} has no index.json: not an MDS dataset (run `slimdata build` first)"
         )
-    check_index(directory)  # before anything hands the directory to streaming
+    samples = indexed_samples(directory)  # checks the index before streaming reads it
     if not manifest.is_file():
         raise InputError(f"{directory} has no {MANIFEST_NAME}: was it written by `slimdata build`?")
-    columns = ["sample", "doc_id", "length", "loss_tokens", "cuts"]
+    needed = ["sample", "length", "loss_tokens", "cuts"]
     try:
-        table = pq.read_table(manifest, columns=columns).sort_by("sample")
-        rows = table.to_pylist()
+        table = pq.read_table(manifest, columns=list(dict.fromkeys(needed + columns)))
+        table = table.sort_by("sample")
     except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors subclass these
         raise InputError(f"{manifest}: unreadable or not a slimdata manifest ({exc})") from None
+    if table.num_rows != samples:
+        raise InputError(
+            f"{manifest}: {table.num_rows} documents where index.json holds {samples} samples: "
+            "the manifest is damaged or from another build; rebuild with `slimdata build`"
+        )
     check_manifest(table, manifest)  # lengths, loss tokens and the build's cut points
+    return table.select(columns)
+
+
+def load_shard_documents(directory: str | Path) -> list[Document]:
+    """Documents of a ``slimdata build`` output directory, in global sample order."""
+    columns = ["sample", "doc_id", "length", "loss_tokens", "cuts"]
+    rows = read_manifest(directory, columns).to_pylist()
     return [
         Document(
             doc_id=row["doc_id"],

@@ -10,7 +10,8 @@ did not write.
 
 Cost is bounded by the file, never by a number in it: the file is refused above
 :data:`MAX_INDEX_BYTES` before it is read, parsing errors (nesting included) become
-:class:`~slimdata.errors.InputError`, and each basename costs one path resolution.
+:class:`~slimdata.errors.InputError`, each basename costs one path resolution, and each
+shard's sample count must fit its stated size (streaming allocates by it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from typing import Any
 
 from slimdata.errors import InputError
 
-__all__ = ["MAX_INDEX_BYTES", "check_dataset", "check_index", "check_inside", "local_dirs"]
+__all__ = [
+    "MAX_INDEX_BYTES",
+    "check_dataset",
+    "check_index",
+    "check_inside",
+    "indexed_samples",
+    "local_dirs",
+]
 
 MAX_INDEX_BYTES = 256 << 20
 """Largest ``index.json`` read (256 MiB: about 500,000 shard entries of ~500 bytes)."""
@@ -67,7 +75,15 @@ def _load(path: Path) -> Any:
 
 def check_index(directory: str | Path) -> int:
     """Validate ``directory/index.json`` (see module docstring); returns its shard count."""
-    directory = Path(directory)
+    return len(_checked_shards(Path(directory)))
+
+
+def indexed_samples(directory: str | Path) -> int:
+    """Samples of all shards of ``directory/index.json``, after :func:`check_index`."""
+    return sum(shard["samples"] for shard in _checked_shards(Path(directory)))
+
+
+def _checked_shards(directory: Path) -> list[dict]:
     path = directory / "index.json"
     index = _load(path)
     shards = index.get("shards") if isinstance(index, dict) else None
@@ -85,7 +101,24 @@ def check_index(directory: str | Path) -> int:
                 if not isinstance(entry, dict):
                     raise InputError(f"{where}: a data entry is not an object")
                 check_inside(directory, entry.get("basename"), where)
-    return len(shards)
+        _check_counts(shard, where)
+    return shards
+
+
+def _check_counts(shard: dict, where: str) -> None:
+    """A shard's ``samples`` is a count its raw file can hold: an MDS shard starts with the
+    sample count and one 4-byte offset per sample plus one, so ``n`` samples need at least
+    ``4 * (n + 2)`` bytes (streaming would otherwise size arrays by a number it never checks)."""
+    samples, size = shard.get("samples"), shard["raw_data"].get("bytes")
+    if type(samples) is not int or samples < 0:
+        raise InputError(f"{where}: 'samples' is {samples!r}, not a count of samples")
+    if type(size) is not int or size < 0:
+        raise InputError(f"{where}: its raw data's 'bytes' is {size!r}, not a file size")
+    if 4 * (samples + 2) > size:
+        raise InputError(
+            f"{where} claims {samples} samples in {size} bytes, more than an MDS shard of "
+            "that size holds (4 bytes of offset per sample): the index is damaged"
+        )
 
 
 def local_dirs(dataset: Any) -> list[Path]:

@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 
 from slimdata.cost import causal_pairs
-from slimdata.docsource import MANIFEST_NAME
+from slimdata.docsource import MANIFEST_NAME, read_manifest
 from slimdata.errors import InputError
-from slimdata.mdsindex import check_index
 from slimdata.planning import SIDECAR_NAME
 
 __all__ = ["PERCENTILES", "THRESHOLDS", "format_stats", "load_lengths_frame", "shard_stats"]
@@ -33,18 +32,14 @@ def load_lengths_frame(directory: str | Path):
     import polars as pl
 
     directory = Path(directory)
-    manifest = directory / MANIFEST_NAME
     if not directory.is_dir():
         raise InputError(f"{directory} does not exist or is not a directory")
-    if not manifest.is_file():
+    if not (directory / MANIFEST_NAME).is_file():
         raise InputError(
             f"{directory} has no {MANIFEST_NAME}: not a finished `slimdata build` output"
         )
-    check_index(directory)  # a build whose index is broken cannot be read: say so here too
-    try:
-        df = pl.read_parquet(manifest, columns=["sample", "doc_id", "source", "length", "cuts"])
-    except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
-        raise InputError(f"{manifest}: unreadable or not a slimdata manifest ({exc})") from None
+    columns = ["sample", "doc_id", "source", "length", "cuts"]
+    df = pl.from_arrow(read_manifest(directory, columns))
     attention = causal_pairs(0, df["length"].to_numpy().astype(np.float64))
     return df.with_columns(pl.Series("attention", attention, dtype=pl.Float64))
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -156,6 +158,54 @@ def test_malformed_index_is_a_clear_error(tmp_path, content, message):
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("samples", "size", "message"),
+    [
+        (10**12, 4096, "shard 0 claims 1000000000000 samples in 4096 bytes"),
+        (1023, 4096, "shard 0 claims 1023 samples in 4096 bytes"),
+        (-1, 4096, "shard 0: 'samples' is -1, not a count of samples"),
+        (True, 4096, "shard 0: 'samples' is True, not a count of samples"),
+        (3, "4096", "shard 0: its raw data's 'bytes' is '4096', not a file size"),
+    ],
+)
+def test_a_sample_count_its_shard_cannot_hold_is_refused(tmp_path, samples, size, message):
+    """Streaming sizes arrays by ``samples`` without checking it (10^12 asked for 7.28 TiB);
+    an MDS shard of ``b`` bytes holds at most ``b / 4 - 2`` samples (count, offsets)."""
+    shard = {"raw_data": {"basename": "shard.00000.mds", "bytes": size}, "samples": samples}
+    (tmp_path / "index.json").write_text(json.dumps({"shards": [shard]}))
+    with pytest.raises(InputError, match=re.escape(message)):
+        check_index(tmp_path)
+    shard.update(samples=1022, raw_data={"basename": "shard.00000.mds", "bytes": 4096})
+    (tmp_path / "index.json").write_text(json.dumps({"shards": [shard]}))
+    assert check_index(tmp_path) == 1  # 4 * (1022 + 2) = 4096 bytes: the most that fit
+
+
+@pytest.mark.parametrize("command", ["stats", "plan"])
+def test_a_manifest_that_lost_rows_is_refused(built, tmp_path, command):
+    """A manifest cut to fewer rows than index.json's samples would plan (or summarize) part
+    of the corpus and exit 0; it is an error naming both counts."""
+    ds = tmp_path / "ds"
+    shutil.copytree(built, ds)
+    pl.read_parquet(built / "manifest.parquet").head(5).write_parquet(ds / "manifest.parquet")
+    args = [command, str(ds)] if command == "stats" else None
+    result = CliRunner().invoke(cli, args) if args else plan_cli(tmp_path, str(ds))
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: {ds / 'manifest.parquet'}: 5 documents where index.json holds 12 samples: the "
+        "manifest is damaged or from another build; rebuild with `slimdata build`\n"
+    )
+
+
+def test_stats_checks_the_manifest_as_plan_does(built, tmp_path):
+    ds = tmp_path / "ds"
+    shutil.copytree(built, ds)
+    df = pl.read_parquet(built / "manifest.parquet").with_columns(length=pl.lit(-7))
+    df.write_parquet(ds / "manifest.parquet")
+    result = CliRunner().invoke(cli, ["stats", str(ds)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"Error: {ds / 'manifest.parquet'}: document length -7 ")
+
+
 def test_oversized_index_is_refused_before_reading(tmp_path, monkeypatch):
     monkeypatch.setattr(mdsindex, "MAX_INDEX_BYTES", 100)
     (tmp_path / "index.json").write_bytes(b" " * 101)
@@ -165,7 +215,6 @@ def test_oversized_index_is_refused_before_reading(tmp_path, monkeypatch):
 
 
 def test_damaged_manifest_is_a_clear_error(built, tmp_path):
-    import polars as pl
 
     ds = tmp_path / "ds"
     shutil.copytree(built, ds)
@@ -217,7 +266,7 @@ def test_stats_api_on_a_missing_directory_says_so(tmp_path):
     from slimdata.errors import InputError
     from slimdata.stats import shard_stats
 
-    with pytest.raises(InputError, match="nowhere does not exist or is not a directory$"):
+    with pytest.raises(InputError, match=r"nowhere does not exist or is not a directory$"):
         shard_stats(tmp_path / "nowhere")
 
 

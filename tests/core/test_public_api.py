@@ -44,7 +44,7 @@ PUBLIC = {  # module -> its __all__, in order
         "COLUMNS COST_COLUMNS DEFAULT_SIZE_LIMIT PLAN_NAME QUARANTINE_NAME SIDECAR_NAME BuildConfig "
         "BuildSummary build parse_size plan_build"
     ),
-    "slimdata.docsource": "MANIFEST_NAME documents_from_lengths load_lengths load_shard_documents",
+    "slimdata.docsource": "MANIFEST_NAME documents_from_lengths load_lengths load_shard_documents read_manifest",
     "slimdata.stats": "PERCENTILES THRESHOLDS format_stats load_lengths_frame shard_stats",
     "slimdata.plots": "write_plots write_training_plots",
     "slimdata.autocp": "HEAVY CpChoice cp_preference",

@@ -181,8 +181,7 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path):
             "lz9",
         ],
         ["build", str(tmp_path), "-o", str(tmp_path / "o5"), "--pipeline", "nope"],
-        ["stats", str(tmp_path / "missing")],
-    ]
+    ]  # a missing directory is a usage error, as for plan and simulate (test_hostile_files)
     for args in cases:
         result = runner.invoke(cli, args)
         assert result.exit_code != 0, args
