@@ -14,6 +14,7 @@ from typing import cast
 
 import numpy as np
 
+from slimdata.errors import InputError
 from slimdata.stats import load_lengths_frame
 
 __all__ = ["write_plots", "write_training_plots"]
@@ -30,7 +31,10 @@ def write_plots(directory: str | Path, out_dir: str | Path) -> list[Path]:
     lengths = np.sort(df["length"].to_numpy().astype(np.float64))
     attention = lengths * (lengths + 1) / 2
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out_dir}: cannot make the plots folder ({exc.strerror})") from None
     paths = []
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -90,7 +94,10 @@ def write_training_plots(
         for label, p in logs.items()
     }
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out_dir}: cannot make the plots folder ({exc.strerror})") from None
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rows in runs.items():
         ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label=label)

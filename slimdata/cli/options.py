@@ -11,7 +11,9 @@ refused by click, before any work, with ``Error: Invalid value for '--x': ...`` 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -23,7 +25,7 @@ from slimdata.cost import (
     CostModel,
     resolve_cost_model,
 )
-from slimdata.errors import ConfigError
+from slimdata.errors import ConfigError, InputError
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -301,8 +303,53 @@ def json_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
         flag_value="-",
         default=None,
         metavar="[FILE]",
+        callback=writable_file,
         help=f"Write {what} as JSON to FILE; to standard output without FILE (or with -).",
     )
+
+
+def _writable_folder(folder: Path, value: str) -> None:
+    if not folder.is_dir():
+        raise click.BadParameter(f"{value}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{value}: the folder {folder} is not writable")
+
+
+def writable_file(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Click callback of an output FILE option: its folder exists and is writable and it is
+    not a folder, checked before the command's work (which would otherwise end in a
+    traceback after it). ``-`` (standard output) passes."""
+    if value is None or value == "-":
+        return value
+    path = Path(value)
+    if path.is_dir():
+        raise click.BadParameter(f"{value} is a folder, not a file")
+    _writable_folder(path.parent, value)
+    return value
+
+
+def writable_image(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """:func:`writable_file` for a chart, whose suffix is a format matplotlib writes."""
+    if value is None or writable_file(ctx, param, value) is None:
+        return value
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if Path(value).suffix.lstrip(".").lower() not in formats:
+        raise click.BadParameter(
+            f"{value}: not an image file name; end it in one of {', '.join(sorted(formats))}"
+        )
+    return value
+
+
+def writable_folder(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Click callback of an output FOLDER option (a ``click.Path(file_okay=False)``): a
+    writable folder, or one that can be made in a writable folder."""
+    if value is None:
+        return value
+    path = Path(value)
+    _writable_folder(path if path.is_dir() else path.parent, value)
+    return value
 
 
 def write_json(payload: Any, json_path: str) -> None:
@@ -314,7 +361,10 @@ def write_json(payload: Any, json_path: str) -> None:
     if json_path == "-":
         click.echo(text)
     else:
-        Path(json_path).write_text(text + "\n")
+        try:
+            Path(json_path).write_text(text + "\n")
+        except OSError as exc:  # checked at parse time (writable_file); the disk may still refuse
+            raise InputError(f"{json_path}: cannot write it ({exc.strerror})") from None
         click.echo(f"wrote {json_path}")
 
 

@@ -8,7 +8,7 @@ from importlib import import_module
 
 import click
 
-from slimdata.cli.options import renamed_option
+from slimdata.cli.options import renamed_option, writable_file
 from slimdata.cost.profiling import ProfileConfig
 
 __all__ = ["command"]
@@ -29,6 +29,7 @@ def _ints(text: str) -> tuple[int, ...]:
     "--output",
     "-o",
     type=click.Path(dir_okay=False),
+    callback=writable_file,
     required=True,
     help="Cost profile JSON to write.",
 )

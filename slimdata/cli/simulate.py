@@ -21,9 +21,10 @@ from slimdata.cli.options import (
     memory_budget_options,
     renamed_option,
     resolve_memory,
+    writable_image,
     write_json,
 )
-from slimdata.errors import ConfigError
+from slimdata.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
     from slimdata.cost import CostModel
@@ -128,6 +129,7 @@ __all__ = ["command"]
 @click.option(
     "--gantt",
     type=click.Path(dir_okay=False),
+    callback=writable_image,
     default=None,
     help="Write a Gantt chart (PNG) of the first step of every strategy.",
 )
@@ -285,9 +287,12 @@ def _report(cmp: Comparison, json_path: str | None, gantt: str | None) -> None:
     if gantt:
         from slimdata.sim.gantt import draw_gantt
 
-        draw_gantt(
-            {k: r for k, (_p, r) in cmp.first.items()},
-            gantt,
-            title=f"dp={c['dp']} pp={c['pp']} context={c['context']}",
-        )
+        try:
+            draw_gantt(
+                {k: r for k, (_p, r) in cmp.first.items()},
+                gantt,
+                title=f"dp={c['dp']} pp={c['pp']} context={c['context']}",
+            )
+        except OSError as exc:  # checked at parse time (writable_image); the disk may refuse
+            raise InputError(f"{gantt}: cannot write it ({exc.strerror})") from None
         click.echo(f"wrote {gantt}")

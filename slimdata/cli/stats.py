@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from slimdata.cli.options import json_option, write_json
+from slimdata.cli.options import json_option, writable_folder, write_json
 
 __all__ = ["command"]
 
@@ -16,6 +16,7 @@ __all__ = ["command"]
     "--plots",
     "plots_dir",
     type=click.Path(file_okay=False),
+    callback=writable_folder,
     default=None,
     help="Write lengths.png and shares.png here.",
 )

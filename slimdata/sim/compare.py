@@ -256,6 +256,11 @@ def compare_strategies(
 
     if steps < 1:
         raise ConfigError(f"steps={steps!r} must be >= 1")
+    if cost.layers and layout.pp > cost.layers:
+        raise ConfigError(
+            f"pp={layout.pp}: more pipeline stages than the model's {cost.layers} layers "
+            "(each stage holds at least one)"
+        )
     choice = (
         parse_baseline_config(baseline_config)
         if isinstance(baseline_config, str)
