@@ -90,7 +90,12 @@ def phases(n: int) -> dict[str, float]:
     from slimdata.ingest.mds import writer_class
     from slimdata.plan.rankplan import rank_views
     from slimdata.solver.config import PlanConfig
-    from slimdata.solver.planshards import PLAN_COLUMNS, _sample_order, without_timings
+    from slimdata.solver.planshards import (
+        PLAN_COLUMNS,
+        _sample_order,
+        payload_crc32,
+        without_timings,
+    )
 
     done("imports")
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,7 +127,17 @@ def phases(n: int) -> dict[str, float]:
             for flat in order:
                 step, rank = divmod(flat, 64)
                 text = texts[step][rank]
-                w.write({"step": step, "rank": rank, "plan": text, "tokens": empty, "ntokens": 0})
+                crc = payload_crc32(text, empty[:0])
+                w.write(
+                    {
+                        "step": step,
+                        "rank": rank,
+                        "plan": text,
+                        "tokens": empty,
+                        "ntokens": 0,
+                        "crc32": crc,
+                    }
+                )
         done("MDS write")
         shutil.rmtree(Path(tmp) / "plan")
     return cpu

@@ -300,13 +300,39 @@ class PlanShardLoader:
 
     def __iter__(self) -> Iterator[StepPayload]:
         if self.mode == "iterate":
-            for step, sample in enumerate(self.dataset):
+            for step, sample in enumerate(_decoded(iter(self.dataset))):
                 self.step = step + 1
                 yield self._payload(sample, step)
             return
         pos = payload_positions(self.steps, self.nodes, self.ranks_per_node)
         while self.step < self.steps:
             step = self.step
-            sample = self.dataset[int(pos[step, self.rank])]
+            try:
+                sample = self.dataset[int(pos[step, self.rank])]
+            except _DECODE_ERRORS as exc:
+                raise _undecodable(exc) from None
             self.step += 1
             yield self._payload(sample, step)
+
+
+_DECODE_ERRORS = (ValueError, IndexError, KeyError, OSError)
+"""What streaming raises on a plan shard it cannot decode (cut, overwritten, renamed columns)."""
+
+
+def _undecodable(exc: Exception) -> PlanError:
+    return PlanError(
+        f"plan shards: a payload cannot be decoded ({type(exc).__name__}: {str(exc)[:120]}); "
+        "the shard is damaged: re-run `slimdata plan`"
+    )
+
+
+def _decoded(samples: Iterator[dict]) -> Iterator[dict]:
+    """The samples of a plan-shard stream, a decoding failure as :func:`_undecodable`."""
+    while True:
+        try:
+            sample = next(samples)
+        except StopIteration:
+            return
+        except _DECODE_ERRORS as exc:
+            raise _undecodable(exc) from None
+        yield sample

@@ -6,8 +6,10 @@ Columns: ``step`` (int), ``rank`` (int), ``plan`` (str: the JSON of this rank's 
 step's plan, :class:`~slimdata.plan.rankplan.RankPlan`: its own packs, the members' merge
 packs of its merge group, the documents of those slices and the step-wide fields),
 ``tokens`` (``ndarray:uint32``: this rank's tokens, concatenated in the order of its forward
-packs' slices; empty when planned from lengths) and ``ntokens`` (int: the length of ``tokens``; MDS cannot encode an empty array, so an empty
-payload is stored as one zero token with ``ntokens = 0``; :func:`read_plan_payload` undoes it).
+packs' slices; empty when planned from lengths), ``ntokens`` (int: the length of ``tokens``; MDS cannot encode an empty array, so an empty
+payload is stored as one zero token with ``ntokens = 0``; :func:`read_plan_payload` undoes it)
+and ``crc32`` (int: :func:`payload_crc32` of the plan text and the tokens, which
+:func:`read_plan_payload` checks: a damaged shard is an error, not a wrong batch).
 
 Ordering: :func:`payload_positions` asks mosaicml-streaming's own partitioner
 (``streaming.base.partition.get_partitions``, algorithm ``orig``, the default) which global
@@ -17,13 +19,13 @@ count) and ``workers_per_rank`` DataLoader workers (1 = iterating the dataset di
 sidecar ``plan.json`` records them and the runtime checks every payload's stamp with
 :func:`check_payload`.
 
-Format: ``plan.json`` has ``"slimdata_plan_shards": 3`` (:data:`PLAN_SHARDS_FORMAT`), the
+Format: ``plan.json`` has ``"slimdata_plan_shards": 4`` (:data:`PLAN_SHARDS_FORMAT`), the
 payloads ``"format": 2``. ``plan.json`` also records, per step, the loss-token total and a
 digest of the step-wide fields (``step_loss_tokens``, ``step_digests``), against which
 :func:`check_step_fields` checks every payload at load: a rank divides its loss by the total
 its payload carries, which no single payload can prove. Format 1 stored the whole step plan in
-every payload (64 copies of it per step at DP 64), format 2 had no per-step records; reading
-either raises :class:`~slimdata.errors.PlanFormatError` (:func:`read_plan_sidecar`,
+every payload (64 copies of it per step at DP 64), format 2 had no per-step records, format
+3 no checksum per payload; reading any of them raises :class:`~slimdata.errors.PlanFormatError` (:func:`read_plan_sidecar`,
 :func:`read_plan_payload`).
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,7 @@ __all__ = [
     "check_payload",
     "check_plan_sidecar",
     "check_step_fields",
+    "payload_crc32",
     "payload_positions",
     "rank_tokens",
     "read_plan_payload",
@@ -65,11 +69,13 @@ PLAN_COLUMNS = {
     "plan": "str",
     "tokens": "ndarray:uint32",
     "ntokens": "int",
+    "crc32": "int",
 }
 PLAN_SIDECAR = "plan.json"
-PLAN_SHARDS_FORMAT = 3
-"""``slimdata_plan_shards`` in ``plan.json``: 3 = one rank's view per payload, and per-step
-loss-token totals and digests in ``plan.json`` (2 had no per-step records)."""
+PLAN_SHARDS_FORMAT = 4
+"""``slimdata_plan_shards`` in ``plan.json``: 4 = one rank's view per payload with a CRC-32 of
+its plan and tokens, and per-step loss-token totals and digests in ``plan.json`` (3 had no
+checksums, 2 no per-step records)."""
 MAX_SIDECAR_BYTES = 64 << 20
 """Largest ``plan.json`` read (64 MiB): its per-step records take about 40 bytes a step, so
 this bounds a loader's parse while leaving room for 1.5 million steps."""
@@ -267,6 +273,7 @@ def _write_payloads(
                     "plan": steps.texts[step][rank // cp],
                     "tokens": toks if len(toks) else empty,
                     "ntokens": len(toks),
+                    "crc32": payload_crc32(steps.texts[step][rank // cp], toks),
                 }
             )
 
@@ -293,7 +300,8 @@ def read_plan_sidecar(path: str | Path) -> dict[str, Any]:
     if fmt != PLAN_SHARDS_FORMAT:
         raise PlanFormatError(
             f"{path}: plan shards of format {fmt!r:.20}; this slimdata reads format "
-            f"{PLAN_SHARDS_FORMAT} (one rank's view per payload, per-step totals in plan.json): "
+            f"{PLAN_SHARDS_FORMAT} (one rank's view per payload with its checksum, per-step "
+            "totals in plan.json): "
             "re-run `slimdata plan` (or `slimdata build --plan`) to rewrite them"
         )
     _check_step_records(path, summary)
@@ -355,11 +363,28 @@ def read_plan_payload(
     ``dp`` the expected rank count); any defect is a :class:`PlanError`, a payload of an older
     format a :class:`PlanFormatError`.
     """
+    missing = sorted(set(PLAN_COLUMNS) - set(sample))
+    if missing or not isinstance(sample["plan"], str | bytes):
+        raise PlanError(
+            f"not a slimdata plan payload (columns {sorted(sample)[:8]}; missing {missing}, or "
+            "'plan' is not text): point the loader at `slimdata plan` output"
+        )
+    tokens = np.asarray(sample["tokens"], dtype=np.uint32)[: int(sample["ntokens"])]
+    crc = payload_crc32(sample["plan"], tokens)
+    if sample.get("crc32") != crc:
+        raise PlanError(
+            f"plan payload stamped step {sample['step']}, rank {sample['rank']} is damaged: its "
+            f"plan and tokens have CRC-32 {crc}, not the {sample.get('crc32')} written with them; "
+            "re-run `slimdata plan` (or copy the plan shards again)"
+        )
     plan = parse_rank_plan(sample["plan"], dp=dp)
-    tokens = np.asarray(sample["tokens"], dtype=np.uint32)
-    if "ntokens" in sample:
-        tokens = tokens[: int(sample["ntokens"])]
     return int(sample["step"]), int(sample["rank"]), plan, tokens
+
+
+def payload_crc32(plan_text: str | bytes, tokens: np.ndarray) -> int:
+    """CRC-32 of a payload's plan text (UTF-8) followed by its tokens (little-endian uint32)."""
+    crc = zlib.crc32(plan_text.encode() if isinstance(plan_text, str) else plan_text)
+    return zlib.crc32(np.ascontiguousarray(tokens, dtype="<u4").tobytes(), crc)
 
 
 def check_payload(

@@ -15,7 +15,7 @@ from slimdata.errors import PlanError, PlanFormatError
 from slimdata.plan import load
 from slimdata.plan.load import MAX_PLAN_BYTES, parse_plan, parse_rank_plan
 from slimdata.solver import Layout, solve
-from slimdata.solver.planshards import check_payload
+from slimdata.solver.planshards import check_payload, payload_crc32
 
 from .conftest import docs_of, unit_cost
 
@@ -33,6 +33,8 @@ def view(plan):
 
 
 def payload(data, rank=0, step=0):
+    """A payload of ``data`` (a plan's text or dict) with its checksum right: what these
+    tests damage is the plan itself, as a hostile writer who recomputes checksums would."""
     text = data if isinstance(data, str | bytes) else json.dumps(data)
     return {
         "step": step,
@@ -40,6 +42,7 @@ def payload(data, rank=0, step=0):
         "plan": text,
         "tokens": np.zeros(1, np.uint32),
         "ntokens": 0,
+        "crc32": payload_crc32(text, np.zeros(0, np.uint32)),
     }
 
 
@@ -208,3 +211,29 @@ def test_plan_shard_loader_refuses_a_damaged_shard(plan, tmp_path):
     )
     with pytest.raises(PlanError, match="is not in exactly one forward and one backward pack"):
         next(iter(loader))
+
+
+def test_a_payload_changed_after_writing_is_refused_by_its_checksum(view):
+    """A flipped token keeps every count and the plan intact; only the checksum sees it
+    (a damaged shard once handed a rank token 1,515,909,660 of a 129,280-token vocabulary)."""
+    good = payload(view.to_json())
+    tokens = np.arange(1, view.tokens + 1, dtype=np.uint32)
+    good.update(tokens=tokens, ntokens=len(tokens), crc32=payload_crc32(good["plan"], tokens))
+    assert np.array_equal(check_payload(dict(good), 0, 0, dp=2)[1], tokens)
+    flipped = dict(good, tokens=tokens.copy())
+    flipped["tokens"][3] = 1515909660
+    with pytest.raises(
+        PlanError,
+        match=r"plan payload stamped step 0, rank 0 is damaged: its plan and tokens have CRC-32 \d+, not the \d+ written with them",
+    ):
+        check_payload(flipped, 0, 0, dp=2)
+    assert '"loss_tokens":2225' in good["plan"]  # a digit of the plan text changes:
+    with pytest.raises(PlanError, match="is damaged"):
+        check_payload(
+            dict(good, plan=good["plan"].replace('"loss_tokens":2225', '"loss_tokens":2226', 1)),
+            0,
+            0,
+        )
+    renamed = {("text" if k == "plan" else k): v for k, v in good.items()}
+    with pytest.raises(PlanError, match=r"not a slimdata plan payload .*missing \['plan'\]"):
+        check_payload(renamed, 0, 0)

@@ -16,7 +16,7 @@ from streaming import LocalDataset, MDSWriter
 
 from slimdata.errors import InputError, PlanError
 from slimdata.solver import Layout, planshards, solve
-from slimdata.solver.planshards import PLAN_COLUMNS, write_plan_shards
+from slimdata.solver.planshards import PLAN_COLUMNS, payload_crc32, write_plan_shards
 
 from .conftest import docs_of, unit_cost
 
@@ -55,7 +55,8 @@ def _sidecar(directory):
 
 
 def _rewrite_payload(src, dst, step, rank, change):
-    """Copy plan shards ``src`` to ``dst`` with ``change(payload dict)`` applied to one payload."""
+    """Copy plan shards ``src`` to ``dst`` with ``change(payload dict)`` applied to one payload,
+    its checksum recomputed (a writer that means it: what the step records must catch)."""
     ds = LocalDataset(local=str(src))
     with MDSWriter(out=str(dst), columns=PLAN_COLUMNS) as w:
         for i in range(ds.num_samples):
@@ -64,6 +65,8 @@ def _rewrite_payload(src, dst, step, rank, change):
                 data = json.loads(sample["plan"])
                 change(data)
                 sample["plan"] = json.dumps(data)
+                tokens = sample["tokens"][: sample["ntokens"]]
+                sample["crc32"] = payload_crc32(sample["plan"], tokens)
             w.write(sample)
     shutil.copy(src / "plan.json", dst / "plan.json")
 

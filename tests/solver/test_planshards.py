@@ -152,7 +152,7 @@ def test_payloads_hold_one_rank_view_and_old_shards_are_refused(tmp_path):
     out = tmp_path / "p"
     write_plan_shards(plans, out, nodes=1, ranks_per_node=4, tokens_of=tokens.__getitem__)
     sidecar = json.loads((out / "plan.json").read_text())
-    assert sidecar["slimdata_plan_shards"] == 3
+    assert sidecar["slimdata_plan_shards"] == 4
     ds = LocalDataset(local=str(out))
     views = [read_plan_payload(ds[i])[2] for i in range(ds.num_samples)]
     # every payload is one rank's view: its own slices, the documents of its slices and of
@@ -167,10 +167,37 @@ def test_payloads_hold_one_rank_view_and_old_shards_are_refused(tmp_path):
     loader = PlanShardLoader(ds, rank=2, nodes=1, ranks_per_node=4)
     assert [p.plan for p in loader] == [p.rank_view(2) for p in plans]
     # shards of format 1 (a whole StepPlan per payload) are refused before any payload is read
-    # and so are shards of format 2 (no per-step records in plan.json)
-    for old in (1, 2):
+    # and so are shards of format 2 (no per-step records in plan.json) and 3 (no checksums)
+    for old in (1, 2, 3):
         (out / "plan.json").write_text(json.dumps({**sidecar, "slimdata_plan_shards": old}))
         with pytest.raises(
-            PlanFormatError, match=f"plan shards of format {old}; this slimdata reads format 3"
+            PlanFormatError, match=f"plan shards of format {old}; this slimdata reads format 4"
         ):
             PlanShardLoader(LocalDataset(local=str(out)), rank=0, nodes=1, ranks_per_node=4)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_a_damaged_plan_shard_is_an_error_never_a_batch(tmp_path, damage):
+    """Bytes flipped in the middle of a shard (the payloads still decode: only the checksums
+    see it) or a shard cut short (streaming cannot decode it): iterating the loader raises a
+    PlanError before any payload of the damaged part reaches training."""
+    from slimdata.hooks.loader import PlanShardLoader
+    from streaming import LocalDataset
+
+    plans, tokens = _plans()
+    out = tmp_path / "p"
+    write_plan_shards(plans, out, nodes=1, ranks_per_node=4, tokens_of=tokens.__getitem__)
+    (shard,) = out.glob("shard.*.mds")
+    data = bytearray(shard.read_bytes())
+    if damage == "flipped":
+        mid = len(data) // 2
+        data[mid : mid + 64] = bytes(b ^ 0x5A for b in data[mid : mid + 64])
+    else:
+        data = data[: len(data) // 2]
+    shard.write_bytes(bytes(data))
+    with pytest.raises(PlanError, match="is damaged"):
+        for rank in range(4):
+            loader = PlanShardLoader(
+                LocalDataset(local=str(out)), rank=rank, nodes=1, ranks_per_node=4
+            )
+            list(loader)
