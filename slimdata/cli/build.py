@@ -39,6 +39,7 @@ _PLAN_OPTIONS = (
     "mode",
     "oversize",
     "workers_per_rank",
+    "cp",
 )
 
 _FIELDS = {
@@ -297,6 +298,7 @@ def _write_plan(
     plan_dir: str, output: str, config: BuildConfig, layout: dict[str, Any], *, echo: bool
 ) -> None:
     """Solve the epoch's plan over the new shards for ``layout`` and write its plan shards."""
+    from slimdata.cli.plan import echo_cp_choice
     from slimdata.planning import build_cost_model, plan_to_shards
 
     budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
@@ -317,3 +319,4 @@ def _write_plan(
             f"wrote plan shards for {plan['steps']} steps to {plan_dir} "
             f"(strategy {layout['strategy']}, mean imbalance {plan['mean_imbalance']:.4f})"
         )
+        echo_cp_choice(plan)

@@ -241,8 +241,8 @@ def _layout_options(required: bool) -> list[Callable[..., Any]]:
 
 
 def _planning_options() -> list[Callable[..., Any]]:
-    """``--strategy``, ``--context``, ``--seed``, ``--mode``, ``--oversize`` and
-    ``--workers-per-rank``: how the plan is solved and read."""
+    """``--strategy``, ``--context``, ``--seed``, ``--mode``, ``--oversize``,
+    ``--workers-per-rank`` and ``--cp``: how the plan is solved and read."""
     from slimdata.solver.batches import OVERSIZE_POLICIES
     from slimdata.solver.registry import STRATEGIES
 
@@ -289,7 +289,32 @@ def _planning_options() -> list[Callable[..., Any]]:
             show_default=True,
             help="DataLoader workers per rank that will read the plan shards.",
         ),
+        click.option(
+            "--cp",
+            default="auto",
+            metavar="auto|N",
+            show_default=True,
+            callback=lambda _ctx, _param, value: cp_size(value),
+            help="Static context parallelism: ranks per DP rank (Megatron's "
+            "--context-parallel-size), dividing --nodes x --ranks-per-node; 'auto': 1 unless a "
+            "document outweighs a device, else the size the simulator finds fastest that plans "
+            "every step.",
+        ),
     ]
+
+
+def cp_size(value: str | int) -> str | int:
+    """``--cp``: ``auto`` or a positive integer."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise click.BadParameter(f"{value!r}: use 'auto' or an integer >= 1", param_hint="'--cp'")
+    return k
 
 
 def json_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

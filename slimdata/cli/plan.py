@@ -22,7 +22,7 @@ from slimdata.cli.options import (
 if TYPE_CHECKING:
     from slimdata.cost import CostModel
 
-__all__ = ["command"]
+__all__ = ["command", "echo_cp_choice"]
 
 
 @click.command("plan")
@@ -40,16 +40,6 @@ __all__ = ["command"]
     default=None,
     help="Slice length when planning from --lengths [default: 2048]; SHARDS keep the slices "
     "they were built with.",
-)
-@click.option(
-    "--cp",
-    default="auto",
-    metavar="auto|N",
-    show_default=True,
-    callback=lambda _ctx, _param, value: _cp_size(value),
-    help="Static context parallelism: ranks per DP rank (Megatron's --context-parallel-size), "
-    "dividing --nodes x --ranks-per-node; 'auto': 1 unless a document outweighs a device, "
-    "else the size the simulator finds fastest that plans every step.",
 )
 @click.option(
     "-o",
@@ -108,20 +98,6 @@ def command(
         write_json(result, json_path)
 
 
-def _cp_size(value: str | int) -> str | int:
-    """``--cp``: ``auto`` or a positive integer."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return "auto"
-    try:
-        k = int(text)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise click.BadParameter(f"{value!r}: use 'auto' or an integer >= 1", param_hint="'--cp'")
-    return k
-
-
 def _memory_budget(
     budget: dict[str, Any],
     device: str,
@@ -154,6 +130,11 @@ def _echo_summary(summary: dict[str, Any], layout: dict[str, Any], out: str, how
         f"(strategy {layout['strategy']}, mean imbalance {summary['mean_imbalance']:.4f}, "
         f"solve {summary['solve_ms_total']:.0f} ms total)"
     )
+    echo_cp_choice(summary)
+
+
+def echo_cp_choice(summary: dict[str, Any]) -> None:
+    """How ``--cp auto`` chose (the summary's ``cp_choice``), when it did."""
     choice = summary.get("cp_choice")
     if choice is not None:
         click.echo(f"static CP {choice['cp']} (--cp auto): {choice['reason']}")

@@ -241,3 +241,28 @@ def test_simulate_on_shards_uses_the_cost_model_the_build_recorded(tmp_path):
     assert res.exit_code == 0, res.output
     given = json.loads((tmp_path / "b.json").read_text())["config"]["cost_model"]
     assert given != built and "a100" in given
+
+
+def test_build_plan_takes_cp_as_plan_does(tmp_path):
+    """`build --plan` has `plan`'s layout options, `--cp` included, with the same default
+    (auto): the plan shards it writes equal those `slimdata plan` writes from the same shards
+    with the same options, and `--cp 2` plans DP rank groups of two devices."""
+    out = tmp_path / "shards"
+    layout = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "1024"]
+    layout += ["--memory-gib", "8", "--context", "1024"]
+    build = ["build", str(_corpus(tmp_path)), "-o", str(out), "--tokenizer", TOKENIZER]
+    build += ["--slice-tokens", "128", "--quiet", "--model", "llama-1b", *layout]
+    res = CliRunner().invoke(cli, [*build, "--plan", str(tmp_path / "auto")])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["plan", str(out), *layout, "-o", str(tmp_path / "planned")])
+    assert res.exit_code == 0, res.output
+    sidecar = json.loads((tmp_path / "auto" / "plan.json").read_text())
+    assert sidecar == json.loads((tmp_path / "planned" / "plan.json").read_text())
+    assert [p["plan"] for p in _read(tmp_path / "auto")] == [
+        p["plan"] for p in _read(tmp_path / "planned")
+    ]
+    again = [*build, "--resume", "--plan", str(tmp_path / "cp2"), "--cp", "2"]
+    res = CliRunner().invoke(cli, again)
+    assert res.exit_code == 0, res.output
+    sidecar = json.loads((tmp_path / "cp2" / "plan.json").read_text())
+    assert sidecar["cp"] == 2 and len(_read(tmp_path / "cp2")) == 2 * sidecar["steps"]
