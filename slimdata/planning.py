@@ -40,6 +40,8 @@ def build_cost_model(shards: str | Path) -> CostModel:
         ) from None
     except (KeyError, json.JSONDecodeError, TypeError) as exc:
         raise InputError(f"{sidecar}: no readable cost model ({exc})") from exc
+    except ConfigError as exc:  # a field out of range (CostModel's checks)
+        raise InputError(f"{sidecar}: {exc}") from None
 
 
 @cyclic_gc_paused()

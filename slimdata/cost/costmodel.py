@@ -173,10 +173,29 @@ class CostModel:
             "bwd_att",
             "act_bytes_per_token",
             "kv_bytes_per_token",
+            "fwd_const",
+            "bwd_const",
+            "fwd_pack_const",
+            "bwd_pack_const",
         ):
             v = getattr(self, f)
-            if not np.isfinite(v) or v < 0:
-                raise ConfigError(f"cost model: {f}={v} must be finite and >= 0")
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float | np.number)
+                or not np.isfinite(v)
+                or v < 0
+            ):
+                raise ConfigError(f"cost model: {f}={v!r} must be finite and >= 0")
+        for f, least in (
+            ("layers", 1),
+            ("dtype_bytes", 1),
+            ("hidden", 0),
+            ("kv_dim", 0),
+            ("param_count", 0),
+        ):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < least:
+                raise ConfigError(f"cost model: {f}={v!r} must be an integer >= {least}")
         if self.recompute not in RECOMPUTE_POLICIES:
             raise ConfigError(
                 f"cost model: recompute={self.recompute!r}: use one of {RECOMPUTE_POLICIES}"

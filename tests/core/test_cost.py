@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -178,3 +179,38 @@ def test_profile_without_recompute_field_gets_it_from_label_or_source(tmp_path):
     assert load(source="profile:cpu", label="tiny@cpu/float32").recompute == "none"
     with pytest.raises(ConfigError, match=r"does not say its recompute policy.*\"recompute\""):
         load(source="analytic", label="my model")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("layers", -3, "layers=-3 must be an integer >= 1"),
+        ("layers", 0, "layers=0 must be an integer >= 1"),
+        ("layers", 2.5, "layers=2.5 must be an integer >= 1"),
+        ("dtype_bytes", 0, "dtype_bytes=0 must be an integer >= 1"),
+        ("param_count", -1, "param_count=-1 must be an integer >= 0"),
+        ("hidden", True, "hidden=True must be an integer >= 0"),
+        ("fwd_const", float("nan"), "fwd_const=nan must be finite and >= 0"),
+        ("bwd_pack_const", -0.5, "bwd_pack_const=-0.5 must be finite and >= 0"),
+        ("bwd_lin", "1e-5", "bwd_lin='1e-5' must be finite and >= 0"),
+    ],
+)
+def test_a_cost_model_from_a_file_is_checked_field_by_field(field, value, message):
+    """A build's slimdata.json or a profile is untrusted: `layers: -3` was accepted and the
+    simulator split the model over a negative layer count."""
+    data = CostModel.analytic("llama-8b", "h100", "full").to_dict()
+    with pytest.raises(ConfigError, match=re.escape(f"cost model: {message}")):
+        CostModel.from_dict({**data, field: value})
+    assert CostModel.from_dict({**data, "layers": np.int64(32)}).layers == 32  # numpy ints pass
+
+
+def test_a_build_whose_cost_model_is_out_of_range_names_its_sidecar(tmp_path):
+    from slimdata.errors import InputError
+    from slimdata.planning import build_cost_model
+
+    data = CostModel.analytic("llama-8b", "h100", "full").to_dict()
+    (tmp_path / "slimdata.json").write_text(json.dumps({"cost_model": {**data, "layers": -3}}))
+    with pytest.raises(
+        InputError, match=re.escape(f"{tmp_path / 'slimdata.json'}: cost model: layers=-3")
+    ):
+        build_cost_model(tmp_path)
