@@ -285,7 +285,7 @@ def compare_strategies(
         steps=[[d.length for d in b] for b in batches],
         megatron_default=_megatron_default(ev, layout, cost, bounds, ref_work),
         search=_search_dict(ev),
-        warnings=_warnings(results, layout),
+        warnings=_batch_warnings(batches, gbt, docs) + _warnings(results, layout),
     )
 
 
@@ -483,6 +483,25 @@ def _search_dict(ev: Evaluator) -> dict[str, Any]:
             for t in log.tried
         ],
     }
+
+
+def _batch_warnings(
+    batches: Sequence[Sequence[Document]], gbt: int, docs: Sequence[Document]
+) -> list[str]:
+    """Steps far from the ``--global-batch-tokens`` asked: the documents hold less than 90%
+    of it, or whole documents overshoot it by more than half."""
+    held = float(np.mean([sum(d.length for d in b) for b in batches]))
+    corpus = sum(d.length for d in docs)
+    if corpus < 0.9 * gbt:
+        why = f"the documents hold {corpus:,} tokens in all"
+    elif held > 1.5 * gbt:
+        why = "a step takes whole documents, at least one"
+    else:
+        return []
+    return [
+        f"steps hold {held:,.0f} tokens on average, not the {gbt:,} of --global-batch-tokens "
+        f"({why})"
+    ]
 
 
 def _warnings(results: dict[str, StrategyStats], layout: Layout) -> list[str]:

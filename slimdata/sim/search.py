@@ -545,7 +545,8 @@ def _first_that_fits(
 def _no_fit(ev: Evaluator, largest: int, why: str) -> str:
     """One line: what did not fit, and what to change."""
     gib = ev.layout.memory_gib
+    recompute = "" if ev.cost.recompute == "full" else "use --recompute full, "
     return (
         f"does not fit --memory-gib {gib:g} even with static CP {largest} ({why}); "
-        "raise --memory-gib, use --recompute full, a larger --pp or a smaller --context"
+        f"raise --memory-gib, {recompute}a larger --pp or a smaller --context"
     )

@@ -147,3 +147,36 @@ def test_more_pipeline_stages_than_layers_is_refused(tmp_path):
         "least one)\n"
     )
     assert CliRunner().invoke(cli, [*args, "--pp", "32"]).exit_code == 0
+
+
+@pytest.mark.parametrize("recompute", ["full", "none"])
+def test_a_strategy_that_fits_nowhere_is_told_only_what_would_help(tmp_path, recompute):
+    """The advice names --recompute full only when the cost model does not assume it."""
+    (tmp_path / "l.txt").write_text("4000\n3000\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", "--strategies"]
+    args += ["bfd", "--memory-gib", "0.01", "--recompute", recompute]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("bfd")]
+    advice = "raise --memory-gib, use --recompute full, a larger --pp or a smaller --context"
+    if recompute == "full":
+        advice = advice.replace("use --recompute full, ", "")
+    assert "failed: does not fit --memory-gib 0.01 even with static CP 2 (" in line
+    assert line.endswith(f"); {advice}")
+
+
+@pytest.mark.parametrize(
+    ("gbt", "warning"),
+    [
+        ("1", "steps hold 4,000 tokens on average, not the 1 of --global-batch-tokens (a step takes whole documents, at least one)"),
+        ("100000", "steps hold 7,000 tokens on average, not the 100,000 of --global-batch-tokens (the documents hold 7,000 tokens in all)"),
+        ("7000", None),
+    ],
+)  # fmt: skip
+def test_simulate_says_when_steps_do_not_hold_the_batch_asked_for(tmp_path, gbt, warning):
+    (tmp_path / "l.txt").write_text("4000\n3000\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", "--strategies", "bfd"]
+    result = CliRunner().invoke(cli, [*args, "--global-batch-tokens", gbt, "--memory-gib", "40"])
+    assert result.exit_code == 0, result.output
+    found = [x for x in result.output.splitlines() if x.startswith("warning: steps hold")]
+    assert found == ([f"warning: {warning}"] if warning else [])
