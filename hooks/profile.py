@@ -179,16 +179,22 @@ def _time_variants(model, variants, backend: str) -> tuple[float, ...]:
     return (f, b, *(time_point(model, p, pick, backend)[0] for p, pick in variants[1:]))
 
 
-def round_robin(jobs: Sequence[Callable[[], T]], repeats: int) -> list[list[T]]:
+def round_robin(
+    jobs: Sequence[Callable[[], T]], repeats: int, progress: bool = False
+) -> list[list[T]]:
     """``repeats`` results of every job, run in rounds (job 1, 2, ..., then again) after one
     discarded warm-up round, so a slow spell of a shared machine lands on every job alike
-    instead of skewing a few."""
+    instead of skewing a few; ``progress``: a bar of the runs done (standard error)."""
+    from tqdm.auto import tqdm
+
     out: list[list[T]] = [[] for _ in jobs]
-    for rep in range(repeats + 1):
-        for acc, job in zip(out, jobs, strict=True):
-            r = job()
-            if rep:
-                acc.append(r)
+    with tqdm(total=len(jobs) * (repeats + 1), desc="profile", disable=not progress) as bar:
+        for rep in range(repeats + 1):
+            for acc, job in zip(out, jobs, strict=True):
+                r = job()
+                bar.update()
+                if rep:
+                    acc.append(r)
     return out
 
 
@@ -418,10 +424,11 @@ def measure_activation_bytes(
 
 
 def profile_cost_model(
-    model_cfg: ModelConfig, config: ProfileConfig = ProfileConfig()
+    model_cfg: ModelConfig, config: ProfileConfig = ProfileConfig(), progress: bool = False
 ) -> tuple[CostModel, list[dict], dict]:
     """Measure and fit; returns the fitted (and calibrated) :class:`CostModel`, the raw grid
-    measurements and the calibration ``{"plans", "forward_scale", "backward_scale"}``."""
+    measurements and the calibration ``{"plans", "forward_scale", "backward_scale"}``;
+    ``progress``: a bar of the timed runs."""
     model = tiny_llama(model_cfg, config.device, config.dtype)
     points = profile_points(config)
     plans = calibration_payloads(model_cfg, config)
@@ -430,7 +437,7 @@ def profile_cost_model(
     largest = max(range(len(points)), key=lambda i: (points[i][0] + points[i][1]) * points[i][2])
     for _ in range(2):  # first calls pay lazy initialisation
         jobs[largest]()
-    results = round_robin(jobs, config.repeats)
+    results = round_robin(jobs, config.repeats, progress)
     meas = aggregate_points(points, results[: len(points)], config.stat)
     cm = fit_cost_model(model_cfg, meas, config)
     cm, f, b = calibrate(cm, [p for p, _ in plans], results[len(points) :], config.stat)
@@ -442,12 +449,16 @@ def profile_cost_model(
 
 
 def write_profile(
-    model_spec: str, output: str, config: ProfileConfig, measurements: str | None = None
+    model_spec: str,
+    output: str,
+    config: ProfileConfig,
+    measurements: str | None = None,
+    progress: bool = False,
 ) -> str:
     """Profile ``model_spec`` (a preset or a JSON config) under ``config``, write the cost
     profile to ``output`` (and the raw timings to ``measurements``); return a one-line summary
-    (what ``slimdata profile`` prints)."""
-    cm, meas, cal = profile_cost_model(load_model_config(model_spec), config)
+    (what ``slimdata profile`` prints). ``progress``: a bar of the timed runs."""
+    cm, meas, cal = profile_cost_model(load_model_config(model_spec), config, progress)
     cm.save(output)
     if measurements:
         Path(measurements).write_text(json.dumps({"points": meas, "calibration": cal}, indent=1))

@@ -94,9 +94,11 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option(
     "--measurements",
     type=click.Path(dir_okay=False),
+    callback=writable_file,
     default=None,
     help="Also write the raw timings (JSON).",
 )
+@click.option("--quiet", is_flag=True, help="No progress bar.")
 def command(
     model_spec,
     output,
@@ -113,6 +115,7 @@ def command(
     max_point_tokens,
     stat,
     measurements,
+    quiet,
 ) -> None:
     """Measure forward/backward time of slices on this device and fit cost-model coefficients.
 
@@ -135,4 +138,4 @@ def command(
         stat=stat,
     )
     runtime = import_module("slimdata.hooks.profile")  # torch: only when a profile runs
-    click.echo(runtime.write_profile(model_spec, output, config, measurements))
+    click.echo(runtime.write_profile(model_spec, output, config, measurements, not quiet))

@@ -100,6 +100,7 @@ def test_round_robin_goes_round_all_jobs_and_drops_the_warm_up_round():
     assert calls == ["a", "b", "c"] * 3  # warm-up round, then two timed rounds
     assert out == [["a2", "a3"], ["b2", "b3"], ["c2", "c3"]]
     assert round_robin([], repeats=3) == []
+    assert round_robin([job("d")], repeats=1, progress=True) == [["d2"]]
 
 
 def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
@@ -142,6 +143,7 @@ def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
+    assert "profile: 100%" in res.output  # the progress bar of the timed runs (--quiet: none)
     cm = CostModel.load(out)
     assert cm.source == "profile:cpu" and cm.layers == 1
     # a non-degenerate fit; which coefficients stay positive depends on timing noise (one
