@@ -139,7 +139,7 @@ def echo_cp_choice(summary: dict[str, Any]) -> None:
     if choice is not None:
         click.echo(f"static CP {choice['cp']} (--cp auto): {choice['reason']}")
         for t in choice["screened"]:
-            got = f"{t['step_time']:.3f} s" if "step_time" in t else t["error"]
+            got = f"{t['step_time']:.3f} s" if "step_time" in t else f"fails: {t['error']}"
             click.echo(f"  cp={t['cp']}: first step {got}")
         for line in choice["failed"]:
             click.echo(f"  {line}")

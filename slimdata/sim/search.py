@@ -364,7 +364,8 @@ def _screen(ev: Evaluator, name: str, at: Setup, schedule: str) -> float | str:
     except PlanError as exc:  # e.g. a schedule that cannot run these micro-batches
         return str(exc)
     if r.over_memory:
-        return f"{OVER_MEMORY}{r.peak_memory_gib:.1f} GiB per device"
+        cap = ev.layout.memory_gib
+        return f"{OVER_MEMORY}{r.peak_memory_gib:.2f} GiB per device, over the {cap:.2f} GiB cap"
     return r.step_time
 
 

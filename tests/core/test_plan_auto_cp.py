@@ -199,3 +199,19 @@ def test_auto_falls_back_to_the_next_size_when_an_epoch_does_not_plan(tmp_path, 
     assert choice["cp"] == 2 and choice["reason"] == "forced order"
     assert len(choice["failed"]) == 1 and choice["failed"][0].startswith("cp=1: ")
     assert json.loads((out / "plan.json").read_text())["cp"] == 2
+
+
+def test_cp_auto_says_why_each_rejected_size_fails(tmp_path):
+    """A size that cannot plan says what refused it; one over memory says by how much
+    (4.12 GiB against the 4.00 GiB cap, not "4.0 GiB per device" beside a 4.0 GiB budget)."""
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("32768\n23414\n19991\n12000\n9000\n5000\n3000\n1000\n")
+    args = ["plan", "--lengths", str(lengths), "--nodes", "1", "--ranks-per-node", "8"]
+    args += ["--global-batch-tokens", "131072", "--context", "32768", "--memory-gib", "4"]
+    result = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "static CP 4 (--cp auto): a 32,768-token document needs 13.0 GiB" in lines[-5]
+    assert lines[-4].startswith("  cp=1: first step fails: document doc_id 2 (19991 tokens) ")
+    assert lines[-3] == "  cp=2: first step fails: needs 4.12 GiB per device, over the 4.00 GiB cap"
+    assert lines[-2].startswith("  cp=4: first step ") and lines[-2].endswith(" s")
