@@ -43,6 +43,9 @@ __all__ = [
     "plan_layout_options",
     "renamed_option",
     "resolve_memory",
+    "writable_file",
+    "writable_folder",
+    "writable_image",
     "write_json",
 ]
 
@@ -294,7 +297,7 @@ def _planning_options() -> list[Callable[..., Any]]:
             default="auto",
             metavar="auto|N",
             show_default=True,
-            callback=lambda _ctx, _param, value: cp_size(value),
+            callback=lambda _ctx, _param, value: _cp_size(value),
             help="Static context parallelism: ranks per DP rank (Megatron's "
             "--context-parallel-size), dividing --nodes x --ranks-per-node; 'auto': 1 unless a "
             "document outweighs a device, else the size the simulator finds fastest that plans "
@@ -303,7 +306,7 @@ def _planning_options() -> list[Callable[..., Any]]:
     ]
 
 
-def cp_size(value: str | int) -> str | int:
+def _cp_size(value: str | int) -> str | int:
     """``--cp``: ``auto`` or a positive integer."""
     text = str(value).strip().lower()
     if text == "auto":
