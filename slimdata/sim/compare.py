@@ -267,6 +267,10 @@ def compare_strategies(
         else baseline_config
     )
     config = config or SimConfig()
+    notes = []
+    if layout.pp == 1 and config.schedule != "1f1b":  # one stage: nothing to interleave
+        notes.append(f"--schedule {config.schedule} needs --pp > 1; simulated 1f1b")
+        config = dataclasses.replace(config, schedule="1f1b")
     gbt = layout.dp * layout.context if global_batch_tokens is None else global_batch_tokens
     if gbt < 1:
         raise ConfigError(f"global_batch_tokens={gbt!r} must be >= 1")
@@ -285,7 +289,7 @@ def compare_strategies(
         steps=[[d.length for d in b] for b in batches],
         megatron_default=_megatron_default(ev, layout, cost, bounds, ref_work),
         search=_search_dict(ev),
-        warnings=_batch_warnings(batches, gbt, docs) + _warnings(results, layout),
+        warnings=notes + _batch_warnings(batches, gbt, docs) + _warnings(results, layout),
     )
 
 

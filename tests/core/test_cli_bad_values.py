@@ -180,3 +180,14 @@ def test_simulate_says_when_steps_do_not_hold_the_batch_asked_for(tmp_path, gbt,
     assert result.exit_code == 0, result.output
     found = [x for x in result.output.splitlines() if x.startswith("warning: steps hold")]
     assert found == ([f"warning: {warning}"] if warning else [])
+
+
+def test_interleaving_one_stage_is_simulated_as_1f1b_and_said(tmp_path):
+    (tmp_path / "l.txt").write_text("4000\n3000\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", "--strategies", "bfd"]
+    args += ["--global-batch-tokens", "7000", "--memory-gib", "40", "--schedule", "interleaved"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    (row,) = [x for x in result.output.splitlines() if x.startswith("bfd")]
+    assert row.split()[2] == "1f1b"
+    assert "warning: --schedule interleaved needs --pp > 1; simulated 1f1b" in result.output
