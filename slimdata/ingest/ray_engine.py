@@ -72,8 +72,10 @@ class TaskSink(Datasink[list[dict[str, int]]]):
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None) -> Iterator[None]:
-    """Ray for one build (see the module docstring for how ``address`` resolves)."""
+def ray_session(address: str | None, quiet: bool = False) -> Iterator[None]:
+    """Ray for one build (see the module docstring for how ``address`` resolves);
+    ``quiet``: Ray's own lines below errors (starting, connecting, notices) off."""
+    level = logging.ERROR if quiet else logging.INFO
     if ray.is_initialized():
         yield
         return
@@ -86,9 +88,10 @@ def ray_session(address: str | None) -> Iterator[None]:
             object_store_memory=LOCAL_OBJECT_STORE_BYTES,
             _node_ip_address="127.0.0.1",
             log_to_driver=False,
+            logging_level=level,
         )
     else:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, logging_level=level)
     try:
         yield
     finally:
@@ -111,7 +114,7 @@ def run_tasks(jobs: list[TaskJob], *, address: str | None, progress: bool) -> li
     """
     order = sorted(jobs, key=lambda j: (-j.task.size, j.index))
     sink = TaskSink()
-    with ray_session(address), _progress(progress):
+    with ray_session(address, quiet=not progress), _progress(progress):
         items = [{"index": j.index, "job": pickle.dumps(j)} for j in order]
         dataset = ray.data.from_items(items, override_num_blocks=len(items))
         dataset.write_datasink(sink, ray_remote_args=_remote_args())
@@ -126,7 +129,7 @@ def _progress(show: bool) -> Iterator[None]:
     saved = context.enable_progress_bars, logger.level
     context.enable_progress_bars = show
     if not show:
-        logger.setLevel(logging.WARNING)
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:

@@ -194,3 +194,21 @@ def test_engine_does_not_enter_the_plan():
     plain = tiny_config("corpus").output_dict()
     assert plain == tiny_config("corpus", engine="ray", ray_address="auto").output_dict()
     assert "engine" not in plain and "workers" not in plain
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_quiet_ray_build_prints_nothing(tmp_path, corpus):
+    """`--engine ray --quiet` on a cluster the build starts itself: no line from Ray either
+    (it printed its start-up INFO and WARNING notices); the output is the local engine's."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    run = subprocess.run(
+        cli_build_cmd(corpus, tmp_path / "ray", "--engine", "ray"),
+        env=env, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "" and run.stderr == ""
+    local = subprocess.run(cli_build_cmd(corpus, tmp_path / "local"), capture_output=True)
+    assert local.returncode == 0
+    assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
