@@ -25,7 +25,7 @@ model lists the collectives (:mod:`slimdata.execution.program`), the runtime exe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -219,11 +219,14 @@ def _rank_calls(
     return fwd, bwd, rec
 
 
-def cp_pass_gathers(plan: StepPlan, cp: int, lockstep: bool, split: bool) -> PassGathers:
+def cp_pass_gathers(
+    plan: StepPlan, cp: int, lockstep: bool, split: bool, ranks: Collection[int] | None = None
+) -> PassGathers:
     """The gathers of every pack pass of ``plan`` under static CP ``cp``, as the executor
     runs them (:func:`slimdata.plan.execution`'s rules: ``lockstep`` FSDP's plan-global
     ones, else per rank, with ``split`` calls; a lockstep plan the FSDP executor refuses
-    runs by the per-rank rules, as :func:`~slimdata.execution.pricing.pack_times` prices)."""
+    runs by the per-rank rules, as :func:`~slimdata.execution.pricing.pack_times` prices).
+    ``ranks``: only theirs (the other ranks' passes have none)."""
     sched = None
     if lockstep:
         try:
@@ -234,7 +237,12 @@ def cp_pass_gathers(plan: StepPlan, cp: int, lockstep: bool, split: bool) -> Pas
     fwd: list[tuple[int, ...]] = []
     bwd: list[tuple[int, ...]] = []
     rec: list[bool] = []
-    for rs in plan.ranks:
+    for k, rs in enumerate(plan.ranks):
+        if ranks is not None and k not in ranks:
+            fwd.extend(() for _ in rs.forward)
+            bwd.extend(() for _ in rs.backward)
+            rec.extend(False for _ in rs.backward)
+            continue
         docs = doc_slices(rs)
         f, b, r = _rank_calls(rs, sched, split)
         fwd.extend(tuple(cp_gather(c, docs, cp).tokens for c in calls) for calls in f)

@@ -29,7 +29,7 @@ and a CP group's K/V collectives name the one device of that group.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,24 +117,28 @@ def build_programs(
     *,
     compute_only: bool = False,
     memory_only: bool = False,
+    ranks: Collection[int] | None = None,
 ) -> Programs:
     """The program of every (rank, stage) of ``plan`` (module docstring). ``compute_only``:
     list the computes alone (their order and prices, e.g. for a time estimate; much faster).
     ``memory_only``: the computes and their allocations and frees, no collectives (what
     :mod:`slimdata.execution.memory` reads: the same levels and peak, e.g. for a planner's
-    memory check; per-layer K/V collectives make the full programs long)."""
+    memory check; per-layer K/V collectives make the full programs long). ``ranks``: the
+    programs of those ranks only (per-rank rules: each rank's programs read its own packs;
+    under FSDP's plan-global rules every rank's are built)."""
     config = config or ExecutionConfig()
     fsdp = config.parallelism == "fsdp"
     pt = pack_times(plan, cost, lockstep=fsdp, split=config.split)
+    ranks = None if fsdp or ranks is None else frozenset(ranks)
     gathers = (
-        cp_pass_gathers(plan, config.cp, lockstep=fsdp, split=config.split)
+        cp_pass_gathers(plan, config.cp, lockstep=fsdp, split=config.split, ranks=ranks)
         if config.cp > 1 and not compute_only
         else None
     )
     b = _Builder(plan, cost, config, pt, gathers, memory_only=memory_only)
     order_all = common_order(plan) if fsdp else None
     programs = {}
-    for r in range(plan.dp):
+    for r in range(plan.dp) if ranks is None else sorted(ranks):
         order = order_all or plan.ranks[r].order
         for s in range(config.pp):
             ops: list[Operation] = []

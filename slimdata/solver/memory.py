@@ -41,6 +41,29 @@ def plan_peak_memory(
     return np.array([peak(programs[(r, 0)]) for r in range(plan.dp)])
 
 
-def device_peak_memory(plan: StepPlan, cost: CostModel, config: ExecutionConfig) -> float:
-    """The largest peak of any device of ``plan`` (every rank and pipeline stage), bytes."""
+def device_peak_memory(
+    plan: StepPlan, cost: CostModel, config: ExecutionConfig, over: float | None = None
+) -> float:
+    """The largest peak of any device of ``plan`` (every rank and pipeline stage), bytes.
+
+    ``over``: a cap the caller only needs to know is exceeded. The ranks holding the most
+    tokens in a pack (:data:`FIRST_RANKS` of them) are checked first; when one of their
+    devices peaks above ``over`` that peak is returned (at most the largest), and the other
+    ranks' programs are never built."""
+    if over is not None and plan.dp > FIRST_RANKS:
+        first = sorted(range(plan.dp), key=lambda r: -_largest_pack_tokens(plan, r))
+        first = first[:FIRST_RANKS]
+        found = max(
+            peak(p) for p in build_programs(plan, cost, config, memory_only=True, ranks=first)
+        )
+        if found > over:
+            return found
     return max(peak(p) for p in build_programs(plan, cost, config, memory_only=True))
+
+
+FIRST_RANKS = 2
+"""Ranks :func:`device_peak_memory` checks first against a cap."""
+
+
+def _largest_pack_tokens(plan: StepPlan, rank: int) -> int:
+    return max((p.tokens for p in plan.ranks[rank].forward), default=0)

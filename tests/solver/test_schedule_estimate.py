@@ -124,7 +124,7 @@ def test_interleaved_plans_fit_the_budget_on_every_device(seed, monkeypatch):
     config = SimConfig(schedule="interleaved", virtual_stages=2)
     sim = simulate_step(solve(docs, layout, "slimpack", 0, cost), cost, layout, config)
     assert not sim.over_memory and sim.peak_memory_gib <= 16
-    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout: 0.0)
+    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout, over=None: 0.0)
     unchecked = simulate_step(solve(docs, layout, "slimpack", 0, cost), cost, layout, config)
     assert unchecked.over_memory and unchecked.peak_memory_gib > 16
 
@@ -141,7 +141,7 @@ def test_no_interleaved_plan_that_fits_is_a_clear_error(monkeypatch):
         dp=2, pp=4, mode="lockstep", context=65536, memory_gib=16, schedule="interleaved",
         virtual_stages=2,
     )  # fmt: skip
-    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout: 17 * 2**30)
+    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout, over=None: 17 * 2**30)
     with pytest.raises(
         PlanError,
         match=r"no plan fits 16.0 GiB per device under the interleaved schedule \(the execution model.s peak of every candidate is above it, at best 17.0 GiB\)",
@@ -164,7 +164,7 @@ def test_static_cp_pipeline_plans_fit_the_budget_on_every_device(seed, monkeypat
     devices = Layout(dp=4, pp=2, mode="lockstep", context=131072, memory_gib=16)
     sim = simulate_step(solve(docs, layout, "slimpack", 0, cost), cost, devices, SimConfig(cp=2))
     assert not sim.over_memory and sim.peak_memory_gib <= 16
-    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout: 0.0)
+    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout, over=None: 0.0)
     unchecked = solve(docs, layout, "slimpack", 0, cost)
     over = simulate_step(unchecked, cost, devices, SimConfig(cp=2))
     assert over.over_memory and over.peak_memory_gib > 16
@@ -210,7 +210,7 @@ def test_a_winner_over_memory_competes_with_twice_and_four_times_its_packs(monke
     m = solve(docs, layout, "slimpack", 0, cost).meta["microbatches"]
     assembled: list[tuple[int, float, bool]] = []
 
-    def peak(self, plan, cost, layout):
+    def peak(self, plan, cost, layout, over=None):
         fits = plan.meta["microbatches"] != m
         assembled.append((plan.meta["microbatches"], plan.meta["pipeline_estimate"], fits))
         return 0.0 if fits else math.inf
@@ -222,3 +222,44 @@ def test_a_winner_over_memory_competes_with_twice_and_four_times_its_packs(monke
     assert assembled[0][0] == m and not assembled[0][2]  # the winner was tried first
     best = min(pool, key=lambda p: p[1])
     assert (plan.meta["microbatches"], plan.meta["pipeline_estimate"]) == best
+
+
+def test_a_device_over_the_cap_is_found_without_building_every_rank():
+    """``device_peak_memory(..., over=cap)``: the largest peak when no device exceeds the
+    cap; else some device's peak above the cap, never above the largest (the ranks with the
+    largest packs are built first, the others only when none of theirs is over)."""
+    from slimdata.execution import ExecutionConfig
+    from slimdata.solver.memory import device_peak_memory
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    docs = docs_of(np.random.default_rng(3).integers(200, 60000, size=60).tolist(), 2048)
+    layout = Layout(dp=4, pp=4, mode="lockstep", context=65536, memory_gib=40)
+    plan = solve(docs, layout, "slimpack", 0, cost)
+    config = ExecutionConfig(pp=4, parallelism="ddp", schedule="interleaved", virtual_stages=2)
+    largest = device_peak_memory(plan, cost, config)
+    assert device_peak_memory(plan, cost, config, over=largest) == largest
+    assert device_peak_memory(plan, cost, config, over=2 * largest) == largest
+    found = device_peak_memory(plan, cost, config, over=0.0)
+    assert 0.0 < found <= largest
+
+
+def test_the_lowest_overshoot_is_exact_though_each_is_known_by_a_bound():
+    """The calibration scales by the smallest largest-device peak of the candidates that did
+    not fit; each is recorded with a device above the budget (a bound), and the exact
+    peaks are computed from the smallest bound up only until the smallest is exact."""
+    from types import SimpleNamespace
+
+    from slimdata.solver.strategies.slimpack import _Fitting
+
+    exact = {"a": 30.0, "b": 25.0, "c": 40.0}
+    computed = []
+
+    def peak(plan, cost, layout, over=None):
+        computed.append(plan)
+        return exact[plan]
+
+    fitting = _Fitting(SimpleNamespace(cost=None, layout=None), SimpleNamespace(peak=peak))
+    assert fitting.lowest == math.inf
+    fitting.failed += [(21.0, "a"), (24.0, "b"), (39.0, "c")]
+    assert fitting.lowest == 25.0 and computed == ["a", "b"]  # c's bound is above 25
+    assert fitting.lowest == 25.0 and computed == ["a", "b"]  # now known

@@ -649,13 +649,29 @@ class _Fitting:
 
     assembly: _Assembly
     stages: _Stages
-    lowest: float = math.inf
     rounds: int = 0
     """Candidates assembled by the last :meth:`first`."""
+    failed: list[tuple[float, StepPlan | None]] = field(default_factory=list)
+    """Per candidate that did not fit: a device peak above the budget and its plan, or its
+    largest device peak and None once computed (:attr:`lowest`)."""
 
     @property
     def limit(self) -> float:
         return self.assembly.layout.memory_gib * GIB
+
+    @property
+    def lowest(self) -> float:
+        """The smallest largest-device peak of the candidates that did not fit (``inf``:
+        none). Each is known by a device above the budget, at most its largest; the largest
+        is computed from the smallest of those up, until the smallest known is exact."""
+        a = self.assembly
+        while self.failed:
+            self.failed.sort(key=lambda f: f[0])
+            held, plan = self.failed[0]
+            if plan is None:
+                return held
+            self.failed[0] = (self.stages.peak(plan, a.cost, a.layout), None)
+        return math.inf
 
     def candidates(self, packer: Layout) -> list[_Candidate]:
         """:func:`_solve_lockstep` with the packer's layout, phase 1's placements shared with
@@ -675,10 +691,10 @@ class _Fitting:
         for candidate in candidates:
             self.rounds += 1
             plan = self.assembly.plan(candidate)
-            held = self.stages.peak(plan, self.assembly.cost, self.assembly.layout)
+            held = self.stages.peak(plan, self.assembly.cost, self.assembly.layout, self.limit)
             if held <= self.limit:
                 return plan
-            self.lowest = min(self.lowest, held)
+            self.failed.append((held, plan))
         return None
 
     def with_more_packs(self, packer: Layout, m: int) -> list[StepPlan | None]:
@@ -994,7 +1010,9 @@ class _Stages:
         reads the interleaved schedule's own (and static CP's) off the execution model."""
         return stage_share(self.layers, self.pp)
 
-    def peak(self, plan: StepPlan, cost: CostModel, layout: Layout) -> float:
+    def peak(
+        self, plan: StepPlan, cost: CostModel, layout: Layout, over: float | None = None
+    ) -> float:
         """The largest device peak of ``plan`` (bytes) where the packer's memory check is
         not the execution model's, else 0. The packer's check is exact for 1F1B without
         static CP. The interleaved schedule's warm-up keeps more packs in flight on the
@@ -1002,7 +1020,8 @@ class _Stages:
         every pass holds one layer's gathered K/V, which the packer does not count; those
         plans are read off the execution model's memory rule
         (:func:`~slimdata.execution.memory.peak` of every program, under the rules lockstep
-        plans run by: FSDP on one stage, DDP / ZeRO-1 in a pipeline)."""
+        plans run by: FSDP on one stage, DDP / ZeRO-1 in a pipeline). ``over``: a budget the
+        caller only needs to know is exceeded (:func:`device_peak_memory`)."""
         if layout.cp == 1 and (self.pp == 1 or self.v == 1):
             return 0.0
         config = ExecutionConfig(
@@ -1012,7 +1031,7 @@ class _Stages:
             virtual_stages=self.v,
             cp=layout.cp,
         )
-        return device_peak_memory(plan, cost, config)
+        return device_peak_memory(plan, cost, config, over)
 
     def estimate(self, fwd: np.ndarray, bwd: np.ndarray, order) -> float:
         """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
