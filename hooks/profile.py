@@ -48,10 +48,12 @@ from slimdata.cost import CostModel, ModelConfig, load_model_config
 from slimdata.cost.profiling import ProfileConfig, profile_points
 
 __all__ = [
+    "CALIBRATION_RANGE",
     "ProfileConfig",
     "aggregate_points",
     "calibrate",
     "calibration_payloads",
+    "calibration_warning",
     "fit_cost_model",
     "fit_nonneg",
     "fit_terms",
@@ -462,10 +464,30 @@ def write_profile(
     cm.save(output)
     if measurements:
         Path(measurements).write_text(json.dumps({"points": meas, "calibration": cal}, indent=1))
+    warning = calibration_warning(cal["forward_scale"], cal["backward_scale"])
     return (
         f"wrote {output}: fwd = {cm.fwd_lin:.3e}*s + {cm.fwd_att:.3e}*pairs + {cm.fwd_const:.3e}/slice"
         f" + {cm.fwd_pack_const:.3e}/pack; bwd = {cm.bwd_lin:.3e}*s + {cm.bwd_att:.3e}*pairs"
         f" + {cm.bwd_const:.3e}/slice + {cm.bwd_pack_const:.3e}/pack; graph-free forward"
         f" x{cm.graph_free_scale:.3f} ({len(meas)} points; calibrated on {cal['plans']} plans:"
         f" forward x{cal['forward_scale']:.3f}, backward x{cal['backward_scale']:.3f})"
+        + (f"\nwarning: {warning}" if warning else "")
+    )
+
+
+CALIBRATION_RANGE = (0.8, 1.25)
+"""Calibration scales outside this range mean the grid's fit does not predict the plans' pack
+times (on an idle machine they came out 0.96-1.06: ``benchmarks/RESULTS.md``)."""
+
+
+def calibration_warning(forward: float, backward: float) -> str | None:
+    """Why a profile whose calibration scaled its fit by ``forward`` / ``backward`` may not
+    predict this device's packs, or None when both are within :data:`CALIBRATION_RANGE`."""
+    lo, hi = CALIBRATION_RANGE
+    if lo <= forward <= hi and lo <= backward <= hi:
+        return None
+    return (
+        f"the calibration plans ran x{forward:.2f} (forward) and x{backward:.2f} (backward) "
+        f"the grid's fit, outside {lo}-{hi}: the machine was busy or the grid misses these "
+        "pack sizes; re-run on an idle device, or with --stat min and more --repeats"
     )

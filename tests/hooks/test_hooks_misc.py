@@ -296,3 +296,21 @@ def test_measured_activation_bytes_predict_an_unseen_pack():
         run_step(model, payload, callbacks=[After()])
     predicted = (act + cost.kv_bytes_per_token) * 240  # the memory trace after that pack
     assert abs(predicted - held[0]) / held[0] < 0.05
+
+
+@pytest.mark.parametrize(
+    ("forward", "backward", "warned"),
+    [(1.0, 1.0, False), (0.8, 1.25, False), (6.946, 1.1, True), (1.0, 0.79, True)],
+)
+def test_a_calibration_far_from_the_fit_is_a_warning(forward, backward, warned):
+    """On an idle machine the calibration scales came out 0.96-1.06; a profile on a busy CPU
+    printed x6.946 and no word of doubt."""
+    from slimdata.hooks.profile import calibration_warning
+
+    got = calibration_warning(forward, backward)
+    assert (got is not None) == warned
+    if warned:
+        assert got.startswith(
+            f"the calibration plans ran x{forward:.2f} (forward) and x{backward:.2f} (backward) "
+            "the grid's fit, outside 0.8-1.25: "
+        )
