@@ -49,16 +49,19 @@ def device_peak_memory(
     ``over``: a cap the caller only needs to know is exceeded. The ranks holding the most
     tokens in a pack (:data:`FIRST_RANKS` of them) are checked first; when one of their
     devices peaks above ``over`` that peak is returned (at most the largest), and the other
-    ranks' programs are never built."""
-    if over is not None and plan.dp > FIRST_RANKS:
-        first = sorted(range(plan.dp), key=lambda r: -_largest_pack_tokens(plan, r))
-        first = first[:FIRST_RANKS]
-        found = max(
-            peak(p) for p in build_programs(plan, cost, config, memory_only=True, ranks=first)
-        )
+    ranks' programs are never built; else the other ranks' are built and the largest
+    returned (each rank's programs read its own packs; under FSDP's plan-global rules every
+    rank's are built at once)."""
+    if over is None or plan.dp <= FIRST_RANKS or config.parallelism == "fsdp":
+        return max(peak(p) for p in build_programs(plan, cost, config, memory_only=True))
+    ranked = sorted(range(plan.dp), key=lambda r: -_largest_pack_tokens(plan, r))
+    found = 0.0
+    for ranks in (ranked[:FIRST_RANKS], ranked[FIRST_RANKS:]):
+        programs = build_programs(plan, cost, config, memory_only=True, ranks=ranks)
+        found = max(found, max(peak(p) for p in programs))
         if found > over:
-            return found
-    return max(peak(p) for p in build_programs(plan, cost, config, memory_only=True))
+            break
+    return found
 
 
 FIRST_RANKS = 2
