@@ -30,11 +30,7 @@ def write_plots(directory: str | Path, out_dir: str | Path) -> list[Path]:
     df = load_lengths_frame(directory)
     lengths = np.sort(df["length"].to_numpy().astype(np.float64))
     attention = lengths * (lengths + 1) / 2
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"{out_dir}: cannot make the plots folder ({exc.strerror})") from None
+    out_dir = _plots_folder(out_dir)
     paths = []
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -93,11 +89,7 @@ def write_training_plots(
         label: [json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
         for label, p in logs.items()
     }
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"{out_dir}: cannot make the plots folder ({exc.strerror})") from None
+    out_dir = _plots_folder(out_dir)
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rows in runs.items():
         ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label=label)
@@ -121,3 +113,13 @@ def write_training_plots(
     fig.savefig(paths[1], dpi=110)
     plt.close(fig)
     return paths
+
+
+def _plots_folder(out_dir: str | Path) -> Path:
+    """``out_dir``, made if missing; a folder that cannot be made is a clear error."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out_dir}: cannot make the plots folder ({exc.strerror})") from None
+    return out_dir

@@ -309,3 +309,16 @@ def test_no_room_for_model_states_names_only_what_would_help():
     )
     assert message("zero1", False) == "use --parallelism fsdp, or give --memory-gib"
     assert message("fsdp", False) == "give --memory-gib"
+
+
+def test_a_plots_folder_the_disk_refuses_is_a_clear_error(built, tmp_path, monkeypatch):
+    from slimdata.plots import write_plots
+
+    def refuse(*_args, **_kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(
+        InputError, match=r"plots: cannot make the plots folder \(Read-only file system\)$"
+    ):
+        write_plots(built, tmp_path / "plots")
