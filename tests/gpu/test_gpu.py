@@ -129,3 +129,20 @@ def test_dp_merge_on_one_gpu_two_processes(dtype):
         assert max(errs) < 1e-5
     else:
         assert max(errs) <= max(4 * max(noise), 2**-9), res
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_static_cp_on_one_gpu_two_processes(dtype):
+    # one DP rank run by a CP group of two processes on the one GPU: every slice cut into
+    # load-balanced chunks, keys/values all-gathered per layer and reduce-scattered back (gloo)
+    import gpu_workers as W
+    from slimdata.hooks.distributed import run_distributed
+
+    res = run_distributed(W.cp_equivalence, 2, "cuda", dtype, MERGE_LENGTHS, timeout_s=300)
+    shares, refs, errs, noise, sliced = zip(*res, strict=True)
+    assert min(sliced) >= 1
+    assert sum(shares) == pytest.approx(refs[0], rel=1e-5 if dtype == "float32" else 1e-2)
+    if dtype == "float32":
+        assert max(errs) < 1e-5
+    else:
+        assert max(errs) <= max(4 * max(noise), 2**-9), res
