@@ -144,7 +144,7 @@ def equivalence(rep: Report) -> None:
         " 3 per pack in reverse order (summation order alone).",
         "",
         "The DP-Merge row is another model (3 layers x 512, documents [6000, 700, 1300, 300, 129],"
-        " 0.25 GiB budget so the 6000-token document is merged over both ranks). The static CP row"
+        " packs <= 4096, 0.25 GiB budget so the 6000-token document is merged over both ranks). The static CP row"
         " runs the same model and documents as one DP rank on a CP group of two processes (slices"
         " of 512 tokens, each cut into load-balanced chunks; keys/values exchanged per layer).",
         "",

@@ -17,7 +17,7 @@ SHAPE = ModelConfig(name="t", layers=3, hidden=512, heads=8, kv_heads=2, ffn=137
 def merged_case(lengths, memory_gib):
     """A 2-rank slimpack plan whose longest document does not fit one rank: DP-Merge."""
     docs = documents_from_lengths(lengths, slice_tokens=256)
-    layout = Layout(dp=2, context=1 << 16, pack_tokens=2048, memory_gib=memory_gib)
+    layout = Layout(dp=2, context=1 << 16, pack_tokens=4096, memory_gib=memory_gib)
     plan = solve(docs, layout, "slimpack", seed=0, cost=CostModel.analytic(SHAPE, "h100", "none"))
     rng = np.random.default_rng(0)
     return plan, [rng.integers(0, SHAPE.vocab, d.length).astype(np.uint32) for d in plan.docs]
