@@ -401,3 +401,40 @@ def test_plan_estimate_is_the_slowest_ranks_own_pipeline(mode):
     assert len(orders) == (1 if mode == "lockstep" else 3)  # not vacuous
     assert min(each) > 0
     assert plan_critical_path(plan, 4) == max(each)
+
+
+def test_one_stage_lockstep_plans_a_document_longer_than_the_pack_cap():
+    # rank 0's 1024-token document needs four packs of <= 256 tokens; its backward work can
+    # start only after its last forward pack, so the backward lag is 3 (at lag 0 the last
+    # backward pack would hold all 1024 tokens): every forward pack, then every backward pack
+    layout = Layout(dp=2, mode="lockstep", context=4096, pack_tokens=256, memory_gib=1000)
+    plan = solve(docs_of([1024, 128, 128, 128]), layout, "slimpack", 0, unit_cost())
+    (long,) = [r for r in plan.ranks if any(s.doc == 0 for p in r.forward for s in p.slices)]
+    assert [[(s.start, s.end) for s in p.slices] for p in long.forward] == [
+        [(0, 256)],
+        [(256, 512)],
+        [(512, 768)],
+        [(768, 1024)],
+    ]
+    assert [[(s.start, s.end) for s in p.slices] for p in long.backward] == [
+        [(768, 1024)],
+        [(512, 768)],
+        [(256, 512)],
+        [(0, 256)],
+    ]
+    assert plan.meta["lag"] == 3
+    assert {r.order for r in plan.ranks} == {interleaved_order(4, 4, 3)}
+
+
+def test_pipeline_lockstep_plans_a_document_longer_than_the_pack_cap():
+    layout = Layout(dp=2, pp=2, mode="lockstep", context=4096, pack_tokens=256, memory_gib=1000)
+    plan = solve(docs_of([1024, 128, 128, 128]), layout, "slimpack", 0, unit_cost())
+    packs = [p for r in plan.ranks for p in (*r.forward, *r.backward)]
+    assert max(sum(s.end - s.start for s in p.slices) for p in packs) <= 256
+    # the document's backward work starts after its last forward pack closes
+    (long,) = [r for r in plan.ranks if any(s.doc == 0 for p in r.forward for s in p.slices)]
+    last_f = max(i for i, p in enumerate(long.forward) if any(s.doc == 0 for s in p.slices))
+    first_b = min(i for i, p in enumerate(long.backward) if any(s.doc == 0 for s in p.slices))
+    order = long.order
+    assert order.index(("F", last_f)) < order.index(("B", first_b))
+    assert plan.meta["lag"] >= 3

@@ -40,7 +40,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -1063,6 +1063,7 @@ def _lockstep(
     counts: Sequence[int],
     stages: _Stages,
     seen: list[_Candidate] | None = None,
+    late_start: bool = False,
 ) -> tuple[float, list[RankPacks], int] | None:
     """Lockstep packs of every rank for the pack count in ``counts`` and the backward lag with
     the smallest estimated step time (:meth:`_Stages.estimate`); ``None`` if none fits the
@@ -1072,7 +1073,9 @@ def _lockstep(
     every lag the bisection packs is estimated. Memory is checked per pipeline stage
     (``stages.share`` of the layers on the first stage, 1F1B's extra packs in flight, merge
     K/V buffers; :func:`pack_rank_lockstep`). Returns ``(estimate, packs, lag)``; the smaller
-    lag wins ties. ``seen`` collects every count and lag that fits, with ``p1``."""
+    lag wins ties. ``seen`` collects every count and lag that fits, with ``p1``. A count whose
+    lag 0 does not fit is skipped, unless ``late_start``: then the lags that fit start at the
+    first that does (:func:`_first_fitting_lag`)."""
     best: tuple[float, list[RankPacks], int] | None = None
     gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / stages.share)
     for m in counts:
@@ -1087,11 +1090,12 @@ def _lockstep(
                 tried[lag] = _lockstep_at(works, layout, lag, stages, gather)
             return tried[lag] is not None
 
-        # invariant: every lag below lo fits, none above hi; on one stage a lag only adds
-        # memory (the estimate is the packs' sum), so lag 0 is the only candidate
-        lo, hi = 0, (m - 1 if layout.pp > 1 else 0)
-        if not fits(0):
+        first = 0 if fits(0) else _first_fitting_lag(fits, m) if late_start else None
+        if first is None:
             continue
+        # invariant: every lag from first to lo fits, none above hi; on one stage a lag only
+        # adds memory (the estimate is the packs' sum), so the first that fits is the candidate
+        lo, hi = first, (m - 1 if layout.pp > 1 else first)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if fits(mid):
@@ -1144,6 +1148,15 @@ def _lockstep_at(
     ).T
     m = works[0].m
     return stages.estimate(f, b, interleaved_order(m, m, lag)), packs
+
+
+def _first_fitting_lag(fits: Callable[[int], bool], m: int) -> int | None:
+    """The smallest backward lag below ``m`` whose packs fit, or None. Lag 0 usually does. A
+    rank holding a document longer than the token cap cannot start its backward work before
+    the document's last forward pack closes, so there the smallest lags fail the token cap: a
+    larger lag completes more documents before each backward pack, so those failures end at
+    the first lag that fits, and memory, which grows with the lag, fails only above it."""
+    return next((lag for lag in range(m) if fits(lag)), None)
 
 
 _Candidate = tuple[float, list["RankPacks"], int, "_Phase1"]
@@ -1239,7 +1252,8 @@ def _lockstep_fallback(
     stages: _Stages,
     seen: list[_Candidate] | None = None,
 ) -> tuple[float, list[RankPacks], int] | None:
-    """More packs until the caps fit (memory-bound ranks need more, smaller packs): pack
+    """More packs until the caps fit (memory-bound ranks need more, smaller packs; a rank
+    holding a document longer than the token cap needs a backward lag): pack
     counts growing by half from just above the candidates to the most slices a rank holds,
     then twice and four times the first that fits (memory binds, so smaller packs let more
     be in flight: a longer warm-up, a smaller bubble); the best estimate; ``None`` if none
@@ -1251,14 +1265,14 @@ def _lockstep_fallback(
     )
     m = start
     while True:
-        found = _lockstep(view, p1, layout, [m], stages, seen)
+        found = _lockstep(view, p1, layout, [m], stages, seen, late_start=True)
         if found is not None or m >= most:
             break
         m = min(most, max(m + 1, (3 * m) // 2))
     for more in (2 * m, 4 * m) if found is not None else ():
         # memory binds here: smaller packs hold less each, so more of them fit in flight
         if more <= most:
-            smaller = _lockstep(view, p1, layout, [more], stages, seen)
+            smaller = _lockstep(view, p1, layout, [more], stages, seen, late_start=True)
             if smaller is not None and smaller[0] < found[0] * (1 - 1e-9):
                 found = smaller
     return found

@@ -1,0 +1,31 @@
+"""A one-stage lockstep plan whose backward lag is not 0 (a document longer than the pack cap,
+all its forward packs before any backward pack) runs to the unpacked reference's gradients."""
+
+from __future__ import annotations
+
+import pytest
+from hooks_helpers import TinyLM, doc_tokens, max_rel_err, reference_grads, tiny_forward
+from slimdata.hooks.verify import run_plan
+
+from slimdata.cost import CostModel, ModelConfig
+from slimdata.docsource import documents_from_lengths
+from slimdata.solver import Layout, solve
+from slimdata.solver.common import interleaved_order
+
+TINY = ModelConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=61)
+
+
+def test_lockstep_plan_with_a_lag_matches_the_unpacked_reference():
+    docs = documents_from_lengths([520, 100, 90, 40, 1], slice_tokens=128)
+    layout = Layout(dp=2, mode="lockstep", context=4096, pack_tokens=256, memory_gib=1)
+    plan = solve(docs, layout, "slimpack", 0, CostModel.analytic(TINY, "h100", "none"))
+    m = len(plan.ranks[0].forward)
+    assert plan.meta["lag"] >= 1 and plan.ranks[0].order == interleaved_order(
+        m, m, plan.meta["lag"]
+    )
+    toks = doc_tokens([d.length for d in plan.docs], seed=5)
+    model = TinyLM(seed=2)
+    ref_loss, ref = reference_grads(model, tiny_forward, toks, plan)
+    loss, got = run_plan(model, plan, toks, forward=tiny_forward)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    assert max_rel_err(got, ref) <= 1e-5
