@@ -508,18 +508,16 @@ def speedup(
 
 
 def _shard_batches(shards: str, layout: Layout, steps: int):
+    """The epoch's first ``steps`` global batches of the shards and the tokens of every
+    sample they draw from, by sample index."""
     from streaming import StreamingDataset
 
     all_docs = apply_oversize(load_shard_documents(shards), layout.context, "split")
     batches = make_batches(all_docs, layout.dp * layout.context, seed=0)
     batches = batches[:steps]  # the epoch's first batches: documents in random order
     ds = StreamingDataset(local=shards, shuffle=False, batch_size=1)
-    tokens = {}
-    for b in batches:
-        for d in b:
-            t = np.asarray(ds[d.sample]["tokens"])
-            tokens[d.doc_id] = t[d.offset : d.offset + d.length]
-    return batches, tokens
+    samples = {d.sample for b in batches for d in b}
+    return batches, {i: np.asarray(ds[i]["tokens"]) for i in sorted(samples)}
 
 
 def _run_strategy(model, strategy, batches, tokens, layout, cm) -> dict:
@@ -532,7 +530,8 @@ def _run_strategy(model, strategy, batches, tokens, layout, cm) -> dict:
             else SolveOptions()
         )
         plan = solve(batch, layout, strategy, seed=step, cost=cm, options=opts)
-        toks = [tokens[d.doc_id] for d in plan.docs]
+        # a strategy that cuts documents plans pieces: each its sample's tokens from its offset
+        toks = [tokens[d.sample][d.offset : d.offset + d.length] for d in plan.docs]
         per_rank = []
         for r in range(plan.dp):
             payload = make_payload(plan, r, toks)

@@ -509,13 +509,21 @@ def _too_large(rule: _Rule, d: int) -> PlanError:
         else ""
     )
     holders = f"even {k_max} merged ranks" if k_max > 1 else "one rank"
-    remedies = ["raise --memory-gib"]
+    by_tokens = math.ceil(doc.length / rule.cap) if math.isfinite(rule.cap) else 1
+    remedies = ["raise --memory-gib"] if by_tokens <= k_max else []
     if slices < rule.dp:
         remedies.append("cut finer slices (more merged ranks)")
     else:
         remedies.append("use more devices (--nodes, --ranks-per-node)")
     if doc.length > rule.cap:
         remedies.append("use --oversize split|truncate")
+    if by_tokens > k_max:  # the pack token cap binds, not memory
+        return PlanError(
+            f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {slices} slices) needs "
+            f"{by_tokens} merged ranks, since a member's share is one pack of at most "
+            f"{int(rule.cap):,} tokens, and at most {k_max} can hold it: "
+            f"{', or '.join(remedies)}"
+        )
     return PlanError(
         f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {slices} slices) "
         f"needs {view.doc_mem[d] * rule.layer_share / GIB:.1f} GiB but the memory cap is "

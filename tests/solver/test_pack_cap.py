@@ -43,3 +43,21 @@ def test_merge_shares_within_pack_tokens():
     assert plan.merges, "expected a merge group: the check below would be vacuous"
     shares = [p for rs in plan.ranks for p in rs.forward if p.merge is not None]
     assert shares and max(p.tokens for p in shares) <= CAP
+
+
+def test_a_document_whose_shares_exceed_the_pack_cap_is_refused_for_its_tokens():
+    # a 6000-token document must merge (0.25 GiB per device holds about half of it), but a
+    # member's share is one pack of <= 2048 tokens: 3 ranks, and only 2 exist; more memory
+    # would not help, so the error does not suggest it
+    from slimdata.errors import PlanError
+
+    tiny = ModelConfig(name="t", layers=3, hidden=512, heads=8, kv_heads=2, ffn=1376, vocab=1024)
+    layout = Layout(dp=2, context=1 << 16, pack_tokens=2048, memory_gib=0.25)
+    docs = docs_of([6000, 700, 1300, 300, 129], 256)
+    with pytest.raises(PlanError) as err:
+        solve(docs, layout, "slimpack", cost=CostModel.analytic(tiny, "h100", "none"))
+    assert str(err.value) == (
+        "document doc_id 0 (6000 tokens, 24 slices) needs 3 merged ranks, since a member's "
+        "share is one pack of at most 2,048 tokens, and at most 2 can hold it: use more devices"
+        " (--nodes, --ranks-per-node), or use --oversize split|truncate"
+    )
