@@ -33,6 +33,7 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.plan import Document
 from slimdata.solver.layout import GIB, Layout
+from slimdata.units import gib
 
 __all__ = ["HEAVY", "CpChoice", "cp_preference"]
 
@@ -106,7 +107,7 @@ def _outweighs(
     if ratio[j] <= 1.0:
         return None
     return (
-        f"a {int(n[j]):,}-token document needs {mem[j] / GIB:.1f} GiB and "
+        f"a {int(n[j]):,}-token document needs {gib(mem[j] / GIB)} and "
         f"{time[j] / share:.2f}x a device's share of a step"
     )
 

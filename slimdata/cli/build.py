@@ -23,6 +23,7 @@ from slimdata.ingest.config import ENGINES, BuildConfig
 from slimdata.readers import FORMATS
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 from slimdata.tokenize import DEFAULT_TOKENIZER
+from slimdata.units import gib
 
 if TYPE_CHECKING:
     from slimdata.ingest import BuildSummary
@@ -314,7 +315,7 @@ def _write_plan(
     )
     plan = plan_to_shards(plan_dir, shards=output, **layout)
     if echo:
-        click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
+        click.echo(f"memory budget {gib(layout['memory_gib'])} per device: {how}")
         click.echo(
             f"wrote plan shards for {plan['steps']} steps to {plan_dir} "
             f"(strategy {layout['strategy']}, mean imbalance {plan['mean_imbalance']:.4f})"

@@ -18,6 +18,7 @@ from slimdata.cli.options import (
     resolve_memory,
     write_json,
 )
+from slimdata.units import gib
 
 if TYPE_CHECKING:
     from slimdata.cost import CostModel
@@ -124,7 +125,7 @@ def _memory_budget(
 
 
 def _echo_summary(summary: dict[str, Any], layout: dict[str, Any], out: str, how: str) -> None:
-    click.echo(f"memory budget {layout['memory_gib']:.1f} GiB per device: {how}")
+    click.echo(f"memory budget {gib(layout['memory_gib'])} per device: {how}")
     click.echo(
         f"wrote {summary['steps']} steps x {layout['nodes'] * layout['ranks_per_node']} ranks to {out} "
         f"(strategy {layout['strategy']}, mean imbalance {summary['mean_imbalance']:.4f}, "

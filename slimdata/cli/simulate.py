@@ -24,7 +24,8 @@ from slimdata.cli.options import (
     writable_image,
     write_json,
 )
-from slimdata.errors import ConfigError, InputError
+from slimdata.errors import ConfigError, InputError, PlanError
+from slimdata.units import gib
 
 if TYPE_CHECKING:
     from slimdata.cost import CostModel
@@ -211,6 +212,7 @@ def command(
         memory_budget=memory_how,
     )
     _report(cmp, json_path, gantt)
+    _check_any_fits(cmp)
 
 
 def _cost_model(
@@ -267,6 +269,17 @@ def _layout(
     )
 
 
+def _check_any_fits(cmp: Comparison) -> None:
+    """After the report: a comparison in which every strategy failed or went over the memory
+    budget answers no question a user asked, so it ends as an error (exit code 2)."""
+    if cmp.results and all(r.error or r.over_memory_steps for r in cmp.results.values()):
+        raise PlanError(
+            f"no strategy fits --memory-gib {cmp.config['memory_gib']:g} per device "
+            "(each failed or went over it, above): raise --memory-gib, use more devices or "
+            "a larger --pp, or lower --context"
+        )
+
+
 def _report(cmp: Comparison, json_path: str | None, gantt: str | None) -> None:
     """The table and the memory budget (only the JSON with `--json` alone), then the --json
     file and the --gantt chart."""
@@ -281,7 +294,7 @@ def _report(cmp: Comparison, json_path: str | None, gantt: str | None) -> None:
         f"{c['global_batch_tokens']} tokens/step, {c['steps']} step(s)"
     )
     click.echo(format_table(cmp))
-    click.echo(f"memory budget {c['memory_gib']:.1f} GiB per device: {c['memory_budget']}")
+    click.echo(f"memory budget {gib(c['memory_gib'])} per device: {c['memory_budget']}")
     if json_path is not None:
         write_json(cmp.to_dict(), json_path)
     if gantt:

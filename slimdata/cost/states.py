@@ -19,6 +19,7 @@ devices, pp 1: states ``(4 + 12 / 64) * 8.03e9 B = 31.3 GiB``, budget ``72 - 31.
 from __future__ import annotations
 
 from slimdata.errors import ConfigError
+from slimdata.units import GIB, gib
 
 __all__ = [
     "OPTIMIZER_BYTES",
@@ -28,7 +29,6 @@ __all__ = [
     "model_state_gib",
 ]
 
-GIB = float(1 << 30)
 RESERVE = 0.9
 """Share of device memory usable by model states and activations."""
 OPTIMIZER_BYTES: dict[str, float] = {"adam": 12.0, "sgd": 8.0}
@@ -73,14 +73,14 @@ def activation_budget_gib(
     states = model_state_gib(params, parallelism, optimizer, dp, pp)
     budget = RESERVE * device_gib - states
     how = (
-        f"{RESERVE:.0%} of {device_gib:g} GiB minus {states:.1f} GiB of model states "
+        f"{RESERVE:.0%} of {device_gib:g} GiB minus {gib(states)} of model states "
         f"({params / 1e9:.2f}B parameters, {parallelism}, {optimizer}, dp={dp}, pp={pp})"
     )
     if budget <= 0:
         sharded = {"ddp": ["--parallelism zero1 or fsdp"], "zero1": ["--parallelism fsdp"]}
         ways = [*sharded.get(parallelism, []), *(["a larger --pp"] if pp_option else [])]
         raise ConfigError(
-            f"model states need {states:.1f} GiB per device, more than {RESERVE:.0%} of "
+            f"model states need {gib(states)} per device, more than {RESERVE:.0%} of "
             f"{device_gib:g} GiB ({parallelism}, dp={dp}, pp={pp}): "
             + (f"use {', '.join(ways)}, or give --memory-gib" if ways else "give --memory-gib")
         )

@@ -56,6 +56,7 @@ from slimdata.sim.search import (
     search,
 )
 from slimdata.solver.layout import Layout
+from slimdata.units import GIB, gib
 
 __all__ = [
     "CP_FREE",
@@ -75,7 +76,6 @@ ROW_SEARCH: tuple[str, ...] = ("bfd", "multipack", "wlb", "wlb-ideal", "sorted")
 ``best`` the search also tries other row lengths (:meth:`~slimdata.sim.search.Evaluator.rows`).
 ``concat``'s row is the training context itself (a data choice, not a packing knob); slimpack
 and ``dcp`` choose their micro-batches themselves."""
-GIB = float(1 << 30)
 NAN = float("nan")
 
 
@@ -560,7 +560,7 @@ def _ratio(x: float, width: int) -> str:
 def _notes(cmp: Comparison) -> list[str]:
     out = []
     if any(r.over_memory_steps for r in cmp.results.values()):
-        out.append(f"! peak memory above --memory-gib {cmp.config['memory_gib']:.1f} in some steps")
+        out.append(f"! peak memory above --memory-gib {gib(cmp.config['memory_gib'])} in some steps")
     if any(not r.same_work for r in cmp.results.values() if not r.error):
         out.append(
             "* cuts documents: computes fewer attention pairs than the batch holds (not the same "

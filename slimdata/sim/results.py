@@ -10,10 +10,9 @@ import numpy as np
 from slimdata.sim.dag import StepDag
 from slimdata.sim.engine import Timing
 from slimdata.sim.memory import MemoryProfile
+from slimdata.units import GIB
 
 __all__ = ["GIB", "SimResult", "lower_bound", "summarize"]
-
-GIB = float(1 << 30)
 
 
 @dataclass(frozen=True)

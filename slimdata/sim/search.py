@@ -61,6 +61,7 @@ from slimdata.sim.config import SimConfig
 from slimdata.sim.results import SimResult
 from slimdata.sim.step import simulate_step
 from slimdata.solver.layout import Layout
+from slimdata.units import gib
 
 __all__ = [
     "BaselineConfig",
@@ -326,7 +327,7 @@ class Evaluator:
             plan, t = self.plan(name, at, step, schedule)
             r = self.sim(name, at, schedule, step)
             if r.over_memory:
-                return f"needs {r.peak_memory_gib:.1f} GiB per device in step {step}"
+                return f"needs {gib(r.peak_memory_gib)} per device in step {step}"
             plans.append(plan)
             sims.append(r)
             ms.append(t)
@@ -365,7 +366,7 @@ def _screen(ev: Evaluator, name: str, at: Setup, schedule: str) -> float | str:
         return str(exc)
     if r.over_memory:
         cap = ev.layout.memory_gib
-        return f"{OVER_MEMORY}{r.peak_memory_gib:.2f} GiB per device, over the {cap:.2f} GiB cap"
+        return f"{OVER_MEMORY}{gib(r.peak_memory_gib, 2)} per device, over the {gib(cap, 2)} cap"
     return r.step_time
 
 

@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass
 
 from slimdata.errors import ConfigError
+from slimdata.units import GIB
 
 __all__ = ["SCHEDULES", "Layout"]
 
-GIB = 1 << 30
 
 SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved")
 """Pipeline schedules a lockstep plan can be estimated for (the execution model's registry,

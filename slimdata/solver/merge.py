@@ -32,6 +32,7 @@ import numpy as np
 from slimdata.errors import PlanError
 from slimdata.plan.pipeline import merge_exchange_tokens
 from slimdata.solver.common import BatchView
+from slimdata.units import GIB, gib
 
 __all__ = [
     "MergePlan",
@@ -43,7 +44,6 @@ __all__ = [
     "split_group",
 ]
 
-GIB = float(1 << 30)
 
 RATIO_TOL = 0.015
 """Backward overload (fraction of the balanced share) a rank may be left with by one whole
@@ -412,10 +412,10 @@ class _Rule:
         """The memory cap as a user sets it: per device, and per rank under static CP."""
         per_rank = self.mem * self.layer_share / GIB
         if self.devices == 1:
-            return f"{per_rank:.1f} GiB per device"
+            return f"{gib(per_rank)} per device"
         return (
-            f"{per_rank / self.devices:.1f} GiB per device, "
-            f"{per_rank:.1f} GiB per DP rank of {self.devices} CP devices"
+            f"{gib(per_rank / self.devices)} per device, "
+            f"{gib(per_rank)} per DP rank of {self.devices} CP devices"
         )
 
     def buffer_of(self, tokens: Sequence[int]) -> float:  # full-model bytes, as ``mem``
@@ -504,7 +504,7 @@ def _too_large(rule: _Rule, d: int) -> PlanError:
     k_max = min(slices, rule.dp)
     buffers = (
         f" (each member also holds {rule.gather:g}x one layer's gathered K/V, "
-        f"{rule.gather * view.gathered_kv_per_token * doc.length / GIB:.1f} GiB or more)"
+        f"{gib(rule.gather * view.gathered_kv_per_token * doc.length / GIB)} or more)"
         if rule.gather > 0 and k_max > 1
         else ""
     )
@@ -526,7 +526,7 @@ def _too_large(rule: _Rule, d: int) -> PlanError:
         )
     return PlanError(
         f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {slices} slices) "
-        f"needs {view.doc_mem[d] * rule.layer_share / GIB:.1f} GiB but the memory cap is "
+        f"needs {gib(view.doc_mem[d] * rule.layer_share / GIB)} but the memory cap is "
         f"{rule.cap_words} and {holders} cannot hold it{buffers}: "
         f"{', or '.join(remedies)}"
     )

@@ -156,7 +156,9 @@ def test_a_strategy_that_fits_nowhere_is_told_only_what_would_help(tmp_path, rec
     args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", "--strategies"]
     args += ["bfd", "--memory-gib", "0.01", "--recompute", recompute]
     result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
+    # the table is printed, then the run ends as an error: no strategy fits
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1].startswith("Error: no strategy fits --memory-gib 0.01 ")
     (line,) = [x for x in result.output.splitlines() if x.startswith("bfd")]
     advice = "raise --memory-gib, use --recompute full, a larger --pp or a smaller --context"
     if recompute == "full":
@@ -191,3 +193,20 @@ def test_interleaving_one_stage_is_simulated_as_1f1b_and_said(tmp_path):
     (row,) = [x for x in result.output.splitlines() if x.startswith("bfd")]
     assert row.split()[2] == "1f1b"
     assert "warning: --schedule interleaved needs --pp > 1; simulated 1f1b" in result.output
+
+
+def test_a_budget_below_a_tenth_of_a_gib_is_printed_as_given_and_nothing_fitting_fails(tmp_path):
+    """--memory-gib 0.001 is printed as 0.001 GiB, never 0.0; when every strategy fails or
+    goes over it, the table is still printed and the run exits 2 with one error line."""
+    (tmp_path / "l.txt").write_text("5000\n300\n200\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2"]
+    result = CliRunner().invoke(cli, [*args, "--memory-gib", "0.001"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()
+    assert "memory budget 0.001 GiB per device: --memory-gib" in lines
+    assert lines[-1] == (
+        "Error: no strategy fits --memory-gib 0.001 per device (each failed or went over "
+        "it, above): raise --memory-gib, use more devices or a larger --pp, or lower --context"
+    )
+    assert "0.0 GiB" not in result.output and "Traceback" not in result.output
+    assert CliRunner().invoke(cli, [*args, "--memory-gib", "60"]).exit_code == 0

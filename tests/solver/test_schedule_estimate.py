@@ -179,8 +179,8 @@ def test_a_memory_bound_solve_also_tries_twice_and_four_times_the_packs(monkeypa
     tried: list[tuple[int, float | None]] = []
     real = sp._lockstep
 
-    def recording(view, p1, layout, counts, stages, seen=None):
-        found = real(view, p1, layout, counts, stages, seen)
+    def recording(view, p1, layout, counts, stages, seen=None, **late):
+        found = real(view, p1, layout, counts, stages, seen, **late)
         tried.append((counts[0], None if found is None else found[0]))
         return found
 

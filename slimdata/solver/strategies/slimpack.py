@@ -70,6 +70,7 @@ from slimdata.solver.merge import (
 from slimdata.solver.micropack import LockstepWork, RankPacks, pack_rank
 from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
+from slimdata.units import gib
 
 __all__ = ["assign_lpt", "slimpack", "stage_share"]
 
@@ -584,10 +585,10 @@ def _lockstep_plan(assembly: _Assembly) -> StepPlan:
         )
     how = f"the {layout.schedule} schedule" if fitting.stages.v > 1 else "1F1B"
     raise PlanError(
-        f"lockstep: no plan fits {layout.memory_gib:.1f} GiB per device under {how}"
+        f"lockstep: no plan fits {gib(layout.memory_gib)} per device under {how}"
         + (f" with static CP {layout.cp}" if layout.cp > 1 else "")
         + f" (the execution model's peak of every candidate is above it, at best "
-        f"{fitting.lowest / GIB:.1f} GiB)"
+        f"{gib(fitting.lowest / GIB)})"
     )
 
 
@@ -963,7 +964,7 @@ def _free(view: BatchView, p1: _Phase1, layout: Layout) -> list[RankPacks]:
             p = pack_rank(view, p1.units[r], merge, cap=cap, mem=mem)
         if p is None:  # pragma: no cover - phase 1 guarantees every document fits alone
             raise PlanError(
-                f"rank {r}: cannot pack its documents under the memory cap {mem / 2**30:.1f} GiB"
+                f"rank {r}: cannot pack its documents under the memory cap {gib(mem / GIB)}"
             )
         out.append(longest_backward_last(view, p))
     return out
@@ -1223,7 +1224,7 @@ def _solve_lockstep(
     if layout.microbatches is not None:
         raise PlanError(
             f"lockstep: the ranks' documents do not fit microbatches={layout.microbatches} "
-            f"packs of <= {cap} tokens and {layout.memory_gib:.1f} GiB per device; raise "
+            f"packs of <= {cap} tokens and {gib(layout.memory_gib)} per device; raise "
             "--microbatches or leave it unset"
         )
     m = max(_pack_counts(view, layout))
@@ -1234,7 +1235,7 @@ def _solve_lockstep(
         if found is not None:
             return _winner_first((*found, p1), seen)
     raise PlanError(
-        f"lockstep: no pack count fits the memory cap of {layout.memory_gib:.1f} GiB per device with "
+        f"lockstep: no pack count fits the memory cap of {gib(layout.memory_gib)} per device with "
         f"pp={pp} (1F1B keeps up to pp packs in flight on the first stage): raise "
         "--memory-gib, cut finer slices or lower --global-batch-tokens"
     )
@@ -1305,7 +1306,7 @@ def _check_slices(view: BatchView, cap: int, mem: float) -> None:
         d = view.docs[int(view.doc[worst])]
         raise PlanError(
             f"slice [{view.start[worst]}, {view.end[worst]}) of document doc_id {d.doc_id!r} needs "
-            f"{need[worst] / 2**30:.2f} GiB of activations, above the memory cap {mem / 2**30:.2f} GiB: "
+            f"{gib(need[worst] / GIB, 2)} of activations, above the memory cap {gib(mem / GIB, 2)}: "
             "raise --memory-gib or cut finer slices"
         )
 

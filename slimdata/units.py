@@ -1,0 +1,17 @@
+"""Bytes as users read them: the one GiB constant and how a GiB amount is printed."""
+
+from __future__ import annotations
+
+__all__ = ["GIB", "gib"]
+
+GIB = 1 << 30
+"""Bytes in a GiB."""
+
+
+def gib(amount: float, digits: int = 1) -> str:
+    """``amount`` GiB as text with ``digits`` decimals, or two significant digits where those
+    decimals would print a positive amount as 0: ``gib(3.14159) == "3.1 GiB"``,
+    ``gib(0.001) == "0.001 GiB"``, ``gib(0.0012, 2) == "0.0012 GiB"``."""
+    if 0 < abs(amount) < 0.5 * 10.0**-digits:
+        return f"{amount:.2g} GiB"
+    return f"{amount:.{digits}f} GiB"
