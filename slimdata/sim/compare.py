@@ -560,7 +560,9 @@ def _ratio(x: float, width: int) -> str:
 def _notes(cmp: Comparison) -> list[str]:
     out = []
     if any(r.over_memory_steps for r in cmp.results.values()):
-        out.append(f"! peak memory above --memory-gib {gib(cmp.config['memory_gib'])} in some steps")
+        out.append(
+            f"! peak memory above --memory-gib {gib(cmp.config['memory_gib'])} in some steps"
+        )
     if any(not r.same_work for r in cmp.results.values() if not r.error):
         out.append(
             "* cuts documents: computes fewer attention pairs than the batch holds (not the same "
