@@ -108,3 +108,17 @@ def test_cut_plan_gradients_equal_the_pieces_reference(strategy):
     got, grads = run_plan(model, plan, toks, forward=tiny_forward)  # ranks in sequence
     assert got == pytest.approx(ref_loss, rel=1e-6)
     assert max_rel_err(grads, ref) <= 1e-5
+
+
+def test_cut_pieces_keep_the_build_cuts_inside_them():
+    # build-time cuts at 3, 4 and 7 of a 10-token document; pieces [0, 4), [4, 8), [8, 10):
+    # a cut on a piece's boundary is that boundary, the others move with the piece's start
+    d = Document(doc_id=0, length=10, cuts=(0, 3, 4, 7, 10), offset=5)
+    pieces = cut_document(d, [0, 4, 8, 10])
+    assert [p.cuts for p in pieces] == [(0, 3, 4), (0, 3, 4), (0, 2)]
+    assert [(p.offset, p.length) for p in pieces] == [(5, 4), (9, 4), (13, 2)]
+    # a document of 2**20 slices cut in 2**10 pieces: each piece holds its 2**10 slices
+    many = Document(doc_id=1, length=1 << 20, cuts=tuple(range((1 << 20) + 1)))
+    big = cut_document(many, list(range(0, (1 << 20) + 1, 1 << 10)))
+    assert len(big) == 1 << 10
+    assert all(p.cuts == tuple(range((1 << 10) + 1)) for p in big)
