@@ -135,7 +135,7 @@ def equivalence(rep: Report) -> None:
         asym = sum(set(rk.forward) != set(rk.backward) for rk in plan.ranks)
         rows.append({"mode": mode, "sliced": sliced, "asymmetric_ranks": asym, **_flat(r)})
     if rep.device == "cuda":
-        rows += [_merge_row(rep), _cp_row(rep)]
+        rows += _two_process_rows(rep)
     lines = [
         f"Model {shape.layers} layers x {shape.hidden} ({shape.heads} heads, {shape.kv_heads} kv),"
         f" {rep.dtype}; documents {lengths}; slimpack, 2 DP ranks run in sequence, packs <= {cap}.",
@@ -160,52 +160,36 @@ def equivalence(rep: Report) -> None:
     rep.section("bf16 equivalence", "equivalence", rows, lines)
 
 
-def _gpu_workers():
-    """tests/gpu/gpu_workers.py: the rank bodies the GPU tests and this report share."""
+def _two_process_rows(rep: Report) -> list[dict]:
+    """DP-Merge and static CP, each as two processes on the one GPU (gloo): the cases of
+    ``tests/gpu`` (``TWO_PROCESSES``, rank bodies in ``tests/gpu/gpu_workers.py``)."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
-    import gpu_workers
-
-    return gpu_workers
-
-
-def _merge_row(rep: Report) -> dict:
-    """DP-Merge: two processes on the one GPU (gloo), tests/gpu/gpu_workers.py's case."""
+    import gpu_workers as W
     from slimdata.hooks.distributed import run_distributed
 
-    W = _gpu_workers()
     dtype = str(rep.dtype).removeprefix("torch.")
-    res = run_distributed(W.merge_equivalence, 2, "cuda", dtype, [6000, 700, 1300, 300, 129], 0.25)
-    merges, shares, refs, errs, noise = zip(*res, strict=True)
-    return {
-        "mode": f"DP-Merge ({merges[0]} group, 2 processes)",
-        "sliced": "-",
-        "asymmetric_ranks": "-",
-        "noise_loss": float("nan"),
-        "noise_grad": max(noise),
-        "packed_loss": abs(sum(shares) - refs[0]) / refs[0],
-        "packed_grad": max(errs),
-    }
-
-
-def _cp_row(rep: Report) -> dict:
-    """Static CP: one DP rank on a CP group of two processes on the one GPU (gloo)."""
-    from slimdata.hooks.distributed import run_distributed
-
-    W = _gpu_workers()
-    dtype = str(rep.dtype).removeprefix("torch.")
-    res = run_distributed(W.cp_equivalence, 2, "cuda", dtype, [6000, 700, 1300, 300, 129])
-    shares, refs, errs, noise, sliced = zip(*res, strict=True)
-    return {
-        "mode": "static CP 2 (1 DP rank, 2 processes)",
-        "sliced": sliced[0],
-        "asymmetric_ranks": "-",
-        "noise_loss": float("nan"),
-        "noise_grad": max(noise),
-        "packed_loss": abs(sum(shares) - refs[0]) / refs[0],
-        "packed_grad": max(errs),
-    }
+    lengths = [6000, 700, 1300, 300, 129]
+    rows = []
+    for worker, args in ((W.merge_equivalence, (lengths, 0.25)), (W.cp_equivalence, (lengths,))):
+        res = run_distributed(worker, 2, "cuda", dtype, *args)
+        shares, refs, errs, noise, used = zip(*res, strict=True)
+        merge = worker is W.merge_equivalence
+        rows.append(
+            {
+                "mode": f"DP-Merge ({used[0]} group, 2 processes)"
+                if merge
+                else "static CP 2 (1 DP rank, 2 processes)",
+                "sliced": "-" if merge else used[0],
+                "asymmetric_ranks": "-",
+                "noise_loss": float("nan"),
+                "noise_grad": max(noise),
+                "packed_loss": abs(sum(shares) - refs[0]) / refs[0],
+                "packed_grad": max(errs),
+            }
+        )
+    return rows
 
 
 def _flat(r: dict) -> dict:

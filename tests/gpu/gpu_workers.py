@@ -24,7 +24,8 @@ def merged_case(lengths, memory_gib):
 
 
 def merge_equivalence(rank: int, world: int, device: str, dtype: str, lengths, memory_gib):
-    """(merge groups, loss share, reference loss, packed grad error, repacking noise)."""
+    """(this process's loss share, reference loss, packed grad error, repacking noise, merge
+    groups)."""
     plan, toks = merged_case(lengths, memory_gib)
     net = tiny_llama(SHAPE, device, dtype)
     ref_loss, ref = run_plan(net, whole_document_plan(plan.docs), toks)
@@ -32,7 +33,7 @@ def merge_equivalence(rank: int, world: int, device: str, dtype: str, lengths, m
     net.zero_grad(set_to_none=True)
     summary = run_step(net, make_payload(plan, rank, toks), reduce_grads=True)
     got = {n: p.grad.detach().float() for n, p in net.named_parameters()}
-    return len(plan.merges), summary.loss, ref_loss, grad_error(got, ref), grad_error(noise, ref)
+    return summary.loss, ref_loss, grad_error(got, ref), grad_error(noise, ref), len(plan.merges)
 
 
 def cp_case(lengths, cp: int):
