@@ -15,6 +15,7 @@ from slimdata.cli.options import (
     json_option,
     plan_layout_options,
     resolve_memory,
+    resolve_mode,
     write_json,
 )
 from slimdata.cost.states import auto_recompute
@@ -303,6 +304,7 @@ def _write_plan(
     from slimdata.planning import build_cost_model, plan_to_shards
 
     budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
+    resolve_mode(layout, budget["parallelism"])
     layout["memory_gib"], how = resolve_memory(
         budget["memory_gib"],
         config.device,

@@ -43,6 +43,7 @@ __all__ = [
     "plan_layout_options",
     "renamed_option",
     "resolve_memory",
+    "resolve_mode",
     "writable_file",
     "writable_folder",
     "writable_image",
@@ -207,6 +208,18 @@ def resolve_memory(
     )
 
 
+def resolve_mode(layout: dict[str, Any], parallelism: str) -> None:
+    """``layout["mode"]`` from --mode: by default lockstep under --parallelism fsdp (FSDP runs
+    only lockstep plans), else free; --mode free with --parallelism fsdp is refused."""
+    if layout["mode"] is None:
+        layout["mode"] = "lockstep" if parallelism == "fsdp" else "free"
+    elif layout["mode"] == "free" and parallelism == "fsdp":
+        raise ConfigError(
+            "--mode free with --parallelism fsdp: FSDP runs only lockstep plans (every rank "
+            "makes the same calls); use --mode lockstep or leave --mode out"
+        )
+
+
 def plan_layout_options(required: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the training-layout options of ``slimdata plan`` (shared with ``build --plan``): the
     layout itself (:data:`PLAN_LAYOUT_OPTIONS`, ``required`` or not), how to plan it, and the
@@ -274,9 +287,9 @@ def _planning_options() -> list[Callable[..., Any]]:
         click.option(
             "--mode",
             type=click.Choice(["free", "lockstep"]),
-            default="free",
-            show_default=True,
-            help="free (DDP) or lockstep (FSDP/pipeline).",
+            default=None,
+            help="free (DDP) or lockstep (FSDP/pipeline).  [default: lockstep under "
+            "--parallelism fsdp, else free]",
         ),
         click.option(
             "--oversize",

@@ -16,8 +16,10 @@ from slimdata.cli.options import (
     plan_layout_options,
     renamed_option,
     resolve_memory,
+    resolve_mode,
     write_json,
 )
+from slimdata.errors import ConfigError
 from slimdata.units import gib
 
 if TYPE_CHECKING:
@@ -88,6 +90,9 @@ def command(
         else None
     )
     budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
+    resolve_mode(layout, budget["parallelism"])
+    if budget["parallelism"] == "fsdp":
+        _check_fsdp_recompute(cost, shards)
     layout["memory_gib"], how = _memory_budget(budget, device, cost, shards, layout)
     summary = plan_to_shards(out, shards=shards, lengths=lengths, cost=cost, **layout)
     result = {**summary, "memory_gib": layout["memory_gib"], "memory_budget": how}
@@ -97,6 +102,20 @@ def command(
     _echo_summary(summary, layout, out, how)
     if json_path is not None:
         write_json(result, json_path)
+
+
+def _check_fsdp_recompute(cost: CostModel | None, shards: str | None) -> None:
+    """FSDP runs plans solved without recompute (``run_step`` refuses the others under FSDP):
+    the plan's cost model, the given one or the build's, must assume none."""
+    from slimdata.planning import build_cost_model
+
+    policy = (cost if cost is not None else build_cost_model(shards)).recompute
+    if policy != "none":
+        raise ConfigError(
+            f"--parallelism fsdp: the cost model assumes {policy} recompute, which run_step "
+            "does not run under FSDP; plan with --recompute none (and a --memory-gib that "
+            "holds the activations)"
+        )
 
 
 def _memory_budget(

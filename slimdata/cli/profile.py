@@ -10,6 +10,7 @@ import click
 
 from slimdata.cli.options import renamed_option, writable_file
 from slimdata.cost.profiling import ProfileConfig
+from slimdata.errors import ConfigError
 
 __all__ = ["command"]
 
@@ -123,6 +124,7 @@ def command(
     Example (the profile then feeds --cost-profile of build, plan and simulate):
         slimdata profile --model llama-1b --torch-device cuda --dtype bfloat16 -o profile.json
     """
+    _check_torch_device(device)
     config = ProfileConfig(
         slice_tokens=_ints(slice_tokens),
         prefixes=_ints(prefixes),
@@ -139,3 +141,23 @@ def command(
     )
     runtime = import_module("slimdata.hooks.profile")  # torch: only when a profile runs
     click.echo(runtime.write_profile(model_spec, output, config, measurements, not quiet))
+
+
+def _check_torch_device(device: str) -> None:
+    """A --torch-device that torch can name and that this machine has."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(
+            f"--torch-device {device!r} is not a torch device (cpu, cuda, cuda:1)"
+        ) from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"--torch-device {device}: this machine has no CUDA device")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"--torch-device {device}: this machine has {count} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise ConfigError(f"--torch-device {device}: profile measures on cpu or cuda")

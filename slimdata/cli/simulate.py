@@ -180,6 +180,7 @@ def command(
     from slimdata.sim.compare import parse_strategies
     from slimdata.solver import ALL_STRATEGIES
 
+    _check_baseline_cp(baseline_config, dp)
     docs = _documents(shards, lengths)
     cost = _cost_model(ctx, shards, model, device, recompute, cost_profile, context)
     memory_gib, memory_how = resolve_memory(
@@ -267,6 +268,18 @@ def _layout(
         context=context,
         mode=mode,
     )
+
+
+def _check_baseline_cp(spec: str, dp: int) -> None:
+    """A fixed ``--baseline-config cp=N`` must divide --dp (every strategy would fail)."""
+    from slimdata.sim.search import parse_baseline_config
+
+    choice = parse_baseline_config(spec)
+    if choice.mode == "fixed" and dp % choice.cp:
+        raise ConfigError(
+            f"--baseline-config cp={choice.cp} does not divide --dp {dp}: static CP takes "
+            "its ranks out of the data-parallel ones"
+        )
 
 
 def _check_any_fits(cmp: Comparison) -> None:

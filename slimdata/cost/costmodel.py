@@ -330,7 +330,7 @@ class CostModel:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read cost profile {path}: {exc}") from exc
-        if data.pop("slimdata_cost_profile", None) != 1:
+        if not isinstance(data, dict) or data.pop("slimdata_cost_profile", None) != 1:
             raise ConfigError(
                 f"{path} is not a slimdata cost profile (missing 'slimdata_cost_profile': 1)"
             )

@@ -74,12 +74,21 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"a model config is a JSON object of {_FIELDS}, not {type(data).__name__}"
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(
                 f"model config has unknown keys {unknown}; known keys: {sorted(known)}"
             )
+        missing = [
+            f.name for f in dataclasses.fields(cls) if f.name not in data and f.name in _FIELDS
+        ]
+        if missing:
+            raise ConfigError(f"model config has no {missing}; it needs {_FIELDS}")
         return cls(**data)
 
     @classmethod
@@ -112,6 +121,9 @@ class ModelConfig:
         return cls.from_dict(data)
 
 
+_FIELDS = ["layers", "hidden", "heads", "kv_heads", "ffn", "vocab"]
+"""The fields a model config must give (``name`` and ``dtype_bytes`` have defaults)."""
+
 _HF_KEYS = (
     "num_hidden_layers",
     "hidden_size",
@@ -126,6 +138,9 @@ _HF_KEYS = (
 
 def _from_hf_fields(data: dict, name: str = "hf-model") -> dict:
     """ModelConfig fields from Hugging Face config keys (``num_hidden_layers`` ...)."""
+    missing = [k for k in _HF_KEYS[:5] if data.get(k) is None]
+    if missing:
+        raise ConfigError(f"Hugging Face config of {name!r} has no {missing}")
     heads = data["num_attention_heads"]
     return {
         "name": data.get("_name_or_path") or data.get("model_type") or name,
@@ -190,6 +205,11 @@ def load_model_config(spec: str | ModelConfig) -> ModelConfig:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read model config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"model config {path}: a JSON object of {_FIELDS} or a Hugging Face config.json, "
+            f"not {type(data).__name__}"
+        )
     if "num_hidden_layers" in data:  # Hugging Face config.json
         data = _from_hf_fields(data, path.stem)
     data.setdefault("name", path.stem)

@@ -210,3 +210,48 @@ def test_a_budget_below_a_tenth_of_a_gib_is_printed_as_given_and_nothing_fitting
     )
     assert "0.0 GiB" not in result.output and "Traceback" not in result.output
     assert CliRunner().invoke(cli, [*args, "--memory-gib", "60"]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "text", "error"),
+    [
+        ("--model", '{"layers": 0}', "model config has no ['hidden', 'heads', 'kv_heads', 'ffn', 'vocab']; it needs ['layers', 'hidden', 'heads', 'kv_heads', 'ffn', 'vocab']"),
+        ("--model", "[1, 2]", "model config {path}: a JSON object of ['layers', 'hidden', 'heads', 'kv_heads', 'ffn', 'vocab'] or a Hugging Face config.json, not list"),
+        ("--model", '{"num_hidden_layers": 2}', "Hugging Face config of 'bad' has no ['hidden_size', 'num_attention_heads', 'intermediate_size', 'vocab_size']"),
+        ("--cost-profile", "[]", "{path} is not a slimdata cost profile (missing 'slimdata_cost_profile': 1)"),
+    ],
+)  # fmt: skip
+def test_a_model_or_cost_file_of_the_wrong_shape_is_one_error_line(tmp_path, option, text, error):
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    (tmp_path / "l.txt").write_text("100\n200\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", option, str(bad)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.output == f"Error: {error.format(path=bad)}\n"
+
+
+@pytest.mark.parametrize(
+    ("device", "error"),
+    [
+        ("tpu", "--torch-device 'tpu' is not a torch device (cpu, cuda, cuda:1)"),
+        ("mps", "--torch-device mps: profile measures on cpu or cuda"),
+    ],
+)
+def test_profile_refuses_a_device_it_cannot_measure_on(tmp_path, device, error):
+    args = ["profile", "--model", "llama-1b", "--torch-device", device, "-o", str(tmp_path / "p")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.output == f"Error: {error}\n"
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_baseline_cp_that_does_not_divide_dp_is_refused_before_simulating(tmp_path):
+    (tmp_path / "l.txt").write_text("100\n200\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "8"]
+    result = CliRunner().invoke(cli, [*args, "--baseline-config", "cp=16"])
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        "Error: --baseline-config cp=16 does not divide --dp 8: static CP takes its ranks out "
+        "of the data-parallel ones\n"
+    )

@@ -100,3 +100,35 @@ def test_a_document_no_group_holds_names_the_cap_per_device_and_per_cp_rank(tmp_
         ": raise --memory-gib, or use more devices (--nodes, --ranks-per-node)"
     )
     assert "Traceback" not in res.output and not (tmp_path / "out").exists()
+
+
+def test_fsdp_plans_are_lockstep_and_solved_without_recompute(tmp_path):
+    """FSDP runs only lockstep plans solved without recompute: --parallelism fsdp plans
+    lockstep by default, refuses --mode free, and refuses a cost model with recompute."""
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("5000\n300\n200\n3000\n")
+    args = ["plan", "--lengths", str(lengths), "--nodes", "1", "--ranks-per-node", "2"]
+    args += ["--global-batch-tokens", "8192", "--memory-gib", "20", "--parallelism", "fsdp"]
+    runner = CliRunner()
+    res = runner.invoke(cli, [*args, "--recompute", "none", "-o", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "a" / "plan.json").read_text())["mode"] == "lockstep"
+    res = runner.invoke(
+        cli, [*args, "--recompute", "none", "--mode", "free", "-o", str(tmp_path / "b")]
+    )
+    assert res.exit_code == 2 and not (tmp_path / "b").exists()
+    assert res.output == (
+        "Error: --mode free with --parallelism fsdp: FSDP runs only lockstep plans (every rank "
+        "makes the same calls); use --mode lockstep or leave --mode out\n"
+    )
+    res = runner.invoke(cli, [*args, "--recompute", "full", "-o", str(tmp_path / "c")])
+    assert res.exit_code == 2 and not (tmp_path / "c").exists()
+    assert res.output == (
+        "Error: --parallelism fsdp: the cost model assumes full recompute, which run_step does "
+        "not run under FSDP; plan with --recompute none (and a --memory-gib that holds the "
+        "activations)\n"
+    )
+    # without fsdp the default mode stays free
+    res = runner.invoke(cli, [*args[:-2], "-o", str(tmp_path / "d")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "d" / "plan.json").read_text())["mode"] == "free"
