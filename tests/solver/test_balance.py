@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from slimdata.cost import CostModel
+from slimdata.docsource import documents_from_lengths
 from slimdata.solver import Layout, SolveOptions, solve
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import skew_group_sizes
@@ -154,3 +155,38 @@ def test_a_document_is_priced_as_it_runs_whole():
     assert view.doc_fwd.tolist() == [389.0, 105.0]
     assert view.doc_bwd.tolist() == [775.0, 207.0]
     assert view.fwd.tolist() == [133.0, 133.0, 133.0, 105.0]
+
+
+def test_merges_memory_does_not_force_are_kept_only_when_they_pay():
+    # a step of a code corpus split at the 8K context: six 8,192-token pieces and four
+    # shorter documents on 8 ranks. One piece per rank is already the best a rank can hold
+    # (0.7547 s, what bfd reaches); merging pieces over rank pairs only adds the K/V exchange
+    # (0.795 s simulated), so the plan merges nothing and matches bfd's step
+    from slimdata.sim import SimConfig, simulate_step
+
+    cost = CostModel.analytic("llama-8b", "h100", "selective")
+    layout = Layout(dp=8, context=8192, memory_gib=30.9)
+    docs = documents_from_lengths([8192, 8192, 3233, 8192, 4490, 1928, 160, 8192, 8192, 8192])
+    plan = solve(docs, layout, "slimpack", cost=cost)
+    assert plan.merges == ()
+    assert max(r.tokens for r in plan.ranks) == 8192
+    bfd = solve(docs, layout, "bfd", cost=cost)
+    step = simulate_step(plan, cost, layout, SimConfig()).step_time
+    assert step == simulate_step(bfd, cost, layout, SimConfig()).step_time
+
+
+def test_merges_that_pay_are_kept():
+    # one 500K-token document among short ones on 4 ranks: merged over the ranks, the step
+    # takes about a quarter of the document's time on one rank
+    from slimdata.cost import ModelConfig
+
+    small = ModelConfig(
+        name="small", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=32000, dtype_bytes=4
+    )
+    cost = CostModel.analytic(small, "h100", "selective")
+    layout = Layout(dp=4, memory_gib=60, context=1 << 20, pack_tokens=131072)
+    plan = solve(
+        documents_from_lengths([500000, 2000, 3000, 2000], 2048), layout, "slimpack", cost=cost
+    )
+    assert len(plan.merges) == 1 and plan.merges[0].docs == (0,)
+    assert max(r.tokens for r in plan.ranks) < 500000 / 2
