@@ -139,14 +139,18 @@ def _plan_auto_cp(docs: list[Document], out: Path, common: dict[str, Any]) -> di
         **{k: common[k] for k in keys},
     )
     failed: list[str] = []
+    errors: list[PlanError] = []
     for k in choice.order:
         try:
             summary = write_epoch_plan(docs, out, cp=k, **common)
         except PlanError as exc:
             failed.append(f"cp={k}: {exc}")
+            errors.append(exc)
             continue
         how = {"cp": k, "reason": choice.reason, "screened": choice.tried, "failed": failed}
         return {**summary, "cp_choice": how}
+    if len({str(e) for e in errors}) == 1:  # the same at every size: not a matter of CP
+        raise errors[0]
     raise PlanError(
         "no static context-parallel size plans every step (--cp auto tried "
         + ", ".join(f"cp={k}" for k in choice.order)

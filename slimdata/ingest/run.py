@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, cast
 
@@ -203,6 +204,34 @@ def _run_parallel(jobs: list[TaskJob], workers: int, on_done: Callable[[TaskResu
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _check_output_outside_inputs(config: BuildConfig, output: Path) -> None:
+    """The output directory must not lie inside an input directory unless ``--exclude``
+    prunes it: a rerun (``--overwrite``, ``--resume``) would read the build's own files."""
+    out = output.resolve()
+    for spec in config.inputs:
+        root = Path(spec)
+        if not root.is_dir():
+            continue
+        root = root.resolve()
+        if out != root and root not in out.parents:
+            continue
+        rel = out.relative_to(root).as_posix()
+        parts = rel.split("/")
+        # the walk prunes a directory whose name or relative path an --exclude matches
+        pruned = ("/".join(parts[: i + 1]) for i in range(len(parts)) if rel != ".")
+        if any(
+            fnmatch(d, p) or fnmatch(d.rsplit("/", 1)[-1], p)
+            for d in pruned
+            for p in config.exclude
+        ):
+            continue
+        hint = f", or add --exclude {rel!r}" if rel != "." else ""
+        raise ConfigError(
+            f"--output {output} is inside the input directory {spec}: the build would read its "
+            f"own files on a rerun; choose an output outside the inputs{hint}"
+        )
+
+
 def build(
     config: BuildConfig,
     output: str | Path,
@@ -221,6 +250,7 @@ def build(
     start = time.perf_counter()
     default_corpus = not config.inputs or config.source == DEFAULT_CORPUS_SOURCE
     _check_writer_options(config)
+    _check_output_outside_inputs(config, Path(output))
     if config.engine == "ray":
         require_ray()
     config, tokenizer, cost_model, tasks, plan = plan_build(config)

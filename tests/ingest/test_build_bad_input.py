@@ -220,3 +220,28 @@ def test_dangling_link_is_quarantined_not_a_crash(tmp_path):
     reasons = {q["doc_id"]: q["reason"] for q in quarantine(out)}
     assert reasons == {"txt/gone.js": "cannot read file: No such file or directory"}
     assert summary.counts["documents"] == 1
+
+
+def test_an_output_inside_an_input_directory_is_refused_unless_excluded(tmp_path):
+    """A rerun would read the build's own files as input: refused before anything is
+    written, with the --exclude that prunes it; with that --exclude the build and its
+    --overwrite rerun see only the corpus."""
+    from slimdata.errors import ConfigError
+    from slimdata.ingest import build
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("hello world " * 50)
+    out = corpus / "shards" / "v1"
+    with pytest.raises(ConfigError) as err:
+        build(tiny_config(corpus), out)
+    assert str(err.value) == (
+        f"--output {out} is inside the input directory {corpus}: the build would read its own "
+        "files on a rerun; choose an output outside the inputs, or add --exclude 'shards/v1'"
+    )
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="choose an output outside the inputs$"):
+        build(tiny_config(corpus), corpus)
+    first = build(tiny_config(corpus, exclude=("shards",)), out)
+    again = build(tiny_config(corpus, exclude=("shards",)), out, overwrite=True)
+    assert first.counts["documents"] == again.counts["documents"] == 1

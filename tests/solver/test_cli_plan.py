@@ -132,3 +132,18 @@ def test_fsdp_plans_are_lockstep_and_solved_without_recompute(tmp_path):
     res = runner.invoke(cli, [*args[:-2], "-o", str(tmp_path / "d")])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "d" / "plan.json").read_text())["mode"] == "free"
+
+
+def test_an_error_every_cp_size_shares_is_given_alone(tmp_path):
+    """--cp auto tried only cp=1 and failed for a reason static CP does not change (a document
+    longer than --context under --oversize error): the error is that reason, not a CP one."""
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("33207\n300\n")
+    args = ["plan", "--lengths", str(lengths), "--nodes", "1", "--ranks-per-node", "8"]
+    args += ["--global-batch-tokens", "32768", "--context", "4096", "--oversize", "error"]
+    res = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2 and not (tmp_path / "o").exists()
+    assert res.output == (
+        "Error: document doc_id 0 has 33207 tokens, more than the context 4096: raise --context "
+        "or choose --oversize split|truncate\n"
+    )
