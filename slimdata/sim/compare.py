@@ -228,8 +228,9 @@ def parse_strategies(spec: str, known: Sequence[str]) -> list[str]:
     names = [s.strip() for s in spec.split(",") if s.strip()]
     bad = [s for s in names if s not in known]
     if bad or not names:
+        what = f"unknown {bad}" if bad else "names no strategy"
         raise ConfigError(
-            f"--strategies {spec!r}: unknown {bad}; use 'all' or a comma list of {', '.join(known)}"
+            f"--strategies {spec!r}: {what}; use 'all' or a comma list of {', '.join(known)}"
         )
     return names
 

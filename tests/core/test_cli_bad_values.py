@@ -255,3 +255,11 @@ def test_a_baseline_cp_that_does_not_divide_dp_is_refused_before_simulating(tmp_
         "Error: --baseline-config cp=16 does not divide --dp 8: static CP takes its ranks out "
         "of the data-parallel ones\n"
     )
+
+
+def test_strategies_naming_none_is_said_so(tmp_path):
+    (tmp_path / "l.txt").write_text("100\n200\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", "--memory-gib", "20"]
+    result = CliRunner().invoke(cli, [*args, "--strategies", " , "])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("Error: --strategies ' , ': names no strategy; use 'all' or ")
