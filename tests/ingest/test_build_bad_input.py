@@ -240,7 +240,7 @@ def test_an_output_inside_an_input_directory_is_refused_unless_excluded(tmp_path
         "files on a rerun; choose an output outside the inputs, or add --exclude 'shards/v1'"
     )
     assert not out.exists()
-    with pytest.raises(ConfigError, match="choose an output outside the inputs$"):
+    with pytest.raises(ConfigError, match=r"choose an output outside the inputs$"):
         build(tiny_config(corpus), corpus)
     first = build(tiny_config(corpus, exclude=("shards",)), out)
     again = build(tiny_config(corpus, exclude=("shards",)), out, overwrite=True)

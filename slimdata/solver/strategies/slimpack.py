@@ -543,41 +543,46 @@ def slimpack(
     with _recompute_advice(cost):
         _check_slices(view, layout.token_cap, layout.memory_bytes)
     assembly = _Assembly(view, layout, cost, step, seed, options, t0, validate)
-    if layout.mode == "free":
-        return _free_plan(assembly)
-    return _lockstep_plan(assembly)
+    return _merges_that_pay(assembly, _free_plan if layout.mode == "free" else _lockstep_plan)
+
+
+def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -> StepPlan:
+    """``solve``'s plan, or the plan with only the merges memory forces when that one is at
+    least as fast: merges memory does not force (a document costlier than a rank's share, or
+    the skew) are kept only when they pay, by the execution model's compute time
+    (:meth:`_Stages.plan_estimate`). That estimate leaves out the merge groups' K/V exchange,
+    which only the plan with more merges pays, so a plan it puts ahead (or level) without them
+    is ahead in the step too."""
+    plan = solve(assembly)
+    forced = dataclasses.replace(assembly.options, merge_share=math.inf, skew_merge=False)
+    if not plan.merges or forced == assembly.options:
+        return plan
+    stages = _Stages.of(assembly.layout, assembly.cost)
+    estimate = stages.plan_estimate(plan)
+    view = assembly.view
+    merged = np.array([d for g in plan.merges for d in g.docs], dtype=np.int64)
+    # without its merge a document runs whole on one rank: when the costliest merged one
+    # alone takes longer than this plan's step, the plan without merges cannot be ahead
+    alone = stages.share * float((view.doc_fwd[merged] + view.doc_bwd[merged]).max())
+    if alone > 1.01 * estimate:
+        return plan
+    try:
+        fewer = solve(dataclasses.replace(assembly, options=forced))
+    except PlanError:
+        return plan
+    if stages.plan_estimate(fewer) > estimate:
+        return plan
+    # the options asked for, and that the merges they allow did not pay (meta is JSON: no inf)
+    fewer.meta.update(merge_share=assembly.options.merge_share, unforced_merges="dropped")
+    return fewer
 
 
 def _free_plan(assembly: _Assembly) -> StepPlan:
-    """Free mode: phase 1 and every rank packed on its own. Merges that memory does not
-    force (a document costlier than a rank's share, or the skew) are kept only when they
-    pay: the plan with them against the plan with only the forced ones, by the execution
-    model's compute time (:meth:`_Stages.plan_estimate`); the plan with fewer merges wins
-    unless the other is faster. That estimate leaves out the merge groups' K/V exchange,
-    which only the plan with more merges pays, so a plan it puts ahead (or level) without
-    them is ahead in the step too."""
-    view, layout, cost, options = assembly.view, assembly.layout, assembly.cost, assembly.options
-    with _recompute_advice(cost):
-        p1 = _phase1(view, layout, options, packs=1, mem=layout.memory_bytes)
-    plan = assembly.plan((math.nan, _free(view, p1, layout), 0, p1))
-    forced = dataclasses.replace(options, merge_share=math.inf, skew_merge=False)
-    if not p1.merges.groups or forced == options:
-        return plan
-    stages = _Stages.of(layout, cost)
-    estimate = stages.plan_estimate(plan)
-    merged = np.fromiter(p1.merges.merged_docs, dtype=np.int64)
-    # without its merge a document runs whole on one rank: when the costliest merged one
-    # alone takes longer than this plan's step, the plan without merges cannot be ahead
-    if float((view.doc_fwd[merged] + view.doc_bwd[merged]).max()) > 1.01 * estimate:
-        return plan
-    try:
-        q1 = _phase1(view, layout, forced, packs=1, mem=layout.memory_bytes)
-    except PlanError:
-        return plan
-    if _merge_key(q1.merges) == _merge_key(p1.merges):
-        return plan
-    fewer = assembly.plan((math.nan, _free(view, q1, layout), 0, q1))
-    return fewer if stages.plan_estimate(fewer) <= estimate else plan
+    """Free mode: phase 1 and every rank packed on its own."""
+    view, layout = assembly.view, assembly.layout
+    with _recompute_advice(assembly.cost):
+        p1 = _phase1(view, layout, assembly.options, packs=1, mem=layout.memory_bytes)
+    return assembly.plan((math.nan, _free(view, p1, layout), 0, p1))
 
 
 CALIBRATIONS = 3
