@@ -109,7 +109,10 @@ def _check_fsdp_recompute(cost: CostModel | None, shards: str | None) -> None:
     the plan's cost model, the given one or the build's, must assume none."""
     from slimdata.planning import build_cost_model
 
-    policy = (cost if cost is not None else build_cost_model(shards)).recompute
+    if cost is None:  # planning from shards without cost options: the build's own
+        assert shards is not None
+        cost = build_cost_model(shards)
+    policy = cost.recompute
     if policy != "none":
         raise ConfigError(
             f"--parallelism fsdp: the cost model assumes {policy} recompute, which run_step "
