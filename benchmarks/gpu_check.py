@@ -170,12 +170,11 @@ def _two_process_rows(rep: Report) -> list[dict]:
     from slimdata.hooks.distributed import run_distributed
 
     dtype = str(rep.dtype).removeprefix("torch.")
-    lengths = [6000, 700, 1300, 300, 129]
     rows = []
-    for worker, args in ((W.merge_equivalence, (lengths, 0.25)), (W.cp_equivalence, (lengths,))):
+    for case, (worker, args) in W.TWO_PROCESSES.items():
         res = run_distributed(worker, 2, "cuda", dtype, *args)
         shares, refs, errs, noise, used = zip(*res, strict=True)
-        merge = worker is W.merge_equivalence
+        merge = case == "dp_merge"
         rows.append(
             {
                 "mode": f"DP-Merge ({used[0]} group, 2 processes)"

@@ -84,9 +84,7 @@ class ModelConfig:
             raise ConfigError(
                 f"model config has unknown keys {unknown}; known keys: {sorted(known)}"
             )
-        missing = [
-            f.name for f in dataclasses.fields(cls) if f.name not in data and f.name in _FIELDS
-        ]
+        missing = [f for f in _FIELDS if f not in data]
         if missing:
             raise ConfigError(f"model config has no {missing}; it needs {_FIELDS}")
         return cls(**data)

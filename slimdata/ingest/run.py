@@ -14,11 +14,10 @@ import multiprocessing
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,7 +41,7 @@ from slimdata.ingest.task import (
     task_dir,
     write_task,
 )
-from slimdata.readers import ReadTask, plan_inputs
+from slimdata.readers import ReadTask, _matches, plan_inputs
 from slimdata.tokenize import TextTokenizer
 
 __all__ = ["IN_FLIGHT_BYTES", "BuildSummary", "build", "plan_build", "require_ray"]
@@ -216,20 +215,21 @@ def _check_output_outside_inputs(config: BuildConfig, output: Path) -> None:
         if out != root and root not in out.parents:
             continue
         rel = out.relative_to(root).as_posix()
-        parts = rel.split("/")
-        # the walk prunes a directory whose name or relative path an --exclude matches
-        pruned = ("/".join(parts[: i + 1]) for i in range(len(parts)) if rel != ".")
-        if any(
-            fnmatch(d, p) or fnmatch(d.rsplit("/", 1)[-1], p)
-            for d in pruned
-            for p in config.exclude
-        ):
+        if rel != "." and _pruned(rel, config.exclude):
             continue
         hint = f", or add --exclude {rel!r}" if rel != "." else ""
         raise ConfigError(
             f"--output {output} is inside the input directory {spec}: the build would read its "
             f"own files on a rerun; choose an output outside the inputs{hint}"
         )
+
+
+def _pruned(rel: str, exclude: Sequence[str]) -> bool:
+    """Whether the input walk prunes the directory at ``rel``: an ``exclude`` pattern matches
+    it or a directory above it (by name or relative path, as the walk matches them)."""
+    parts = rel.split("/")
+    above = ("/".join(parts[: i + 1]) for i in range(len(parts)))
+    return any(_matches(d, exclude) for d in above)
 
 
 def build(

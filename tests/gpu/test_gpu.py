@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gpu_workers import TWO_PROCESSES
 from slimdata.hooks.attention import (
     BACKENDS,
     VarlenBatch,
@@ -112,27 +113,14 @@ def test_bf16_packed_error_is_within_the_repacking_noise(mode):
     assert packed["loss"] <= max(4 * noise["loss"], 2**-9), rep
 
 
-MERGE_LENGTHS = [6000, 700, 1300, 300, 129]
-
-
-TWO_PROCESSES = {
-    # both DP ranks on the one GPU, the 6000-token document merged over them: gloo carries
-    # the K/V all-gather and the gradient all-reduce
-    "dp_merge": ("merge_equivalence", (MERGE_LENGTHS, 0.25)),
-    # one DP rank run by a CP group of two processes: every slice cut into load-balanced
-    # chunks, keys/values all-gathered per layer and reduce-scattered back
-    "static_cp": ("cp_equivalence", (MERGE_LENGTHS,)),
-}
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", list(TWO_PROCESSES))
 def test_two_processes_on_one_gpu_match_the_unpacked_reference(case, dtype):
-    import gpu_workers as W
+    # the cases and what each runs: gpu_workers.TWO_PROCESSES (shared with the GPU report)
     from slimdata.hooks.distributed import run_distributed
 
     worker, args = TWO_PROCESSES[case]
-    res = run_distributed(getattr(W, worker), 2, "cuda", dtype, *args, timeout_s=300)
+    res = run_distributed(worker, 2, "cuda", dtype, *args, timeout_s=300)
     shares, refs, errs, noise, used = zip(*res, strict=True)
     assert min(used) >= 1  # merge groups, or slices cut from a document: the feature ran
     assert sum(shares) == pytest.approx(refs[0], rel=1e-5 if dtype == "float32" else 1e-2)
