@@ -7,7 +7,9 @@ lists, per DP rank and pipeline stage, a :class:`Program`: the ordered operation
 - ``Compute(pass_, chunk, pack, seconds, tokens, pairs, calls, graph_free, recompute,
   merge)``: a forward (``F``) or backward (``B``) pass of one pack on one model chunk, priced
   by :func:`~slimdata.execution.pricing.pack_times` (the cost model summed over the pack's
-  slices, per model call, recompute included) times the chunk's share of the layers;
+  slices, per model call, recompute included) as one device computes it
+  (:func:`~slimdata.execution.compute.pack_compute`: a static-CP member's share, merged
+  slices' chunk efficiency) times the chunk's share of the layers;
 - ``Collective(kind, group, bytes)``: DDP gradient all-reduce, FSDP parameter all-gather /
   gradient reduce-scatter per pack pass, DP-Merge and static-CP K/V all-gather / gradient
   reduce-scatter per layer, pipeline send / recv (:data:`~slimdata.execution.ops.COLLECTIVES`);
@@ -31,6 +33,7 @@ pack, 1 byte of activations and 1 of K/V per token, no parameters::
 held while each compute runs: 8, 12, 12 bytes; peak 12.
 """
 
+from slimdata.execution.compute import PackCompute, pack_compute
 from slimdata.execution.memory import compute_levels, levels, peak
 from slimdata.execution.ops import COLLECTIVES, MEMORY, Alloc, Collective, Compute, Free, Program
 from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
@@ -45,6 +48,7 @@ __all__ = [
     "Compute",
     "ExecutionConfig",
     "Free",
+    "PackCompute",
     "PackTimes",
     "Program",
     "Programs",
@@ -53,6 +57,7 @@ __all__ = [
     "common_order",
     "compute_levels",
     "levels",
+    "pack_compute",
     "pack_times",
     "padded",
     "peak",

@@ -5,9 +5,11 @@ Every device runs its computes in the order of the pipeline schedule
 ``c`` after the same pack's forward on chunk ``c - 1``, a backward on ``c`` after the same
 pack's backward on ``c + 1``; a pass on chunk ``c`` takes ``chunk_fractions(layers,
 pp * v)[c]`` of the pack's full-model seconds. No communication, no memory: this is the
-critical path of the compute-only programs (``build_programs(..., compute_only=True)``)
-where a pack's seconds are its execution-model price, computed from per-pack times alone so
-that SlimPack can afford it in every probe of its pack-count and lag search.
+critical path of the compute-only programs (``build_programs(..., compute_only=True)``).
+:func:`critical_path` takes per-pack seconds alone, so that SlimPack can afford it in every
+probe of its pack-count and lag search; :func:`plan_critical_path` prices an assembled plan
+as the simulator's tasks take it on one device
+(:func:`~slimdata.execution.compute.pack_compute`).
 
 Example (1F1B, ``pp=2``, forward packs of 1 s, backward 2 s, order ``F0 B0 F1 B1``; each op
 takes half its pack): stage 0 F0 ends 0.5, F1 1.0; stage 1 F0 1.0, B0 2.0, F1 2.5, B1 3.5;
@@ -27,7 +29,11 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike
 
+from slimdata.cost import CostModel
 from slimdata.errors import PlanError
+from slimdata.execution.compute import pack_compute
+from slimdata.execution.pricing import pack_times
+from slimdata.execution.program import ExecutionConfig
 from slimdata.execution.schedule import stage_ops
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import RankStep, StepPlan
@@ -81,24 +87,44 @@ def critical_path(
 
 
 def plan_critical_path(
-    plan: StepPlan, pp: int, *, schedule: str = "1f1b", v: int = 1, layers: int = 0
+    plan: StepPlan, cost: CostModel, config: ExecutionConfig | None = None
 ) -> float:
-    """The planner's step-time estimate of ``plan``: every rank's packs (their
-    ``MicroPack.cost``) through its own order (:func:`critical_path`), the slowest rank; no
+    """The planner's step-time estimate of ``plan``: every rank's packs at the execution
+    model's price on one device (:func:`~slimdata.execution.pricing.pack_times` by the
+    executor's rules of ``config``, then :func:`~slimdata.execution.compute.pack_compute`:
+    static CP member shares, merged slices' attention efficiency) through its own order
+    (:func:`critical_path`, ``config``'s pipeline and schedule), the slowest rank; no
     communication. Ranks with the same order go through one call, a column each (the
     evaluation is elementwise, so each column is as if alone)."""
+    config = config or ExecutionConfig()
+    pt = pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split)
+    price = pack_compute(pt, plan, config.cp)
     by_order: dict[tuple, list[RankStep]] = {}
     for rs in plan.ranks:
         by_order.setdefault(tuple(rs.order), []).append(rs)
     worst = 0.0
     for order, ranks in by_order.items():
-        f = [[p.cost for p in rs.forward] for rs in ranks]
-        b = [[p.cost for p in rs.backward] for rs in ranks]
-        fa = np.array(f, dtype=np.float64).T.reshape(len(ranks[0].forward), len(ranks))
-        ba = np.array(b, dtype=np.float64).T.reshape(len(ranks[0].backward), len(ranks))
-        times = critical_path(fa, ba, order, pp, schedule=schedule, v=v, layers=layers)
+        fa = _rank_columns(price.fwd, pt.f_offset, ranks, len(ranks[0].forward))
+        ba = _rank_columns(price.bwd, pt.b_offset, ranks, len(ranks[0].backward))
+        times = critical_path(
+            fa,
+            ba,
+            order,
+            config.pp,
+            schedule=config.schedule,
+            v=config.chunks_per_device,
+            layers=cost.layers,
+        )
         worst = max(worst, float(times.max(initial=0.0)))
     return worst
+
+
+def _rank_columns(
+    seconds: np.ndarray, offset: np.ndarray, ranks: Sequence[RankStep], n: int
+) -> np.ndarray:
+    """``(n, len(ranks))``: each rank's ``n`` flat packs' ``seconds``, a column each."""
+    idx = offset[[rs.rank for rs in ranks]][None, :] + np.arange(n)[:, None]
+    return seconds[idx]
 
 
 def _columns(x: ArrayLike) -> np.ndarray:

@@ -6,8 +6,10 @@ Per DP rank and pipeline stage, the operations in the order the device runs them
   (:func:`slimdata.execution.schedule.stage_ops`; under FSDP every rank follows
   :func:`~slimdata.execution.schedule.common_order`);
 - how each pack runs (model calls, graph-free forwards, recomputed backwards) is the
-  executor's rule (:func:`slimdata.plan.execution`), and its price is
-  :func:`slimdata.execution.pricing.pack_times` times the chunk's share of the layers;
+  executor's rule (:func:`slimdata.plan.execution`), and its price is what one device
+  computes of it (:func:`slimdata.execution.compute.pack_compute`: the cost model's
+  :func:`~slimdata.execution.pricing.pack_times`, a static-CP member's share, merged
+  slices' chunk efficiency) times the chunk's share of the layers;
 - around every compute: pipeline ``recv`` / ``send`` of its hidden states, FSDP's parameter
   all-gather (and gradient reduce-scatter in the backward), a merge pack's per-layer K/V
   all-gathers (and K/V-gradient reduce-scatters in the backward,
@@ -36,6 +38,7 @@ import numpy as np
 
 from slimdata.cost import CostModel, causal_pairs
 from slimdata.errors import ConfigError
+from slimdata.execution.compute import PackCompute, pack_compute, padded
 from slimdata.execution.cp import PassGathers, cp_pass_gathers
 from slimdata.execution.merge import merge_collectives, merge_layer_tokens
 from slimdata.execution.ops import Alloc, Collective, Compute, Free, Operation, Program
@@ -88,6 +91,8 @@ class Programs:
     programs: dict[tuple[int, int], Program]
     """``(rank, stage) -> Program``."""
     pt: PackTimes
+    compute: PackCompute
+    """Every pack's compute on one device (its computes take these times the chunk's share)."""
     fractions: np.ndarray
     """Share of the model's layers in every global chunk."""
     dp: int
@@ -101,13 +106,6 @@ class Programs:
 
     def __iter__(self) -> Iterator[Program]:
         return iter(self.programs.values())
-
-
-def padded(tokens, k: int) -> np.ndarray:
-    """Tokens padded to a multiple of ``2 k`` under static CP (``k > 1``), Megatron's THD
-    requirement: ``padded(1000, 3) == 1002``."""
-    t = np.asarray(tokens, dtype=np.float64)
-    return t if k == 1 else np.ceil(t / (2 * k)) * (2 * k)
 
 
 def build_programs(
@@ -151,7 +149,7 @@ def build_programs(
             if not (compute_only or memory_only):
                 ops.extend(b.step_end(s))
             programs[(r, s)] = Program(r, s, b.device(s, r), tuple(ops))
-    return Programs(programs, pt, b.frac, plan.dp, config.pp, gathers)
+    return Programs(programs, pt, b.prices, b.frac, plan.dp, config.pp, gathers)
 
 
 @dataclass(frozen=True)
@@ -176,7 +174,8 @@ class _Side:
     """Backward: activation bytes of its slices whose forward ran graph-free."""
 
     @staticmethod
-    def build(plan: StepPlan, pt: PackTimes, kind: str) -> _Side:
+    def build(plan: StepPlan, pt: PackTimes, kind: str, seconds: np.ndarray) -> _Side:
+        """Pass ``kind``'s packs of ``plan``, each taking ``seconds`` on one device."""
         fwd = kind == "F"
         pack_of = pt.s_fpack if fwd else pt.s_bpack
         n = len(pt.fwd if fwd else pt.bwd)
@@ -185,7 +184,7 @@ class _Side:
         return _Side(
             offset=(pt.f_offset if fwd else pt.b_offset).tolist(),
             n_packs=[len(rs.forward if fwd else rs.backward) for rs in plan.ranks],
-            seconds=(pt.fwd if fwd else pt.bwd).tolist(),
+            seconds=seconds.tolist(),
             tokens=np.rint(pt.f_tokens if fwd else pt.b_tokens).astype(int).tolist(),
             pairs=np.bincount(pack_of, pairs, n).tolist(),
             calls=(pt.f_calls if fwd else pt.b_calls).tolist(),
@@ -219,7 +218,11 @@ class _Builder:
         self.frac = chunk_fractions(cost.layers, self.n_chunks)
         self.frac_list = self.frac.tolist()
         self.fsdp = config.parallelism == "fsdp"
-        self.side = {k: _Side.build(plan, pt, k) for k in "FB"}
+        self.prices = pack_compute(pt, plan, config.cp)
+        self.side = {
+            "F": _Side.build(plan, pt, "F", self.prices.fwd),
+            "B": _Side.build(plan, pt, "B", self.prices.bwd),
+        }
         self.merge_kv = [
             float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g, config.cp)))
             for g in range(len(plan.merges))

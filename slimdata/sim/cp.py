@@ -13,7 +13,7 @@ gather when the executor recomputes the merge pack):
   load-balanced chunks (member ``i`` holds chunks ``i`` and ``2k - 1 - i``), so each member
   computes ``1 / k`` of the padded sequence's linear tokens and causal pairs. A merge group
   runs the slices its plan gives each member (``dcp``: the ``2 k`` chunks; ``slimpack``: its
-  own slices), priced slice by slice.
+  own slices), priced slice by slice (the compute of both: :mod:`slimdata.execution.compute`).
 - **Kernel efficiency.** Attention on a chunk of ``c`` tokens of a ``w``-token sequence costs
   ``chunk_factor(w, c)`` times the unsplit time per pair (:mod:`slimdata.cost.attention`, a
   published FlashAttention-3 curve): static CP ``w = s'``, ``c = s' / 2k``; a merge member's
@@ -54,12 +54,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slimdata.cost import CostModel, Interconnect, causal_pairs
-from slimdata.cost.attention import attention_curve
+from slimdata.cost import CostModel, Interconnect
+from slimdata.execution.compute import PackCompute, merge_attention_scale, padded
 from slimdata.execution.cp import PassGathers
 from slimdata.execution.merge import merge_collectives, merge_layer_tokens
 from slimdata.execution.pricing import PackTimes
-from slimdata.execution.program import ExecutionConfig, padded
+from slimdata.execution.program import ExecutionConfig
 from slimdata.plan import StepPlan
 
 __all__ = [
@@ -77,11 +77,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CpPacks:
-    """Per-member times of every flat pack under static CP (full model, all layers)."""
+    """Per-member K/V exchange of every flat pack under static CP (full model, all layers);
+    the member's compute is :func:`~slimdata.execution.compute.pack_compute`'s."""
 
-    fwd: np.ndarray
-    """Compute seconds of one member per flat forward pack."""
-    bwd: np.ndarray
     f_comm: np.ndarray
     """Exposed exchange seconds per flat forward pack, shape ``(2, packs)``: row 0 for a CP
     group inside one node, row 1 for one spanning nodes."""
@@ -131,29 +129,9 @@ def exchange_exposed(
     return np.where(layer_bytes > 0, layers * np.maximum(per_layer - hide, 0.0), 0.0)
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    return np.divide(num, den, out=np.ones_like(num), where=den > 0)
-
-
-def _static_scales(
-    pt: PackTimes, cp: int, pack: np.ndarray, n: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per pack: padded over real tokens, padded-and-slowed over real pairs."""
-    curve = attention_curve()
-    s = (pt.s_end - pt.s_start).astype(np.float64)
-    sp = padded(s, cp)
-    pairs = causal_pairs(pt.s_start, pt.s_end)
-    slow = causal_pairs(pt.s_start, pt.s_start + sp) * curve.chunk_factor(sp, sp / (2 * cp))
-    tok_p = np.bincount(pack, weights=sp, minlength=n)
-    lin = _ratio(tok_p, np.bincount(pack, weights=s, minlength=n))
-    att = _ratio(
-        np.bincount(pack, weights=slow, minlength=n), np.bincount(pack, weights=pairs, minlength=n)
-    )
-    return lin, att
-
-
 def cp_packs(
     pt: PackTimes,
+    compute: PackCompute,
     cost: CostModel,
     cp: int,
     net: Interconnect,
@@ -161,22 +139,17 @@ def cp_packs(
     *,
     overlap: float = 1.0,
 ) -> CpPacks:
-    """Member compute, exposed exchange and gathered bytes of every pack (module docstring);
-    ``gathers``: the execution model's static-CP gathers (needed for ``cp > 1``)."""
+    """Exposed exchange and gathered bytes of every pack (module docstring): ``compute``'s
+    member attention hides up to its share of the exchange; ``gathers``: the execution
+    model's static-CP gathers (needed for ``cp > 1``)."""
     if cp == 1:
         zf, zb = np.zeros((2, len(pt.fwd))), np.zeros((2, len(pt.bwd)))
-        return CpPacks(pt.fwd, pt.bwd, zf, zb, np.zeros(len(pt.fwd)), np.zeros(len(pt.bwd)))
+        return CpPacks(zf, zb, np.zeros(len(pt.fwd)), np.zeros(len(pt.bwd)))
     assert gathers is not None, "static CP is priced from the execution model's gathers"
     layers = max(cost.layers, 1)
     out = []
-    for kind, tot, att, const, pack in (
-        ("F", pt.fwd, pt.f_att, pt.f_const, pt.s_fpack),
-        ("B", pt.bwd, pt.b_att, pt.b_const, pt.s_bpack),
-    ):
-        n = len(tot)
-        lin_s, att_s = _static_scales(pt, cp, pack, n)
-        member_att = att * att_s / cp
-        member = (tot - att - const) * lin_s / cp + member_att + const
+    for kind, member_att in (("F", compute.f_att), ("B", compute.b_att)):
+        n = len(member_att)
         # per layer: ``coll`` collectives moving ``moved`` bytes in all (their mean each)
         coll = np.array([gathers.collectives(kind, k) for k in range(n)], dtype=np.float64)
         moved = cost.gathered_kv_bytes([gathers.tokens(kind, k) for k in range(n)])
@@ -188,29 +161,9 @@ def cp_packs(
             ]
         )
         kv = cost.gathered_kv_bytes([gathers.largest(kind, k) for k in range(n)])
-        out.append((member, comm, kv))
-    (fwd, f_comm, f_kv), (bwd, b_comm, b_kv) = out
-    return CpPacks(fwd, bwd, f_comm, b_comm, f_kv, b_kv)
-
-
-def merge_attention_scale(
-    pt: PackTimes, doc_len: np.ndarray, merged: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per flat forward and backward pack: attention time of its slices of merged documents
-    with the chunk factor (``w`` = document length, ``c`` = slice tokens), over without it.
-    1 for packs without merged slices."""
-    curve = attention_curve()
-    pairs = causal_pairs(pt.s_start, pt.s_end)
-    fac = np.where(
-        merged[pt.s_doc],
-        curve.chunk_factor(doc_len[pt.s_doc], pt.s_end - pt.s_start),
-        1.0,
-    )
-    out = []
-    for pack, n in ((pt.s_fpack, len(pt.fwd)), (pt.s_bpack, len(pt.bwd))):
-        num = np.bincount(pack, weights=pairs * fac, minlength=n)
-        out.append(_ratio(num, np.bincount(pack, weights=pairs, minlength=n)))
-    return out[0], out[1]
+        out.append((comm, kv))
+    (f_comm, f_kv), (b_comm, b_kv) = out
+    return CpPacks(f_comm, b_comm, f_kv, b_kv)
 
 
 def cp_peak_memory(plan: StepPlan, cost: CostModel, cp: int) -> np.ndarray:

@@ -28,6 +28,7 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.execution import Collective, Programs
+from slimdata.execution.compute import PackCompute
 from slimdata.execution.pricing import PackTimes
 from slimdata.plan import StepPlan
 from slimdata.sim.comm import p2p_time, spans_nodes
@@ -36,7 +37,6 @@ from slimdata.sim.cp import (
     CpPacks,
     cp_packs,
     exchange_exposed,
-    merge_attention_scale,
     merge_collectives,
     merge_layer_tokens,
     real_devices,
@@ -99,8 +99,8 @@ def build_dag(
     becomes a task placed in program order, then the edges."""
     if config.parallelism == "fsdp":
         _check_merge_alignment(plan)
-    cp_model = _cp_model(plan, cost, programs, config)
-    fwork, bwork = _chunk_work(programs, cp_model, config.cp, durations)
+    cp_model = _cp_model(cost, programs, config)
+    fwork, bwork = _chunk_work(programs, cp_model[1], durations)
     tasks = _Tasks(plan, cost, programs, config, ranks_per_node, cp_model, (fwork, bwork))
     for prog in programs:
         for op in prog.computes():
@@ -138,39 +138,33 @@ def _check_merge_alignment(plan: StepPlan) -> None:
 
 
 def _cp_model(
-    plan: StepPlan, cost: CostModel, programs: Programs, config: SimConfig
-) -> tuple[CpPacks, np.ndarray, np.ndarray]:
-    """Static CP member shares and merged slices' attention efficiency of every pack
+    cost: CostModel, programs: Programs, config: SimConfig
+) -> tuple[CpPacks, PackCompute]:
+    """Every pack's compute on one device (static CP member shares, merged slices' attention
+    efficiency: :mod:`slimdata.execution.compute`) and its static-CP K/V exchange
     (:mod:`slimdata.sim.cp`)."""
-    pt = programs.pt
+    pt, compute = programs.pt, programs.compute
     cpp = cp_packs(
         pt,
+        compute,
         cost,
         config.cp,
         config.interconnect,
         programs.cp_gathers,
         overlap=config.cp_overlap,
     )
-    doc_len = np.array([d.length for d in plan.docs], dtype=np.float64)
-    merged = np.zeros(len(plan.docs), dtype=bool)
-    merged[[d for m in plan.merges for d in m.docs]] = True
-    f_scale, b_scale = merge_attention_scale(pt, doc_len, merged)
-    return cpp, f_scale, b_scale
+    return cpp, compute
 
 
 def _chunk_work(
-    programs: Programs,
-    cp_model: tuple[CpPacks, np.ndarray, np.ndarray],
-    cp: int,
-    durations: Durations | None,
+    programs: Programs, compute: PackCompute, durations: Durations | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``[chunk, flat pack] -> seconds`` of every forward and backward task: the program's
-    price with the CP model's member share and chunk efficiency (:mod:`slimdata.sim.cp`),
-    replaced by measured ``durations`` where given."""
+    """``[chunk, flat pack] -> seconds`` of every forward and backward task: the pack's
+    compute on one device (:func:`~slimdata.execution.compute.pack_compute`) times the
+    chunk's share of the layers, replaced by measured ``durations`` where given."""
     pt, frac = programs.pt, programs.fractions
-    cpp, f_scale, b_scale = cp_model
-    fwork = frac[:, None] * (cpp.fwd + pt.f_att * (f_scale - 1) / cp)[None, :]
-    bwork = frac[:, None] * (cpp.bwd + pt.b_att * (b_scale - 1) / cp)[None, :]
+    fwork = frac[:, None] * compute.fwd[None, :]
+    bwork = frac[:, None] * compute.bwd[None, :]
     if durations:
         offs = {"F": pt.f_offset, "B": pt.b_offset}
         for (c, r, kind, i), sec in durations.items():
@@ -188,7 +182,7 @@ class _Tasks:
         programs: Programs,
         config: SimConfig,
         rpn: int,
-        cp_model: tuple[CpPacks, np.ndarray, np.ndarray],
+        cp_model: tuple[CpPacks, PackCompute],
         work: tuple[np.ndarray, np.ndarray],
     ) -> None:
         self.plan, self.cost, self.config, self.rpn = plan, cost, config, rpn
@@ -207,7 +201,7 @@ class _Tasks:
             for g in range(len(plan.merges))
         ]
         self.group_of = [plan.merge_of_rank(r) for r in range(plan.dp)]
-        self.cpp, self.f_scale, self.b_scale = cp_model
+        self.cpp, self.compute = cp_model
         # [stage, group] -> does the CP group span nodes (row of CpPacks.*_comm)
         self.cp_row = np.array(
             [
@@ -262,9 +256,9 @@ class _Tasks:
         off = self.offset(m, kind) + j
         pt = self.pt
         att = (
-            (pt.f_att[off] * self.f_scale[off])
+            (pt.f_att[off] * self.compute.f_merge[off])
             if kind == "F"
-            else (pt.b_att[off] * self.b_scale[off])
+            else (pt.b_att[off] * self.compute.b_merge[off])
         )
         t = exchange_exposed(
             self.net,

@@ -30,9 +30,9 @@ PUBLIC = {  # module -> its __all__, in order
         "make_batches plan_peak_memory solve"
     ),
     "slimdata.execution": (
-        "COLLECTIVES MEMORY Alloc Collective Compute ExecutionConfig Free PackTimes Program "
-        "Programs build_programs chunk_fractions common_order compute_levels levels pack_times "
-        "padded peak stage_ops"
+        "COLLECTIVES MEMORY Alloc Collective Compute ExecutionConfig Free PackCompute PackTimes "
+        "Program Programs build_programs chunk_fractions common_order compute_levels levels "
+        "pack_compute pack_times padded peak stage_ops"
     ),
     "slimdata.sim": (
         "Comparison SimConfig SimResult StepBound StrategyStats compare_strategies format_table "

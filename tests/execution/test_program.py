@@ -200,12 +200,13 @@ def test_planner_fast_estimate_is_the_programs_critical_path(pp):
         lengths = rng.integers(200, 20000, size=40).tolist()
         layout = Layout(dp=4, pp=pp, mode="lockstep", context=32768, memory_gib=20)
         plan = solve(documents_from_lengths(lengths, 2048), layout, "slimpack", seed, cost)
-        assert not plan.merges  # merged slices: the solver prices CP chunk efficiency apart
+        assert not plan.merges  # the setup: every document on one rank
         progs = build_programs(plan, cost, ExecutionConfig(pp=pp), compute_only=True)
         full = build_programs(plan, cost, ExecutionConfig(pp=pp))
         assert [p.computes() for p in full] == [list(p.ops) for p in progs]  # same computes
         want = max(critical_path(progs))
-        assert plan_critical_path(plan, pp, layers=cost.layers) == pytest.approx(want, rel=1e-9)
+        got = plan_critical_path(plan, cost, ExecutionConfig(pp=pp))
+        assert got == pytest.approx(want, rel=1e-9)
         checked += want > 0
     assert checked == 3
 
@@ -236,7 +237,7 @@ def test_planner_estimate_is_the_critical_path_of_random_orders(pp, schedule, v)
         assert not plan.merges
         config = ExecutionConfig(pp=pp, schedule=schedule, virtual_stages=v)
         want = max(critical_path(build_programs(plan, cost, config, compute_only=True)))
-        got = plan_critical_path(plan, pp, schedule=schedule, v=v, layers=cost.layers)
+        got = plan_critical_path(plan, cost, config)
         assert got == pytest.approx(want, rel=1e-9)
         checked += len({rs.order for rs in plan.ranks}) > 1 and want > 0
     assert checked  # not vacuous: ranks with different orders

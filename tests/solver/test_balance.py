@@ -190,3 +190,29 @@ def test_merges_that_pay_are_kept():
     )
     assert len(plan.merges) == 1 and plan.merges[0].docs == (0,)
     assert max(r.tokens for r in plan.ranks) < 500000 / 2
+
+
+def test_under_static_cp_merges_are_dropped_only_for_a_plan_that_fits_every_device():
+    # WLB-128K lengths, 4M-token steps on 32 devices as 16 DP ranks of static CP 2, 60 GiB:
+    # in the fourth step the plan without its three unforced merge groups is estimated faster
+    # but peaks at 60.02 GiB on some device (a pass's gathered K/V, which the free packer
+    # does not count), so the plan keeps them and fits
+    from pathlib import Path
+
+    from slimdata.docsource import load_lengths
+    from slimdata.sim import SimConfig, simulate_step
+    from slimdata.solver import PlanConfig
+
+    lengths = load_lengths(Path(__file__).parents[1] / "fixtures/lengths/wlb128k.json.gz")
+    layout = Layout(dp=16, cp=2, ranks_per_node=4, memory_gib=60, context=131072)
+    devices = Layout(dp=32, memory_gib=60, context=131072)
+    rules = PlanConfig(layout=layout, global_batch_tokens=1 << 22, oversize="split")
+    batch = rules.batches(documents_from_lengths(lengths))[3]
+    config = SimConfig(parallelism="zero1", cp=2)
+    plan = solve(batch, layout, "slimpack", 3, LLAMA8B)
+    assert len(plan.merges) == 3 and "unforced_merges" not in plan.meta
+    assert simulate_step(plan, LLAMA8B, devices, config).peak_memory_gib < 60
+    forced = SolveOptions(merge_share=float("inf"), skew_merge=False)
+    fewer = solve(batch, layout, "slimpack", 3, LLAMA8B, options=forced)
+    assert fewer.merges == ()  # what dropping them would give: over the budget
+    assert simulate_step(fewer, LLAMA8B, devices, config).peak_memory_gib > 60

@@ -8,6 +8,7 @@ import pytest
 
 from slimdata.cost import CostModel
 from slimdata.errors import ConfigError
+from slimdata.execution import ExecutionConfig
 from slimdata.execution.critical import plan_critical_path
 from slimdata.execution.schedule import SCHEDULES as EXECUTION_SCHEDULES
 from slimdata.solver import Layout, solve
@@ -54,12 +55,45 @@ def test_estimate_is_the_interleaved_critical_path_by_hand():
         rs = plan.ranks[0]
         assert [p.cost for p in rs.forward] == [128.0, 128.0]
         assert [p.cost for p in rs.backward] == [256.0, 256.0] and plan.meta["lag"] == 0
-    assert one.meta["pipeline_estimate"] == 576.0 == plan_critical_path(one, 2)
-    est = plan_critical_path(inter, 2, schedule="interleaved", v=2)
+    assert (
+        one.meta["pipeline_estimate"]
+        == 576.0
+        == plan_critical_path(one, cost, ExecutionConfig(pp=2))
+    )
+    est = plan_critical_path(
+        inter, cost, ExecutionConfig(pp=2, schedule="interleaved", virtual_stages=2)
+    )
     assert inter.meta["pipeline_estimate"] == 480.0 == est
     assert inter.meta["layout"]["schedule"] == "interleaved"
     assert inter.meta["layout"]["virtual_stages"] == 2
     assert "schedule" not in one.meta["layout"]  # 1F1B plans record what they always did
+
+
+@pytest.mark.parametrize("gib", [6, 8, 12])
+def test_static_cp_estimate_is_the_simulated_step_without_communication(gib):
+    """Under static CP 2 (two DP groups of two devices, 2 stages) the planner's estimate is
+    per device, as the simulator times it: each member computes its share of the padded
+    slices, every slice's fixed cost whole, a merged document's slices at their chunk
+    efficiency. On a network that costs nothing the two are equal, with DP-Merge (6 and
+    8 GiB: the 60,000-token document merged over both groups) and without (12 GiB)."""
+    import dataclasses
+
+    from slimdata.cost import Interconnect
+    from slimdata.sim import SimConfig, simulate_step
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    free_net = Interconnect(intra_node_gbps=1e12, inter_node_gbps=1e12, latency_s=0.0)
+    rng = np.random.default_rng(0)
+    lengths = [60000, *rng.integers(200, 8000, size=40).tolist()]
+    devices = Layout(dp=4, pp=2, mode="lockstep", context=32768, memory_gib=gib)
+    layout = dataclasses.replace(devices, dp=2, cp=2, ranks_per_node=4)
+    plan = solve(docs_of(lengths, 2048), layout, "slimpack", 0, cost)
+    assert [m.ranks for m in plan.merges] == ([] if gib == 12 else [(0, 1)])
+    sim = simulate_step(plan, cost, devices, SimConfig(interconnect=free_net, cp=2))
+    assert plan.meta["pipeline_estimate"] == pytest.approx(sim.step_time, rel=1e-6)
+    # the same packs priced whole, as one device would run them, take far longer
+    whole = plan_critical_path(plan, cost, ExecutionConfig(pp=2))
+    assert whole > 1.5 * sim.step_time
 
 
 @pytest.mark.parametrize("pp", [2, 4])
@@ -80,10 +114,10 @@ def test_interleaved_estimate_is_the_simulated_step_without_communication(pp):
             virtual_stages=2,
         )  # fmt: skip
         plan = solve(docs_of(lengths, 2048), layout, "slimpack", seed, cost)
-        assert not plan.merges  # merged slices are priced with CP chunk efficiency: not here
+        assert not plan.merges  # a merge group's members wait on each other: not estimated
         sim = simulate_step(plan, cost, layout, config)
         assert plan.meta["pipeline_estimate"] == pytest.approx(sim.step_time, rel=1e-6, abs=1e-6)
-        one = plan_critical_path(plan, pp, layers=cost.layers)
+        one = plan_critical_path(plan, cost, ExecutionConfig(pp=pp))
         assert plan.meta["pipeline_estimate"] < one  # interleaving shrinks the bubble
 
 

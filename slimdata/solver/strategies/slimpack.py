@@ -552,25 +552,31 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
     the skew) are kept only when they pay, by the execution model's compute time
     (:meth:`_Stages.plan_estimate`). That estimate leaves out the merge groups' K/V exchange,
     which only the plan with more merges pays, so a plan it puts ahead (or level) without them
-    is ahead in the step too."""
+    is ahead in the step too. Under static CP that plan must also fit every device
+    (:meth:`_Stages.peak`: a pass's gathered K/V, which the free packer does not count)."""
     plan = solve(assembly)
     forced = dataclasses.replace(assembly.options, merge_share=math.inf, skew_merge=False)
     if not plan.merges or forced == assembly.options:
         return plan
     stages = _Stages.of(assembly.layout, assembly.cost)
-    estimate = stages.plan_estimate(plan)
+    estimate = stages.plan_estimate(plan, assembly.cost)
     view = assembly.view
     merged = np.array([d for g in plan.merges for d in g.docs], dtype=np.int64)
     # without its merge a document runs whole on one rank: when the costliest merged one
-    # alone takes longer than this plan's step, the plan without merges cannot be ahead
-    alone = stages.share * float((view.doc_fwd[merged] + view.doc_bwd[merged]).max())
+    # alone takes longer than this plan's step, the plan without merges cannot be ahead (a
+    # rank's cp devices each compute at least 1 / cp of it, padding and fixed costs apart)
+    most = float((view.doc_fwd[merged] + view.doc_bwd[merged]).max())
+    alone = stages.share * most / stages.cp
     if alone > 1.01 * estimate:
         return plan
     try:
         fewer = solve(dataclasses.replace(assembly, options=forced))
     except PlanError:
         return plan
-    if stages.plan_estimate(fewer) > estimate:
+    if stages.plan_estimate(fewer, assembly.cost) > estimate:
+        return plan
+    cap = assembly.layout.memory_gib * GIB
+    if stages.peak(fewer, assembly.cost, assembly.layout, cap) > cap:
         return plan
     # the options asked for, and that the merges they allow did not pay (meta is JSON: no inf)
     fewer.meta.update(merge_share=assembly.options.merge_share, unforced_merges="dropped")
@@ -673,7 +679,7 @@ class _Assembly:
         )
         _check_pack_cap(view, packs, layout.token_cap, self.step)
         if layout.mode != "free":
-            estimate = _Stages.of(layout, self.cost).plan_estimate(plan)
+            estimate = _Stages.of(layout, self.cost).plan_estimate(plan, self.cost)
             plan.meta["pipeline_estimate"] = round(estimate, 6)
         return plan
 
@@ -1033,11 +1039,35 @@ class _Stages:
     """The schedule the plan will run under (``Layout.schedule``): the estimate's stage order."""
     v: int = 1
     """Model chunks per device (``Layout.chunks_per_device``; 1 unless interleaved)."""
+    cp: int = 1
+    """Static CP (``Layout.cp``): devices per DP rank."""
+    parallelism: str = "ddp"
+    """The executor's rules the plan runs by: FSDP for lockstep packs on one stage, DDP /
+    ZeRO-1 otherwise (free packs, pipelines)."""
 
     @classmethod
     def of(cls, layout: Layout, cost: CostModel) -> _Stages:
         """The pipeline of ``layout`` for a model of ``cost.layers`` layers."""
-        return cls(layout.pp, cost.layers, layout.schedule, layout.chunks_per_device)
+        fsdp = layout.mode == "lockstep" and layout.pp == 1
+        return cls(
+            layout.pp,
+            cost.layers,
+            layout.schedule,
+            layout.chunks_per_device,
+            layout.cp,
+            "fsdp" if fsdp else "ddp",
+        )
+
+    @property
+    def config(self) -> ExecutionConfig:
+        """How the execution model runs the plan."""
+        return ExecutionConfig(
+            pp=self.pp,
+            parallelism=self.parallelism,
+            schedule=self.schedule,
+            virtual_stages=self.v,
+            cp=self.cp,
+        )
 
     @property
     def share(self) -> float:
@@ -1060,14 +1090,7 @@ class _Stages:
         caller only needs to know is exceeded (:func:`device_peak_memory`)."""
         if layout.cp == 1 and (self.pp == 1 or self.v == 1):
             return 0.0
-        config = ExecutionConfig(
-            pp=self.pp,
-            parallelism="fsdp" if self.pp == 1 else "ddp",
-            schedule=self.schedule,
-            virtual_stages=self.v,
-            cp=layout.cp,
-        )
-        return device_peak_memory(plan, cost, config, over)
+        return device_peak_memory(plan, cost, self.config, over)
 
     def estimate(self, fwd: np.ndarray, bwd: np.ndarray, order) -> float:
         """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
@@ -1084,12 +1107,12 @@ class _Stages:
             return math.inf
         return float(times.max())
 
-    def plan_estimate(self, plan: StepPlan) -> float:
-        """:meth:`estimate` of an assembled plan, every rank through its own order
+    def plan_estimate(self, plan: StepPlan, cost: CostModel) -> float:
+        """:meth:`estimate` of an assembled plan at the execution model's prices on one
+        device (static CP member shares, merged slices' attention efficiency, the executor's
+        recomputes), every rank through its own order
         (:func:`~slimdata.execution.critical.plan_critical_path`)."""
-        return plan_critical_path(
-            plan, self.pp, schedule=self.schedule, v=self.v, layers=self.layers
-        )
+        return plan_critical_path(plan, cost, self.config)
 
 
 def _lockstep(
