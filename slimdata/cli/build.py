@@ -300,7 +300,7 @@ def _write_plan(
     plan_dir: str, output: str, config: BuildConfig, layout: dict[str, Any], *, echo: bool
 ) -> None:
     """Solve the epoch's plan over the new shards for ``layout`` and write its plan shards."""
-    from slimdata.cli.plan import echo_cp_choice
+    from slimdata.cli.plan import echo_cp_choice, echo_warnings
     from slimdata.planning import build_cost_model, plan_to_shards
 
     budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
@@ -316,6 +316,7 @@ def _write_plan(
         pp_option=False,
     )
     plan = plan_to_shards(plan_dir, shards=output, **layout)
+    echo_warnings(plan)
     if echo:
         click.echo(f"memory budget {gib(layout['memory_gib'])} per device: {how}")
         click.echo(

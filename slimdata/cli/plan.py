@@ -25,7 +25,7 @@ from slimdata.units import gib
 if TYPE_CHECKING:
     from slimdata.cost import CostModel
 
-__all__ = ["command", "echo_cp_choice"]
+__all__ = ["command", "echo_cp_choice", "echo_warnings"]
 
 
 @click.command("plan")
@@ -96,6 +96,7 @@ def command(
     layout["memory_gib"], how = _memory_budget(budget, device, cost, shards, layout)
     summary = plan_to_shards(out, shards=shards, lengths=lengths, cost=cost, **layout)
     result = {**summary, "memory_gib": layout["memory_gib"], "memory_budget": how}
+    echo_warnings(summary)
     if json_path == "-":
         write_json(result, json_path)
         return
@@ -166,3 +167,9 @@ def echo_cp_choice(summary: dict[str, Any]) -> None:
             click.echo(f"  cp={t['cp']}: first step {got}")
         for line in choice["failed"]:
             click.echo(f"  {line}")
+
+
+def echo_warnings(summary: dict[str, Any]) -> None:
+    """The plan's warnings (steps far from --global-batch-tokens), on standard error."""
+    for line in summary["warnings"]:
+        click.echo(f"warning: {line}", err=True)

@@ -55,6 +55,7 @@ from slimdata.sim.search import (
     parse_baseline_config,
     search,
 )
+from slimdata.solver.batches import batch_warnings
 from slimdata.solver.layout import Layout
 from slimdata.units import GIB, gib
 
@@ -290,7 +291,7 @@ def compare_strategies(
         steps=[[d.length for d in b] for b in batches],
         megatron_default=_megatron_default(ev, layout, cost, bounds, ref_work),
         search=_search_dict(ev),
-        warnings=notes + _batch_warnings(batches, gbt, docs) + _warnings(results, layout),
+        warnings=notes + _step_warnings(batches, gbt, docs) + _warnings(results, layout),
     )
 
 
@@ -490,23 +491,12 @@ def _search_dict(ev: Evaluator) -> dict[str, Any]:
     }
 
 
-def _batch_warnings(
+def _step_warnings(
     batches: Sequence[Sequence[Document]], gbt: int, docs: Sequence[Document]
 ) -> list[str]:
-    """Steps far from the ``--global-batch-tokens`` asked: the documents hold less than 90%
-    of it, or whole documents overshoot it by more than half."""
-    held = float(np.mean([sum(d.length for d in b) for b in batches]))
-    corpus = sum(d.length for d in docs)
-    if corpus < 0.9 * gbt:
-        why = f"the documents hold {corpus:,} tokens in all"
-    elif held > 1.5 * gbt:
-        why = "a step takes whole documents, at least one"
-    else:
-        return []
-    return [
-        f"steps hold {held:,.0f} tokens on average, not the {gbt:,} of --global-batch-tokens "
-        f"({why})"
-    ]
+    """:func:`~slimdata.solver.batches.batch_warnings` of the simulated steps."""
+    steps = [sum(d.length for d in b) for b in batches]
+    return batch_warnings(steps, sum(d.length for d in docs), gbt)
 
 
 def _warnings(results: dict[str, StrategyStats], layout: Layout) -> list[str]:
