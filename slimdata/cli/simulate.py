@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from slimdata.cli.options import (
     POSITIVE_INT,
@@ -181,6 +182,7 @@ def command(
     from slimdata.solver import ALL_STRATEGIES
 
     _check_baseline_cp(baseline_config, dp)
+    _note_searched_schedule(ctx, schedule, baseline_config, pp)
     docs = _documents(shards, lengths)
     cost = _cost_model(ctx, shards, model, device, recompute, cost_profile, context)
     memory_gib, memory_how = resolve_memory(
@@ -279,6 +281,21 @@ def _check_baseline_cp(spec: str, dp: int) -> None:
         raise ConfigError(
             f"--baseline-config cp={choice.cp} does not divide --dp {dp}: static CP takes "
             "its ranks out of the data-parallel ones"
+        )
+
+
+def _note_searched_schedule(ctx: click.Context, schedule: str, spec: str, pp: int) -> None:
+    """A --schedule given with --pp > 1 under ``--baseline-config best``, which chooses every
+    strategy's schedule itself: say so on standard error rather than drop it silently."""
+    from slimdata.sim.search import parse_baseline_config
+
+    given = ctx.get_parameter_source("schedule") != ParameterSource.DEFAULT
+    if given and pp > 1 and parse_baseline_config(spec).mode == "best":
+        click.echo(
+            "note: --baseline-config best chooses each strategy's pipeline schedule (column "
+            f"sched), so --schedule {schedule} is not imposed; use --baseline-config smallest "
+            f"or cp=N to run {schedule}",
+            err=True,
         )
 
 

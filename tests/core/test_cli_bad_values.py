@@ -195,6 +195,33 @@ def test_interleaving_one_stage_is_simulated_as_1f1b_and_said(tmp_path):
     assert "warning: --schedule interleaved needs --pp > 1; simulated 1f1b" in result.output
 
 
+@pytest.mark.parametrize(
+    ("extra", "note"),
+    [
+        (["--schedule", "interleaved"], "interleaved"),
+        (["--schedule", "1f1b"], "1f1b"),
+        (["--schedule", "interleaved", "--baseline-config", "smallest"], None),
+        (["--schedule", "interleaved", "--baseline-config", "cp=1"], None),
+        ([], None),
+    ],
+)
+def test_a_schedule_the_best_baseline_search_chooses_itself_is_noted(tmp_path, extra, note):
+    """With --pp > 1, --baseline-config best searches 1F1B and interleaved per strategy: a
+    --schedule given there is not imposed, and standard error says so."""
+    (tmp_path / "l.txt").write_text("4000\n3000\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", "--pp", "2"]
+    args += ["--strategies", "bfd", "--memory-gib", "40", "--context", "8192", *extra]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "note: --baseline-config best chooses each strategy's pipeline schedule (column sched), "
+        f"so --schedule {note} is not imposed; use --baseline-config smallest or cp=N to run "
+        f"{note}\n"
+        if note
+        else ""
+    )
+
+
 def test_a_budget_below_a_tenth_of_a_gib_is_printed_as_given_and_nothing_fitting_fails(tmp_path):
     """--memory-gib 0.001 is printed as 0.001 GiB, never 0.0; when every strategy fails or
     goes over it, the table is still printed and the run exits 2 with one error line."""
