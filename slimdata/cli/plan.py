@@ -53,6 +53,7 @@ __all__ = ["command", "echo_cp_choice", "echo_warnings"]
     help="Output directory for plan shards.  [required]",
 )
 @renamed_option("--out", "out", "--output", type=click.Path(file_okay=False))
+@click.option("--overwrite", is_flag=True, help="Replace earlier plan shards in OUTPUT.")
 @json_option("the summary (steps, imbalance, solve time, memory budget)")
 @cost_model_options_auto
 @click.pass_context
@@ -61,6 +62,7 @@ def command(
     shards,
     lengths,
     out,
+    overwrite,
     json_path,
     model,
     device,
@@ -78,7 +80,8 @@ def command(
         slimdata plan out/ --nodes 2 --ranks-per-node 8 --global-batch-tokens 1048576 -o plan/
 
     The memory budget defaults to what the --cost-device leaves after the model states
-    (--parallelism, --optimizer), as in `slimdata simulate`; --memory-gib sets it.
+    (--parallelism, --optimizer), as in `slimdata simulate`; --memory-gib sets it. An
+    OUTPUT that is not empty is refused unless --overwrite (then it must hold plan shards).
     """
     from slimdata.planning import plan_to_shards
 
@@ -94,7 +97,9 @@ def command(
     if budget["parallelism"] == "fsdp":
         _check_fsdp_recompute(cost, shards)
     layout["memory_gib"], how = _memory_budget(budget, device, cost, shards, layout)
-    summary = plan_to_shards(out, shards=shards, lengths=lengths, cost=cost, **layout)
+    summary = plan_to_shards(
+        out, shards=shards, lengths=lengths, cost=cost, overwrite=overwrite, **layout
+    )
     result = {**summary, "memory_gib": layout["memory_gib"], "memory_budget": how}
     echo_warnings(summary)
     if json_path == "-":
