@@ -205,6 +205,7 @@ def command(
         ),
         oversize=oversize,
         baseline_config=baseline_config,
+        memory_budget=memory_how,
     )
     cmp.config.update(
         model=model if cost_options_given(ctx) or shards is None else cost.label,
@@ -212,7 +213,6 @@ def command(
         recompute=cost.recompute,
         cost_profile=cost_profile,
         optimizer=optimizer,
-        memory_budget=memory_how,
     )
     _report(cmp, json_path, gantt)
     _check_any_fits(cmp)
@@ -302,9 +302,12 @@ def _note_searched_schedule(ctx: click.Context, schedule: str, spec: str, pp: in
 def _check_any_fits(cmp: Comparison) -> None:
     """After the report: a comparison in which every strategy failed or went over the memory
     budget answers no question a user asked, so it ends as an error (exit code 2)."""
+    from slimdata.cost.states import budget_text
+
     if cmp.results and all(r.error or r.over_memory_steps for r in cmp.results.values()):
+        budget = budget_text(cmp.config["memory_gib"], cmp.config["memory_budget"])
         raise PlanError(
-            f"no strategy fits --memory-gib {cmp.config['memory_gib']:g} per device "
+            f"no strategy fits {budget} per device "
             "(each failed or went over it, above): raise --memory-gib, use more devices or "
             "a larger --pp, or lower --context"
         )

@@ -167,6 +167,24 @@ def test_a_strategy_that_fits_nowhere_is_told_only_what_would_help(tmp_path, rec
     assert line.endswith(f"); {advice}")
 
 
+def test_a_derived_budget_is_named_by_its_value_not_as_an_option_not_given(tmp_path):
+    """Without --memory-gib the budget is 90% of the device minus model states (12.17 GiB for
+    llama-8b under fsdp on 2 H100s): messages name it so, never as `--memory-gib 12.1719`."""
+    (tmp_path / "l.txt").write_text("500000\n300\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", "--strategies"]
+    args += ["bfd", "--context", "524288", "--parallelism", "fsdp"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    budget = "the default 12.17 GiB budget (90% of device memory minus model states)"
+    (row,) = [x for x in result.output.splitlines() if x.startswith("bfd")]
+    assert row.split(None, 1)[1].startswith(f"failed: does not fit {budget} even with static CP 2")
+    assert result.output.splitlines()[-1] == (
+        f"Error: no strategy fits {budget} per device (each failed or went over it, above): "
+        "raise --memory-gib, use more devices or a larger --pp, or lower --context"
+    )
+    assert "--memory-gib 12" not in result.output
+
+
 @pytest.mark.parametrize(
     ("gbt", "warning"),
     [
