@@ -87,12 +87,12 @@ def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int) -> dict:
             global_batch_tokens=gbt,
             config=SimConfig(parallelism="zero1"),
             baseline_config=baseline_config,
+            memory_budget=how,
         ).to_dict()
 
     out = run(list(ALL_STRATEGIES), "best")
     # what the runtime hooks execute today: slimpack without static CP
     out["slimpack_cp1"] = run(["slimpack"], "cp=1")["results"]["slimpack"]
-    out["config"]["memory_budget"] = how
     out.pop("steps")  # the lengths are reproducible from the seed; keep the file small
     return out
 

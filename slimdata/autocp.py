@@ -94,7 +94,8 @@ def _outweighs(
 ) -> str | None:
     """Why static CP may pay: the document (pieces at most ``context`` long) that weighs most
     against one device, in memory or against a device's share of a full step's time (the
-    epoch's time over its steps and ranks); None when none outweighs it."""
+    epoch's time over its steps and ranks); None when none outweighs it. The reason names
+    only what it outweighs: memory, time or both."""
     n = np.minimum(np.fromiter((d.length for d in docs), np.int64, len(docs)), context)
     if not len(n):
         return None
@@ -102,14 +103,20 @@ def _outweighs(
     mem = cost.activation_bytes(0, n) + cost.kv_bytes(n)
     steps = max(1.0, float(n.sum()) / global_batch_tokens)
     share = float(time.sum()) / steps / ranks
-    ratio = np.maximum(time / share / HEAVY, mem / (memory_gib * GIB))
-    j = int(np.argmax(ratio))
-    if ratio[j] <= 1.0:
+    heavy, large = time / share / HEAVY, mem / (memory_gib * GIB)
+    j = int(np.argmax(np.maximum(heavy, large)))
+    reasons = []
+    if large[j] > 1.0:
+        reasons.append(
+            f"needs {gib(mem[j] / GIB)}, more than the {gib(memory_gib)} budget of a device"
+        )
+    if heavy[j] > 1.0:
+        reasons.append(
+            f"costs {time[j] / share:.2f}x a device's share of a step's time (more than {HEAVY:g}x)"
+        )
+    if not reasons:
         return None
-    return (
-        f"a {int(n[j]):,}-token document needs {gib(mem[j] / GIB)} and "
-        f"{time[j] / share:.2f}x a device's share of a step"
-    )
+    return f"a {int(n[j]):,}-token document {', and '.join(reasons)}"
 
 
 def _screened(

@@ -63,6 +63,7 @@ def plan_to_shards(
     workers_per_rank: int = 1,
     cost: CostModel | None = None,
     cp: int | str = 1,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Solve every step of one epoch and write one MDS sample per (step, rank) to ``out``.
 
@@ -71,16 +72,16 @@ def plan_to_shards(
     cuts the documents of a lengths file (default :data:`DEFAULT_SLICE_TOKENS`); shards keep
     the slices they were built with. ``cp``: static context parallelism
     (:func:`slimdata.solver.epoch.write_epoch_plan`); ``"auto"`` chooses it
-    (:mod:`slimdata.autocp`) and the summary's ``cp_choice`` says how. Returns the summary that is also written
-    to ``out/plan.json``.
+    (:mod:`slimdata.autocp`) and the summary's ``cp_choice`` says how. An existing non-empty
+    ``out`` is refused unless ``overwrite``, which replaces earlier plan shards there
+    (:func:`_replaces`). Returns the summary that is also written to ``out/plan.json``.
     """
     from slimdata.solver.epoch import write_epoch_plan
 
     if (shards is None) == (lengths is None):
         raise ConfigError("give either document shards or a lengths file (exactly one)")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise OutputExistsError(f"{out} exists and is not empty; choose a new output directory")
+    replace = _replaces(out, overwrite)
     if lengths is not None:
         size = DEFAULT_SLICE_TOKENS if slice_tokens is None else slice_tokens
         docs, tokens_of = documents_from_lengths(load_lengths(lengths), size), None
@@ -101,6 +102,8 @@ def plan_to_shards(
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
     )
+    if replace:  # the inputs are read: only now is the earlier plan removed
+        _discard(out, created=False)
     created = not out.exists()
     try:
         if cp != "auto":
@@ -109,6 +112,27 @@ def plan_to_shards(
     except BaseException:  # nothing half-written is left to look like a plan
         _discard(out, created)
         raise
+
+
+def _replaces(out: Path, overwrite: bool) -> bool:
+    """Whether ``out`` holds plan shards to replace: a non-empty ``out`` is refused without
+    ``overwrite``, and with it unless it holds a ``plan.json`` (a typo must not wipe a build
+    or unrelated files)."""
+    from slimdata.solver.planshards import PLAN_SIDECAR
+
+    if not (out.is_dir() and any(out.iterdir())):
+        return False
+    if not overwrite:
+        raise OutputExistsError(
+            f"{out} exists and is not empty; pass --overwrite to replace it or choose a new "
+            "output directory"
+        )
+    if not (out / PLAN_SIDECAR).is_file():
+        raise OutputExistsError(
+            f"refusing to --overwrite {out}: it does not look like plan shards (no "
+            f"{PLAN_SIDECAR}); remove it yourself if you mean it"
+        )
+    return True
 
 
 def _discard(out: Path, created: bool) -> None:

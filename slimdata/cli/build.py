@@ -187,7 +187,11 @@ def _pipeline(name: str | None) -> BuildConfig:
     default=None,
     help="Input bytes per task/sub-directory (default: total/64, within 256 KiB-4 MiB).",
 )
-@click.option("--overwrite", is_flag=True, help="Replace an existing build in OUTPUT.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an existing build in OUTPUT (and earlier plan shards in the --plan directory).",
+)
 @click.option(
     "--resume",
     is_flag=True,
@@ -240,7 +244,7 @@ def command(
     if text:
         _echo_summary(summary, output)
     if plan_dir is not None:
-        _write_plan(plan_dir, output, config, layout, echo=text)
+        _write_plan(plan_dir, output, config, layout, overwrite=overwrite, echo=text)
 
 
 def _plan_layout(options: dict[str, Any], plan_dir: str | None) -> dict[str, Any]:
@@ -297,10 +301,16 @@ def _echo_summary(summary: BuildSummary, output: str) -> None:
 
 
 def _write_plan(
-    plan_dir: str, output: str, config: BuildConfig, layout: dict[str, Any], *, echo: bool
+    plan_dir: str,
+    output: str,
+    config: BuildConfig,
+    layout: dict[str, Any],
+    *,
+    overwrite: bool,
+    echo: bool,
 ) -> None:
     """Solve the epoch's plan over the new shards for ``layout`` and write its plan shards."""
-    from slimdata.cli.plan import echo_cp_choice
+    from slimdata.cli.plan import echo_cp_choice, echo_warnings
     from slimdata.planning import build_cost_model, plan_to_shards
 
     budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
@@ -315,7 +325,8 @@ def _write_plan(
         1,
         pp_option=False,
     )
-    plan = plan_to_shards(plan_dir, shards=output, **layout)
+    plan = plan_to_shards(plan_dir, shards=output, overwrite=overwrite, **layout)
+    echo_warnings(plan)
     if echo:
         click.echo(f"memory budget {gib(layout['memory_gib'])} per device: {how}")
         click.echo(

@@ -191,10 +191,10 @@ def resolve_memory(
     one-line account of where the number came from (``pp_option``: the command has
     ``--pp``, which an error may then suggest)."""
     from slimdata.cost import load_device
-    from slimdata.cost.states import activation_budget_gib
+    from slimdata.cost.states import GIVEN, activation_budget_gib
 
     if memory_gib is not None:
-        return memory_gib, "--memory-gib"
+        return memory_gib, GIVEN
     if cost.param_count <= 0:
         raise ConfigError("the cost model has no parameter count: give --memory-gib")
     return activation_budget_gib(

@@ -25,7 +25,7 @@ from slimdata.units import gib
 if TYPE_CHECKING:
     from slimdata.cost import CostModel
 
-__all__ = ["command", "echo_cp_choice"]
+__all__ = ["command", "echo_cp_choice", "echo_warnings"]
 
 
 @click.command("plan")
@@ -53,6 +53,7 @@ __all__ = ["command", "echo_cp_choice"]
     help="Output directory for plan shards.  [required]",
 )
 @renamed_option("--out", "out", "--output", type=click.Path(file_okay=False))
+@click.option("--overwrite", is_flag=True, help="Replace earlier plan shards in OUTPUT.")
 @json_option("the summary (steps, imbalance, solve time, memory budget)")
 @cost_model_options_auto
 @click.pass_context
@@ -61,6 +62,7 @@ def command(
     shards,
     lengths,
     out,
+    overwrite,
     json_path,
     model,
     device,
@@ -78,7 +80,8 @@ def command(
         slimdata plan out/ --nodes 2 --ranks-per-node 8 --global-batch-tokens 1048576 -o plan/
 
     The memory budget defaults to what the --cost-device leaves after the model states
-    (--parallelism, --optimizer), as in `slimdata simulate`; --memory-gib sets it.
+    (--parallelism, --optimizer), as in `slimdata simulate`; --memory-gib sets it. An
+    OUTPUT that is not empty is refused unless --overwrite (then it must hold plan shards).
     """
     from slimdata.planning import plan_to_shards
 
@@ -94,8 +97,11 @@ def command(
     if budget["parallelism"] == "fsdp":
         _check_fsdp_recompute(cost, shards)
     layout["memory_gib"], how = _memory_budget(budget, device, cost, shards, layout)
-    summary = plan_to_shards(out, shards=shards, lengths=lengths, cost=cost, **layout)
+    summary = plan_to_shards(
+        out, shards=shards, lengths=lengths, cost=cost, overwrite=overwrite, **layout
+    )
     result = {**summary, "memory_gib": layout["memory_gib"], "memory_budget": how}
+    echo_warnings(summary)
     if json_path == "-":
         write_json(result, json_path)
         return
@@ -166,3 +172,9 @@ def echo_cp_choice(summary: dict[str, Any]) -> None:
             click.echo(f"  cp={t['cp']}: first step {got}")
         for line in choice["failed"]:
             click.echo(f"  {line}")
+
+
+def echo_warnings(summary: dict[str, Any]) -> None:
+    """The plan's warnings (steps far from --global-batch-tokens), on standard error."""
+    for line in summary["warnings"]:
+        click.echo(f"warning: {line}", err=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from slimdata.cli.options import (
     POSITIVE_INT,
@@ -181,6 +182,7 @@ def command(
     from slimdata.solver import ALL_STRATEGIES
 
     _check_baseline_cp(baseline_config, dp)
+    _note_searched_schedule(ctx, schedule, baseline_config, pp)
     docs = _documents(shards, lengths)
     cost = _cost_model(ctx, shards, model, device, recompute, cost_profile, context)
     memory_gib, memory_how = resolve_memory(
@@ -203,6 +205,7 @@ def command(
         ),
         oversize=oversize,
         baseline_config=baseline_config,
+        memory_budget=memory_how,
     )
     cmp.config.update(
         model=model if cost_options_given(ctx) or shards is None else cost.label,
@@ -210,7 +213,6 @@ def command(
         recompute=cost.recompute,
         cost_profile=cost_profile,
         optimizer=optimizer,
-        memory_budget=memory_how,
     )
     _report(cmp, json_path, gantt)
     _check_any_fits(cmp)
@@ -282,12 +284,30 @@ def _check_baseline_cp(spec: str, dp: int) -> None:
         )
 
 
+def _note_searched_schedule(ctx: click.Context, schedule: str, spec: str, pp: int) -> None:
+    """A --schedule given with --pp > 1 under ``--baseline-config best``, which chooses every
+    strategy's schedule itself: say so on standard error rather than drop it silently."""
+    from slimdata.sim.search import parse_baseline_config
+
+    given = ctx.get_parameter_source("schedule") != ParameterSource.DEFAULT
+    if given and pp > 1 and parse_baseline_config(spec).mode == "best":
+        click.echo(
+            "note: --baseline-config best chooses each strategy's pipeline schedule (column "
+            f"sched), so --schedule {schedule} is not imposed; use --baseline-config smallest "
+            f"or cp=N to run {schedule}",
+            err=True,
+        )
+
+
 def _check_any_fits(cmp: Comparison) -> None:
     """After the report: a comparison in which every strategy failed or went over the memory
     budget answers no question a user asked, so it ends as an error (exit code 2)."""
+    from slimdata.cost.states import budget_text
+
     if cmp.results and all(r.error or r.over_memory_steps for r in cmp.results.values()):
+        budget = budget_text(cmp.config["memory_gib"], cmp.config["memory_budget"])
         raise PlanError(
-            f"no strategy fits --memory-gib {cmp.config['memory_gib']:g} per device "
+            f"no strategy fits {budget} per device "
             "(each failed or went over it, above): raise --memory-gib, use more devices or "
             "a larger --pp, or lower --context"
         )

@@ -22,10 +22,12 @@ from slimdata.errors import ConfigError
 from slimdata.units import GIB, gib
 
 __all__ = [
+    "GIVEN",
     "OPTIMIZER_BYTES",
     "PARALLELISM_STATES",
     "RESERVE",
     "activation_budget_gib",
+    "budget_text",
     "model_state_gib",
 ]
 
@@ -34,6 +36,8 @@ RESERVE = 0.9
 OPTIMIZER_BYTES: dict[str, float] = {"adam": 12.0, "sgd": 8.0}
 """fp32 optimizer bytes per parameter (master copy included)."""
 PARALLELISM_STATES: tuple[str, ...] = ("ddp", "zero1", "fsdp")
+GIVEN = "--memory-gib"
+"""How a budget the user gave is accounted for (a derived one: :func:`activation_budget_gib`)."""
 FULL_RECOMPUTE_FROM = 32768
 """``--recompute auto`` picks ``full`` from this context length on: a 32K-token row holds
 108 GiB of llama-8b activations and K/V under selective recompute, more than any device."""
@@ -44,6 +48,17 @@ def auto_recompute(recompute: str, context: int) -> str:
     if recompute != "auto":
         return recompute
     return "full" if context >= FULL_RECOMPUTE_FROM else "selective"
+
+
+def budget_text(memory_gib: float, how: str = GIVEN) -> str:
+    """The per-device budget as messages name it: a given one (``how`` is :data:`GIVEN`) as
+    the option, ``--memory-gib 0.01``; a derived one (``how`` is the account of
+    :func:`activation_budget_gib`) by its value and rule, never as an option the user did not
+    give: ``the default 12.17 GiB budget (90% of device memory minus model states)``."""
+    if how == GIVEN:
+        return f"{GIVEN} {memory_gib:g}"
+    rule = f"{RESERVE:.0%} of device memory minus model states"
+    return f"the default {gib(memory_gib, 2)} budget ({rule})"
 
 
 def model_state_gib(params: int, parallelism: str, optimizer: str, dp: int, pp: int) -> float:

@@ -37,6 +37,7 @@ from slimdata.planning import SIDECAR_NAME
 __all__ = [
     "PLAN_NAME",
     "SIDECAR_NAME",
+    "discard_failed",
     "finalize",
     "output_lock",
     "prepare_output",
@@ -101,13 +102,31 @@ def output_lock(output: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _clear(output: Path) -> None:
-    """Remove everything inside ``output`` but the directory itself (which holds the lock)."""
+def _clear(output: Path, keep: str | None = None) -> None:
+    """Remove everything inside ``output`` but the directory itself (which holds the lock)
+    and the entry named ``keep``."""
     for child in output.iterdir():
+        if child.name == keep:
+            continue
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
         else:
             child.unlink()
+
+
+def discard_failed(output: Path) -> None:
+    """Remove what a build that wrote no document left in ``output``, but its quarantine file
+    (when it holds a record): the user needs it to see why, and a rerun of the same command
+    then finds ``output`` free (see :func:`prepare_output`)."""
+    _clear(output, keep=QUARANTINE_NAME)
+    quarantine = output / QUARANTINE_NAME
+    if quarantine.is_file() and quarantine.stat().st_size == 0:
+        quarantine.unlink()
+
+
+def _failed_leftover(output: Path) -> bool:
+    """Whether ``output`` holds only the quarantine file of a build that wrote no document."""
+    return [child.name for child in output.iterdir()] == [QUARANTINE_NAME]
 
 
 def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resume: bool) -> None:
@@ -115,13 +134,16 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
 
     An existing non-empty directory is refused unless ``overwrite`` (it must hold a previous
     slimdata build, so a typo cannot wipe unrelated files) or ``resume`` (its build plan must
-    equal ``plan``: same inputs, tokenizer, cost model and options).
+    equal ``plan``: same inputs, tokenizer, cost model and options). A directory holding only
+    the quarantine file of a build that wrote no document counts as empty.
     """
     if overwrite and resume:
         raise ConfigError(
             "--overwrite and --resume exclude each other: resume continues a build, overwrite discards it"
         )
     _check_not_file(output)
+    if output.is_dir() and _failed_leftover(output):
+        _clear(output)
     if output.is_dir() and any(output.iterdir()):
         if resume and (output / PLAN_NAME).is_file():
             old = json.loads((output / PLAN_NAME).read_text())

@@ -29,7 +29,13 @@ from slimdata.cost.costmodel import Recompute
 from slimdata.errors import ConfigError, InputError, SlimdataError
 from slimdata.ingest.config import COMPRESSIONS, HASHES, BuildConfig
 from slimdata.ingest.orphans import die_with_parent
-from slimdata.ingest.output import SIDECAR_NAME, finalize, output_lock, prepare_output
+from slimdata.ingest.output import (
+    SIDECAR_NAME,
+    discard_failed,
+    finalize,
+    output_lock,
+    prepare_output,
+)
 from slimdata.ingest.task import (
     QUARANTINE_NAME,
     TaskJob,
@@ -244,8 +250,9 @@ def build(
 
     ``resume`` keeps the finished tasks of an interrupted build with the same plan and redoes
     the rest; ``overwrite`` discards a previous build. Raises :class:`InputError` when no
-    document survives (the quarantine file says why), :class:`OutputExistsError` while
-    another build holds ``output`` (see :func:`~slimdata.ingest.output.output_lock`).
+    document survives (``output`` then holds only the quarantine file, which says why),
+    :class:`OutputExistsError` while another build holds ``output`` (see
+    :func:`~slimdata.ingest.output.output_lock`).
     """
     start = time.perf_counter()
     default_corpus = not config.inputs or config.source == DEFAULT_CORPUS_SOURCE
@@ -365,11 +372,15 @@ def _run_jobs(
 
 def _merge(output: Path, ordered: list[TaskResult], sidecar: dict[str, Any]) -> dict[str, Any]:
     """Merge the finished tasks, in task order, into the build's shards and sidecar; a build
-    that wrote no document is an error."""
+    that wrote no document is an error and leaves only its quarantine file."""
     sidecar = finalize(output, ordered, sidecar)
+    rejected = sidecar["counts"]["quarantined"]
     if sidecar["counts"]["documents"] == 0:
+        discard_failed(output)
+        if not rejected:
+            raise InputError("no document was written: the inputs hold no record")
         raise InputError(
-            f"no document was written: all {sidecar['counts']['quarantined']} records were rejected; "
+            f"no document was written: all {rejected} records were rejected; "
             f"see {output / QUARANTINE_NAME} for the reasons"
         )
     assert (output / SIDECAR_NAME).is_file()

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from slimdata.cost import CostModel
+from slimdata.cost.states import GIVEN, budget_text
 from slimdata.errors import ConfigError
 from slimdata.plan import Document, StepPlan
 from slimdata.sim.bound import batch_work, plan_work, step_bound
@@ -55,8 +56,9 @@ from slimdata.sim.search import (
     parse_baseline_config,
     search,
 )
+from slimdata.solver.batches import batch_warnings
 from slimdata.solver.layout import Layout
-from slimdata.units import GIB, gib
+from slimdata.units import GIB
 
 __all__ = [
     "CP_FREE",
@@ -247,11 +249,14 @@ def compare_strategies(
     config: SimConfig | None = None,
     oversize: str = "split",
     baseline_config: str | BaselineConfig = "best",
+    memory_budget: str = GIVEN,
 ) -> Comparison:
     """Solve and simulate ``steps`` batches with every strategy; means per strategy.
 
     ``global_batch_tokens`` defaults to ``dp * context``; ``baseline_config``: ``best``,
-    ``smallest`` or ``cp=N`` (:mod:`slimdata.sim.search`).
+    ``smallest`` or ``cp=N`` (:mod:`slimdata.sim.search`); ``memory_budget``: how
+    ``layout.memory_gib`` was set, :data:`~slimdata.cost.states.GIVEN` or the account of a
+    derived budget (messages name it by :func:`~slimdata.cost.states.budget_text`).
     """
     from slimdata.solver import STREAMS, solve
 
@@ -276,13 +281,14 @@ def compare_strategies(
     if gbt < 1:
         raise ConfigError(f"global_batch_tokens={gbt!r} must be >= 1")
     batches = _batches(docs, layout, gbt, seed, oversize, steps)
-    ev = Evaluator(batches, layout, cost, config, seed, solve, STREAMS)
+    ev = Evaluator(batches, layout, cost, config, seed, solve, STREAMS, memory_budget=memory_budget)
     bounds = [
         step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages).value for b in batches
     ]
     ref_work = [batch_work(b) for b in batches]
     results, first = _strategy_results(ev, strategies, choice, layout, cost, bounds, ref_work)
     cfg = _config_dict(layout, cost, config, choice, gbt, steps, seed, oversize, strategies, docs)
+    cfg["memory_budget"] = memory_budget
     return Comparison(
         config=cfg,
         results=results,
@@ -290,7 +296,7 @@ def compare_strategies(
         steps=[[d.length for d in b] for b in batches],
         megatron_default=_megatron_default(ev, layout, cost, bounds, ref_work),
         search=_search_dict(ev),
-        warnings=notes + _batch_warnings(batches, gbt, docs) + _warnings(results, layout),
+        warnings=notes + _step_warnings(batches, gbt, docs) + _warnings(results, layout),
     )
 
 
@@ -490,23 +496,12 @@ def _search_dict(ev: Evaluator) -> dict[str, Any]:
     }
 
 
-def _batch_warnings(
+def _step_warnings(
     batches: Sequence[Sequence[Document]], gbt: int, docs: Sequence[Document]
 ) -> list[str]:
-    """Steps far from the ``--global-batch-tokens`` asked: the documents hold less than 90%
-    of it, or whole documents overshoot it by more than half."""
-    held = float(np.mean([sum(d.length for d in b) for b in batches]))
-    corpus = sum(d.length for d in docs)
-    if corpus < 0.9 * gbt:
-        why = f"the documents hold {corpus:,} tokens in all"
-    elif held > 1.5 * gbt:
-        why = "a step takes whole documents, at least one"
-    else:
-        return []
-    return [
-        f"steps hold {held:,.0f} tokens on average, not the {gbt:,} of --global-batch-tokens "
-        f"({why})"
-    ]
+    """:func:`~slimdata.solver.batches.batch_warnings` of the simulated steps."""
+    steps = [sum(d.length for d in b) for b in batches]
+    return batch_warnings(steps, sum(d.length for d in docs), gbt)
 
 
 def _warnings(results: dict[str, StrategyStats], layout: Layout) -> list[str]:
@@ -561,9 +556,8 @@ def _ratio(x: float, width: int) -> str:
 def _notes(cmp: Comparison) -> list[str]:
     out = []
     if any(r.over_memory_steps for r in cmp.results.values()):
-        out.append(
-            f"! peak memory above --memory-gib {gib(cmp.config['memory_gib'])} in some steps"
-        )
+        budget = budget_text(cmp.config["memory_gib"], cmp.config["memory_budget"])
+        out.append(f"! peak memory above {budget} in some steps")
     if any(not r.same_work for r in cmp.results.values() if not r.error):
         out.append(
             "* cuts documents: computes fewer attention pairs than the batch holds (not the same "

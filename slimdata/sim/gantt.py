@@ -32,15 +32,19 @@ def draw_gantt(results: Mapping[str, SimResult], path: str | Path, *, title: str
     rows = min(n_dev, MAX_ROWS)
     height = max(2.0, 0.12 * rows + 1.0)
     fig, axes = plt.subplots(
-        len(names), 1, figsize=(12, height * max(len(names), 1)), squeeze=False, sharex=True
+        len(names),
+        1,
+        figsize=(12, height * max(len(names), 1)),
+        squeeze=False,
+        sharex=True,
+        layout="constrained",  # leaves room for the title, the legend and every panel's title
     )
     for ax, name in zip(axes[:, 0], names, strict=True):
         _draw_panel(ax, name, results[name])
     axes[-1, 0].set_xlabel("seconds")
-    _draw_legend(axes[0, 0])
+    _draw_legend(fig)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -84,16 +88,17 @@ def _draw_device(ax: Any, tl: Mapping[str, np.ndarray], d: int) -> None:
             )
 
 
-def _draw_legend(ax: Any) -> None:
-    """What the colours mean."""
+def _draw_legend(fig: Any) -> None:
+    """What the colours mean, in one row above the panels (never over a bar)."""
     from matplotlib.patches import Patch
 
-    ax.legend(
+    fig.legend(
         handles=[
             Patch(color=COLORS[0], label="forward"),
             Patch(color=COLORS[1], label="backward"),
             Patch(color=COLORS[2], label="comm / wait"),
         ],
-        loc="upper right",
+        loc="outside upper right",
+        ncols=3,
         fontsize=8,
     )

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slimdata.cost import CostModel
+from slimdata.cost.states import GIVEN, budget_text
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan import Document, StepPlan
 from slimdata.plan.pipeline import chunk_fractions
@@ -186,9 +187,13 @@ class Evaluator:
         seed: int,
         solve: Callable[..., StepPlan],
         streams: Mapping[str, Callable[..., Any]] | None = None,
+        *,
+        memory_budget: str = GIVEN,
     ) -> None:
         self.batches, self.layout, self.cost = batches, layout, cost
         self.config, self.seed, self._solve = config, seed, solve
+        self.memory_budget = memory_budget
+        """How ``layout.memory_gib`` was set, for messages (:func:`budget_text`)."""
         self._stream_kinds = dict(streams or {})
         self._plans: dict[tuple[str, Setup, str | None, int], tuple[StepPlan, float]] = {}
         self._sims: dict[tuple[str, Setup, str, int], SimResult] = {}
@@ -205,6 +210,7 @@ class Evaluator:
             self.seed,
             self._solve,
             self._stream_kinds,
+            memory_budget=self.memory_budget,
         )
         other._plans, other._sims, other._streams = self._plans, self._sims, self._streams
         other.log = self.log
@@ -546,9 +552,9 @@ def _first_that_fits(
 
 def _no_fit(ev: Evaluator, largest: int, why: str) -> str:
     """One line: what did not fit, and what to change."""
-    gib = ev.layout.memory_gib
+    budget = budget_text(ev.layout.memory_gib, ev.memory_budget)
     recompute = "" if ev.cost.recompute == "full" else "use --recompute full, "
     return (
-        f"does not fit --memory-gib {gib:g} even with static CP {largest} ({why}); "
+        f"does not fit {budget} even with static CP {largest} ({why}); "
         f"raise --memory-gib, {recompute}a larger --pp or a smaller --context"
     )

@@ -17,7 +17,7 @@ from slimdata.errors import ConfigError, PlanError
 from slimdata.plan.types import Document
 from slimdata.solver.common import cut_document
 
-__all__ = ["OVERSIZE_POLICIES", "apply_oversize", "make_batches"]
+__all__ = ["OVERSIZE_POLICIES", "apply_oversize", "batch_warnings", "make_batches"]
 
 OVERSIZE_POLICIES = ("split", "truncate", "error")
 
@@ -48,6 +48,25 @@ def make_batches(
 
 
 _LENGTH = operator.attrgetter("length")
+
+
+def batch_warnings(
+    step_tokens: Sequence[int], corpus_tokens: int, global_batch_tokens: int
+) -> list[str]:
+    """Steps far from the ``--global-batch-tokens`` asked: the documents (``corpus_tokens``
+    in all) hold less than 90% of it, or whole documents overshoot it by more than half on
+    average over the steps (``step_tokens``: the tokens of each step)."""
+    held = float(np.mean(step_tokens))
+    if corpus_tokens < 0.9 * global_batch_tokens:
+        why = f"the documents hold {corpus_tokens:,} tokens in all"
+    elif held > 1.5 * global_batch_tokens:
+        why = "a step takes whole documents, at least one"
+    else:
+        return []
+    return [
+        f"steps hold {held:,.0f} tokens on average, not the {global_batch_tokens:,} of "
+        f"--global-batch-tokens ({why})"
+    ]
 
 
 def apply_oversize(docs: Sequence[Document], context: int, policy: str = "error") -> list[Document]:

@@ -15,6 +15,7 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import ConfigError
 from slimdata.plan.types import Document, StepPlan
+from slimdata.solver.batches import batch_warnings
 from slimdata.solver.config import PlanConfig
 from slimdata.solver.layout import Layout
 from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
@@ -80,8 +81,8 @@ def write_epoch_plan(
     ``cp > 1``: static context parallelism, the ranks form ``nodes * ranks_per_node / cp``
     DP ranks of ``cp`` consecutive ranks each (:attr:`Layout.cp`); every rank of a group gets
     its DP rank's payload. Returns the summary written to ``out/plan.json`` (steps, layout,
-    strategy, mean imbalance, per-step loss tokens), plus the total solve milliseconds that
-    it leaves out.
+    strategy, mean imbalance, per-step loss tokens), plus what it leaves out: the total solve
+    milliseconds and ``warnings`` (:func:`~slimdata.solver.batches.batch_warnings`).
     """
     layout = _epoch_layout(nodes, ranks_per_node, cp, memory_gib, context, mode)
     plans = plan_epoch(
@@ -105,7 +106,7 @@ def write_epoch_plan(
         "oversize": oversize,
         "cost_model": (cost.label if cost is not None else "llama-8b (analytic)"),
     }
-    return write_plan_shards(
+    summary = write_plan_shards(
         _recording(plans, metas),  # solved, checked and encoded one step at a time
         out,
         nodes=nodes,
@@ -115,13 +116,17 @@ def write_epoch_plan(
         extra=lambda: {**settings, **_epoch_stats(metas)},
         cp=cp,
     )
+    steps = [m["tokens"] for m in metas]
+    corpus = sum(d.length for d in docs)
+    return {**summary, "warnings": batch_warnings(steps, corpus, global_batch_tokens)}
 
 
 def _recording(plans: Iterator[StepPlan], metas: list[dict[str, Any]]) -> Iterator[StepPlan]:
-    """``plans``, each one's meta (and its merge-group count as ``merge_groups``) appended to
-    ``metas`` as it passes: :func:`_epoch_stats` needs no more of them."""
+    """``plans``, each one's meta (and its merge-group count as ``merge_groups``, its token
+    count as ``tokens``) appended to ``metas`` as it passes: :func:`_epoch_stats` and the
+    batch warnings need no more of them."""
     for p in plans:
-        metas.append({**p.meta, "merge_groups": len(p.merges)})
+        metas.append({**p.meta, "merge_groups": len(p.merges), "tokens": p.tokens})
         yield p
 
 

@@ -243,6 +243,19 @@ def test_simulate_on_shards_uses_the_cost_model_the_build_recorded(tmp_path):
     assert given != built and "a100" in given
 
 
+def test_build_overwrite_replaces_the_plan_shards_too(tmp_path):
+    """A rerun of `build --plan DIR` needs --overwrite for both directories, and it replaces
+    both."""
+    layout = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "1024"]
+    layout += ["--memory-gib", "8", "--context", "1024", "--plan", str(tmp_path / "plan")]
+    build = ["build", str(_corpus(tmp_path)), "-o", str(tmp_path / "shards"), "--tokenizer"]
+    build += [TOKENIZER, "--slice-tokens", "128", "--quiet", "--model", "llama-1b", *layout]
+    assert CliRunner().invoke(cli, [*build, "--seed", "1"]).exit_code == 0
+    res = CliRunner().invoke(cli, [*build, "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "plan" / "plan.json").read_text())["seed"] == 0
+
+
 def test_build_plan_takes_cp_as_plan_does(tmp_path):
     """`build --plan` has `plan`'s layout options, `--cp` included, with the same default
     (auto): the plan shards it writes equal those `slimdata plan` writes from the same shards

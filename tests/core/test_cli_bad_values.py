@@ -167,6 +167,24 @@ def test_a_strategy_that_fits_nowhere_is_told_only_what_would_help(tmp_path, rec
     assert line.endswith(f"); {advice}")
 
 
+def test_a_derived_budget_is_named_by_its_value_not_as_an_option_not_given(tmp_path):
+    """Without --memory-gib the budget is 90% of the device minus model states (12.17 GiB for
+    llama-8b under fsdp on 2 H100s): messages name it so, never as `--memory-gib 12.1719`."""
+    (tmp_path / "l.txt").write_text("500000\n300\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", "--strategies"]
+    args += ["bfd", "--context", "524288", "--parallelism", "fsdp"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    budget = "the default 12.17 GiB budget (90% of device memory minus model states)"
+    (row,) = [x for x in result.output.splitlines() if x.startswith("bfd")]
+    assert row.split(None, 1)[1].startswith(f"failed: does not fit {budget} even with static CP 2")
+    assert result.output.splitlines()[-1] == (
+        f"Error: no strategy fits {budget} per device (each failed or went over it, above): "
+        "raise --memory-gib, use more devices or a larger --pp, or lower --context"
+    )
+    assert "--memory-gib 12" not in result.output
+
+
 @pytest.mark.parametrize(
     ("gbt", "warning"),
     [
@@ -193,6 +211,33 @@ def test_interleaving_one_stage_is_simulated_as_1f1b_and_said(tmp_path):
     (row,) = [x for x in result.output.splitlines() if x.startswith("bfd")]
     assert row.split()[2] == "1f1b"
     assert "warning: --schedule interleaved needs --pp > 1; simulated 1f1b" in result.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "note"),
+    [
+        (["--schedule", "interleaved"], "interleaved"),
+        (["--schedule", "1f1b"], "1f1b"),
+        (["--schedule", "interleaved", "--baseline-config", "smallest"], None),
+        (["--schedule", "interleaved", "--baseline-config", "cp=1"], None),
+        ([], None),
+    ],
+)
+def test_a_schedule_the_best_baseline_search_chooses_itself_is_noted(tmp_path, extra, note):
+    """With --pp > 1, --baseline-config best searches 1F1B and interleaved per strategy: a
+    --schedule given there is not imposed, and standard error says so."""
+    (tmp_path / "l.txt").write_text("4000\n3000\n")
+    args = ["simulate", "--lengths", str(tmp_path / "l.txt"), "--dp", "2", "--pp", "2"]
+    args += ["--strategies", "bfd", "--memory-gib", "40", "--context", "8192", *extra]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "note: --baseline-config best chooses each strategy's pipeline schedule (column sched), "
+        f"so --schedule {note} is not imposed; use --baseline-config smallest or cp=N to run "
+        f"{note}\n"
+        if note
+        else ""
+    )
 
 
 def test_a_budget_below_a_tenth_of_a_gib_is_printed_as_given_and_nothing_fitting_fails(tmp_path):

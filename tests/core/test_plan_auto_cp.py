@@ -65,6 +65,30 @@ def test_auto_plans_at_the_cp_that_fits_when_cp_1_cannot(tmp_path):
     assert plan_json["cp"] == 2 and plan_json["steps"] == 2
 
 
+# One 32,768-token document among 64 of 512 tokens, one step on 4 devices: it costs 2.52x a
+# device's share of the step's time (more than HEAVY = 2x) and needs 13.0 GiB.
+ONE_HEAVY = [32768] + [512] * 64
+NEEDS = "needs 13.0 GiB, more than the 8.0 GiB budget of a device"
+COSTS = "costs 2.52x a device's share of a step's time (more than 2x)"
+
+
+@pytest.mark.parametrize(
+    ("lengths", "ranks", "memory", "reason"),
+    [
+        (TWO_BIG, "2", "8", f"a 32,768-token document {NEEDS}"),
+        (ONE_HEAVY, "4", "40", f"a 32,768-token document {COSTS}"),
+        (ONE_HEAVY, "4", "8", f"a 32,768-token document {NEEDS}, and {COSTS}"),
+    ],
+)
+def test_the_reason_for_screening_cp_sizes_names_memory_time_or_both(
+    tmp_path, lengths, ranks, memory, reason
+):
+    res, _out = _plan(tmp_path, lengths, "--ranks-per-node", ranks, "--memory-gib", memory,
+                      "--global-batch-tokens", "65536")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["cp_choice"]["reason"] == reason
+
+
 def test_an_explicit_cp_is_kept_and_fails_clearly(tmp_path):
     res, _out = _plan(tmp_path, TWO_BIG, "--global-batch-tokens", "65536", "--memory-gib", "8",
                       "--cp", "1")  # fmt: skip

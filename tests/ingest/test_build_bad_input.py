@@ -98,6 +98,36 @@ def test_all_rejected_is_an_error_naming_the_quarantine(tmp_path):
         build(tiny_config(tmp_path / "bad.jsonl"), tmp_path / "out")
 
 
+def test_a_build_that_wrote_no_document_leaves_only_its_quarantine(tmp_path):
+    src = tmp_path / "bad.jsonl"
+    src.write_text('{"x": 1}\n{"y": 2}\n')
+    out = tmp_path / "out"
+    args = ["build", str(src), "-o", str(out), "--tokenizer", TINY_TOKENIZER, "--quiet"]
+    error = (
+        f"Error: no document was written: all 2 records were rejected; "
+        f"see {out / 'quarantine.jsonl'} for the reasons\n"
+    )
+    for _ in range(2):  # the same command again: the quarantine file alone is no build to refuse
+        result = CliRunner().invoke(cli, args)
+        assert (result.exit_code, result.output) == (2, error)
+        assert sorted(p.name for p in out.iterdir()) == ["quarantine.jsonl"]
+        assert [q["doc_id"] for q in quarantine(out)] == ["bad/bad.jsonl:1", "bad/bad.jsonl:2"]
+    src.write_text('{"text": "fixed"}\n')
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert quarantine(out) == [] and (out / "index.json").is_file()
+
+
+def test_inputs_without_a_record_leave_an_empty_output(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"^no document was written: the inputs hold no record$"):
+        build(tiny_config(tmp_path / "empty.jsonl"), out)
+    assert list(out.iterdir()) == []
+    (tmp_path / "empty.jsonl").write_text('{"text": "one"}\n')
+    assert build(tiny_config(tmp_path / "empty.jsonl"), out).counts["documents"] == 1
+
+
 def test_corrupt_gzip_is_quarantined(tmp_path):
     data = gzip.compress(b'{"text": "one"}\n{"text": "two"}\n' * 200)
     (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])

@@ -106,6 +106,35 @@ def test_gantt_pipeline(tmp_path):
     assert out.stat().st_size > 5000
 
 
+def test_gantt_of_eight_strategies_keeps_every_text_off_the_others(tmp_path, monkeypatch):
+    """The figure title, the legend and the eight panel titles overlap neither each other nor
+    a panel (the legend used to sit on the first panel's bars, the title on its title)."""
+    from matplotlib.figure import Figure
+
+    drawn = []
+    save = Figure.savefig
+
+    def saved(fig, *args, **kwargs):  # the figure as written, with the renderer that drew it
+        save(fig, *args, **kwargs)
+        drawn.append((fig, fig.canvas.get_renderer()))
+
+    monkeypatch.setattr(Figure, "savefig", saved)
+    plan = whole_doc_plan([[[2], [2]], [[1], [3]]], mode="lockstep")
+    r = simulate_step(plan, linear_cost(layers=2), Layout(dp=2, pp=2, context=128))
+    names = ["concat", "bfd", "multipack", "wlb", "wlb-ideal", "sorted", "dcp", "slimpack"]
+    draw_gantt(dict.fromkeys(names, r), tmp_path / "g.png", title="dp=2 pp=2 context=128")
+    ((fig, renderer),) = drawn
+    texts = [fig.get_suptitle(), *(ax.get_title() for ax in fig.axes)]
+    assert texts[1].startswith("concat: step") and len(texts) == 9  # not vacuous
+    (legend,) = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    boxes = [fig._suptitle, *(ax.title for ax in fig.axes), legend]
+    boxes = [b.get_window_extent(renderer) for b in boxes]
+    panels = [ax.get_window_extent(renderer) for ax in fig.axes]
+    for i, a in enumerate(boxes):
+        assert not any(a.overlaps(b) for b in boxes[i + 1 :]), i
+        assert not any(a.overlaps(p) for p in panels), i
+
+
 def _records(tmp_path, rows, jsonl=True):
     p = tmp_path / ("m.jsonl" if jsonl else "m.json")
     p.write_text("\n".join(json.dumps(r) for r in rows) if jsonl else json.dumps(rows))

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from slimdata.cli import cli
@@ -147,3 +148,52 @@ def test_an_error_every_cp_size_shares_is_given_alone(tmp_path):
         "Error: document doc_id 0 has 33207 tokens, more than the context 4096: raise --context "
         "or choose --oversize split|truncate\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("gbt", "warning"),
+    [
+        ("1", "steps hold 3,500 tokens on average, not the 1 of --global-batch-tokens (a step takes whole documents, at least one)"),
+        ("100000", "steps hold 7,000 tokens on average, not the 100,000 of --global-batch-tokens (the documents hold 7,000 tokens in all)"),
+        ("7000", None),
+    ],
+)  # fmt: skip
+def test_plan_says_when_steps_do_not_hold_the_batch_asked_for(tmp_path, gbt, warning):
+    """The warning `simulate` gives, on standard error: `--json -` keeps standard output JSON."""
+    (tmp_path / "l.txt").write_text("4000\n3000\n")
+    args = ["plan", "--lengths", str(tmp_path / "l.txt"), "--nodes", "1", "--ranks-per-node"]
+    args += ["2", "--global-batch-tokens", gbt, "--memory-gib", "40", "--context", "8192"]
+    result = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "p"), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["warnings"] == ([warning] if warning else [])
+    assert result.stderr == (f"warning: {warning}\n" if warning else "")
+
+
+def test_an_existing_output_is_replaced_only_with_overwrite_and_only_if_it_holds_a_plan(tmp_path):
+    (tmp_path / "l.txt").write_text("4000\n3000\n")
+    out = tmp_path / "p"
+    args = ["plan", "--lengths", str(tmp_path / "l.txt"), "--nodes", "1", "--ranks-per-node"]
+    args += ["2", "--global-batch-tokens", "7000", "--memory-gib", "40", "--context", "8192"]
+    args += ["-o", str(out)]
+    assert CliRunner().invoke(cli, [*args, "--seed", "1"]).exit_code == 0
+    (out / "stale.txt").write_text("from the first plan")
+    result = CliRunner().invoke(cli, args)
+    assert (result.exit_code, result.output) == (
+        2,
+        f"Error: {out} exists and is not empty; pass --overwrite to replace it or choose a new "
+        "output directory\n",
+    )
+    result = CliRunner().invoke(cli, [*args, "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "plan.json").read_text())["seed"] == 0
+    assert not (out / "stale.txt").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "precious.txt").write_text("keep me")
+    result = CliRunner().invoke(cli, [*args[:-1], str(other), "--overwrite"])
+    assert (result.exit_code, result.output) == (
+        2,
+        f"Error: refusing to --overwrite {other}: it does not look like plan shards (no "
+        "plan.json); remove it yourself if you mean it\n",
+    )
+    assert [p.name for p in other.iterdir()] == ["precious.txt"]
