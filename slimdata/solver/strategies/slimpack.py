@@ -559,7 +559,7 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
     if not plan.merges or forced == assembly.options:
         return plan
     stages = _Stages.of(assembly.layout, assembly.cost)
-    estimate = stages.plan_estimate(plan, assembly.cost)
+    estimate = assembly.estimate(plan)
     view = assembly.view
     merged = np.array([d for g in plan.merges for d in g.docs], dtype=np.int64)
     # without its merge a document runs whole on one rank: when the costliest merged one
@@ -573,7 +573,7 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
         fewer = solve(dataclasses.replace(assembly, options=forced))
     except PlanError:
         return plan
-    if stages.plan_estimate(fewer, assembly.cost) > estimate:
+    if assembly.estimate(fewer) > estimate:
         return plan
     cap = assembly.layout.memory_gib * GIB
     if stages.peak(fewer, assembly.cost, assembly.layout, cap) > cap:
@@ -645,6 +645,17 @@ class _Assembly:
     options: SolveOptions
     t0: float
     validate: bool
+    estimates: dict[int, tuple[StepPlan, float]] = field(default_factory=dict, compare=False)
+    """:meth:`estimate` of the plans of this solve, by ``id`` (shared by the assemblies
+    ``dataclasses.replace`` makes of this one)."""
+
+    def estimate(self, plan: StepPlan) -> float:
+        """:meth:`_Stages.plan_estimate` of ``plan``, computed once per plan of the solve."""
+        known = self.estimates.get(id(plan))
+        if known is None or known[0] is not plan:
+            known = (plan, _Stages.of(self.layout, self.cost).plan_estimate(plan, self.cost))
+            self.estimates[id(plan)] = known
+        return known[1]
 
     def plan(self, candidate: _Candidate) -> StepPlan:
         """The plan of one candidate's packs; a lockstep plan records the execution model's
@@ -679,8 +690,7 @@ class _Assembly:
         )
         _check_pack_cap(view, packs, layout.token_cap, self.step)
         if layout.mode != "free":
-            estimate = _Stages.of(layout, self.cost).plan_estimate(plan, self.cost)
-            plan.meta["pipeline_estimate"] = round(estimate, 6)
+            plan.meta["pipeline_estimate"] = round(self.estimate(plan), 6)
         return plan
 
 
