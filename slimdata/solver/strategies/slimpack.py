@@ -552,8 +552,9 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
     the skew) are kept only when they pay, by the execution model's compute time
     (:meth:`_Stages.plan_estimate`). That estimate leaves out the merge groups' K/V exchange,
     which only the plan with more merges pays, so a plan it puts ahead (or level) without them
-    is ahead in the step too. Under static CP that plan must also fit every device
-    (:meth:`_Stages.peak`: a pass's gathered K/V, which the free packer does not count)."""
+    is ahead in the step too. Under static CP a free plan without them must also fit every
+    device (:meth:`_Stages.peak`: a pass's gathered K/V, which the free packer does not
+    count; lockstep plans are checked so by :func:`_lockstep_plan`)."""
     plan = solve(assembly)
     forced = dataclasses.replace(assembly.options, merge_share=math.inf, skew_merge=False)
     if not plan.merges or forced == assembly.options:
@@ -575,8 +576,9 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
         return plan
     if assembly.estimate(fewer) > estimate:
         return plan
-    cap = assembly.layout.memory_gib * GIB
-    if stages.peak(fewer, assembly.cost, assembly.layout, cap) > cap:
+    cap = assembly.layout.memory_gib * GIB  # (a lockstep plan is checked by its solve)
+    free = assembly.layout.mode == "free"
+    if free and stages.peak(fewer, assembly.cost, assembly.layout, cap) > cap:
         return plan
     # the options asked for, and that the merges they allow did not pay (meta is JSON: no inf)
     fewer.meta.update(merge_share=assembly.options.merge_share, unforced_merges="dropped")
