@@ -552,14 +552,15 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
     the skew) are kept only when they pay, by the execution model's compute time
     (:meth:`_Stages.plan_estimate`). That estimate leaves out the merge groups' K/V exchange,
     which only the plan with more merges pays, so a plan it puts ahead (or level) without them
-    is ahead in the step too. Under static CP that plan must also fit every device
-    (:meth:`_Stages.peak`: a pass's gathered K/V, which the free packer does not count)."""
+    is ahead in the step too. Under static CP a free plan without them must also fit every
+    device (:meth:`_Stages.peak`: a pass's gathered K/V, which the free packer does not
+    count; lockstep plans are checked so by :func:`_lockstep_plan`)."""
     plan = solve(assembly)
     forced = dataclasses.replace(assembly.options, merge_share=math.inf, skew_merge=False)
     if not plan.merges or forced == assembly.options:
         return plan
     stages = _Stages.of(assembly.layout, assembly.cost)
-    estimate = stages.plan_estimate(plan, assembly.cost)
+    estimate = assembly.estimate(plan)
     view = assembly.view
     merged = np.array([d for g in plan.merges for d in g.docs], dtype=np.int64)
     # without its merge a document runs whole on one rank: when the costliest merged one
@@ -573,10 +574,11 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
         fewer = solve(dataclasses.replace(assembly, options=forced))
     except PlanError:
         return plan
-    if stages.plan_estimate(fewer, assembly.cost) > estimate:
+    if assembly.estimate(fewer) > estimate:
         return plan
-    cap = assembly.layout.memory_gib * GIB
-    if stages.peak(fewer, assembly.cost, assembly.layout, cap) > cap:
+    cap = assembly.layout.memory_gib * GIB  # (a lockstep plan is checked by its solve)
+    free = assembly.layout.mode == "free"
+    if free and stages.peak(fewer, assembly.cost, assembly.layout, cap) > cap:
         return plan
     # the options asked for, and that the merges they allow did not pay (meta is JSON: no inf)
     fewer.meta.update(merge_share=assembly.options.merge_share, unforced_merges="dropped")
@@ -645,6 +647,17 @@ class _Assembly:
     options: SolveOptions
     t0: float
     validate: bool
+    estimates: dict[int, tuple[StepPlan, float]] = field(default_factory=dict, compare=False)
+    """:meth:`estimate` of the plans of this solve, by ``id`` (shared by the assemblies
+    ``dataclasses.replace`` makes of this one)."""
+
+    def estimate(self, plan: StepPlan) -> float:
+        """:meth:`_Stages.plan_estimate` of ``plan``, computed once per plan of the solve."""
+        known = self.estimates.get(id(plan))
+        if known is None or known[0] is not plan:
+            known = (plan, _Stages.of(self.layout, self.cost).plan_estimate(plan, self.cost))
+            self.estimates[id(plan)] = known
+        return known[1]
 
     def plan(self, candidate: _Candidate) -> StepPlan:
         """The plan of one candidate's packs; a lockstep plan records the execution model's
@@ -679,8 +692,7 @@ class _Assembly:
         )
         _check_pack_cap(view, packs, layout.token_cap, self.step)
         if layout.mode != "free":
-            estimate = _Stages.of(layout, self.cost).plan_estimate(plan, self.cost)
-            plan.meta["pipeline_estimate"] = round(estimate, 6)
+            plan.meta["pipeline_estimate"] = round(self.estimate(plan), 6)
         return plan
 
 
