@@ -1,6 +1,9 @@
 """GPU validation report (``make gpu-check``): what the cost model and the runtime claim, measured.
 
-Sections, each written to ``OUT/report.md`` (and ``OUT/results.json``) as soon as it is done:
+Sections, each written to ``OUT/report.md`` (and ``OUT/results.json``) as soon as it is done,
+in the order 1, 2, 4 (the 8B-shaped model), 6, 4 (the 1B-class model), 5, 3: the measured
+speedup runs as soon as its cost model is profiled, so a run the device's time limit cuts
+short keeps it:
 
 1. Device, torch, and the attention backend ``auto`` picks for bf16.
 2. bf16 equivalence: slimpack plans (slices with continuation, asymmetric backward packs, two
@@ -75,13 +78,18 @@ class Report:
     dtype: torch.dtype
     quick: bool
     md: list[str] = dataclasses.field(default_factory=list)
+    """The report's heading."""
     data: dict = dataclasses.field(default_factory=dict)
+    sections: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    """Each section's lines by its ``results.json`` key, in the order first written."""
 
     def section(self, title: str, key: str, value, lines: list[str]) -> None:
+        """Write (or rewrite, for a ``key`` written before) one section to both files."""
         self.data[key] = value
-        self.md += [f"## {title}", "", *lines, ""]
+        self.sections[key] = [f"## {title}", "", *lines, ""]
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "report.md").write_text("\n".join(self.md))
+        body = [line for sec in self.sections.values() for line in sec]
+        (self.out / "report.md").write_text("\n".join([*self.md, *body]))
         (self.out / "results.json").write_text(json.dumps(self.data, indent=1, default=str))
         print("\n".join([f"## {title}", *lines]), flush=True)
 
@@ -275,11 +283,12 @@ def _sync(dev: str) -> None:
 
 
 # -- 4. profile and held-out time MAPE ----------------------------------------------------------
-def profile_models(rep: Report) -> dict[str, CostModel]:
-    """Both models profiled; returns their calibrated cost models by name."""
+def profile_models(rep: Report, which: slice = slice(None)) -> dict[str, CostModel]:
+    """The models ``which`` selects of :func:`_profile_setup`'s profiled, added to the one
+    profile section; returns their calibrated cost models by name."""
     shapes, config, plan_args = _profile_setup(rep)
-    results, models = [], {}
-    for shape in shapes:
+    results, models = rep.data.get("profile", []), {}
+    for shape in shapes[which]:
         model = _hf_model(shape, rep)
         t0 = time.perf_counter()
         res = bench_mape(
@@ -291,14 +300,13 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
             plans=heldout_plans(shape, **plan_args),
         )
         res["seconds"] = time.perf_counter() - t0
+        res["rows"] = [row | {"rec": bool(row["rec"])} for row in res["rows"]]  # JSON-ready
         models[shape.name] = res.pop("cost_model")
         models[shape.name].save(rep.out / f"profile-{shape.name}.json")
         results.append(res)
         del model
         torch.cuda.empty_cache() if rep.device == "cuda" else None
     _plot_pack_times(rep, results)
-    for r in results:  # JSON-ready rows
-        r["rows"] = [row | {"rec": bool(row["rec"])} for row in r["rows"]]
     rep.section(
         "Profile and per-pack time prediction", "profile", results, _profile_lines(config, results)
     )
@@ -306,11 +314,12 @@ def profile_models(rep: Report) -> dict[str, CostModel]:
 
 
 def _profile_setup(rep: Report) -> tuple[list[ModelConfig], ProfileConfig, dict]:
-    """A 1B-class and an 8B-shaped model, the GPU grid and the held-out plans' settings."""
+    """An 8B-shaped and a 1B-class model (the speedup section's first: it runs between
+    them), the GPU grid and the held-out plans' settings."""
     eight = MODEL_PRESETS["llama-8b"]
     shapes = [
-        MODEL_PRESETS["llama-1b"],
         dataclasses.replace(eight, name="llama-8b-4layers", layers=4, vocab=129280),
+        MODEL_PRESETS["llama-1b"],
     ]
     config = ProfileConfig(
         # up to the held-out plans' 8192-token packs; no point holds more than 16384 tokens
@@ -637,16 +646,22 @@ def main() -> None:
     )
     todo = set(args.sections.split(","))
     environment(rep)
-    for name, fn in (("equivalence", equivalence), ("curve", attention_curve)):
-        if name in todo:
-            fn(rep)
-    models = profile_models(rep) if "profile" in todo else _load_profiles(args.profiles)
-    if "memory" in todo:
-        memory_fidelity(rep, models)
+    if "equivalence" in todo:
+        equivalence(rep)
+    # the measured speedup as early as its cost model allows: a run cut short by the device's
+    # time limit loses the sections after it, each written as soon as it is done
+    profiled = "profile" in todo
+    models = profile_models(rep, slice(0, 1)) if profiled else _load_profiles(args.profiles)
     if "speedup" in todo:
         for layout in args.speedup_layouts.split(","):
             dp, context = (int(x) for x in layout.split(":"))
             speedup(rep, models, args.shards, dp, context)
+    if profiled:
+        models |= profile_models(rep, slice(1, None))
+    if "memory" in todo:
+        memory_fidelity(rep, models)
+    if "curve" in todo:
+        attention_curve(rep)
 
 
 if __name__ == "__main__":
