@@ -29,10 +29,12 @@ Example (lockstep, m=2, no lag, one 4-slice document with forward costs 1,1,1,1 
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import member_peak
@@ -50,6 +52,8 @@ class RankPacks:
     """Per forward pack: its slices' forward seconds summed in pack order, where the packer
     has them at hand (``None``: not given)."""
     backward_cost: list[float] | None = None
+    whole: bool = False
+    """Packed by :meth:`LockstepWork.pack_whole` (documents kept whole)."""
 
 
 def pack_rank(
@@ -337,6 +341,100 @@ class LockstepWork:
         if not rank.forward_documents(self.stream):
             return None
         return rank.finish(layer_share)
+
+    @cached_property
+    def whole_units(self) -> tuple[list[Sequence[int] | range], list[int], list[float]]:
+        """The rank's documents by decreasing tokens, their tokens and their forward plus
+        backward seconds (:meth:`pack_whole`'s items)."""
+        tok, fwd, bwd, _act, _doc = self.view.lists
+        units = sorted(self.stream, key=lambda u: -sum(map(tok.__getitem__, u)))
+        tokens = [sum(map(tok.__getitem__, u)) for u in units]
+        work = [sum(map(fwd.__getitem__, u)) + sum(map(bwd.__getitem__, u)) for u in units]
+        return units, tokens, work
+
+    def pack_whole(
+        self,
+        m: int,
+        *,
+        cap: int,
+        mem: float,
+        pp: int = 1,
+        layer_share: float = 1.0,
+        merge_kv: float = 0.0,
+    ) -> RankPacks | None:
+        """The rank's documents kept whole in ``m`` packs (the merge share's first), each
+        backward pack its forward pack's slices, at backward lag 0: the documents, most
+        tokens first, each to the pack with the least forward-plus-backward seconds if it
+        fits there under the token cap, else to the one with the fewest tokens (WLB-LLM's
+        Alg. 1 over one rank's packs); packs by decreasing seconds. Where the forward-cost
+        quantile cuts of :meth:`pack` run out of packs (cheap documents need more tokens per
+        pack than the cap holds), this fills the same count; whole documents also pay each
+        slice's fixed costs once.
+
+        Memory (:meth:`pack`'s rule at lag 0, where every pack's backward frees all it
+        holds): the first stage holds at most ``pp`` packs at once (each backward runs
+        ``pp - 1`` packs late there), so the ``pp`` largest packs' bytes, with a merge
+        member's share and twice its gathered K/V, must fit ``mem``. ``None`` when they do
+        not, when a document fits no pack, or when a pack stays empty (fewer packs hold the
+        same documents). ``peak`` is that bound.
+
+        Example (``m = 2``, cap 8, documents of 6, 4 and 3 tokens costing 6, 3, 2): 6 to
+        pack 0; 4 to pack 1 (least seconds); 3 to pack 1 (pack 0 would hold 6 + 3 > 8):
+        packs ``[6], [4, 3]``."""
+        base = 1 if len(self.merge_slices) else 0
+        units, tokens, work = self.whole_units
+        n = m - base
+        if n < 1 or len(units) < n or (tokens and tokens[0] > cap):
+            return None
+        by_load = [(0.0, j) for j in range(n)]  # a heap of (seconds, pack)
+        held = [0] * n
+        bins: list[list[Sequence[int] | range]] = [[] for _ in range(n)]
+        for u, t, w in zip(units, tokens, work, strict=True):
+            load, j = by_load[0]
+            if held[j] + t <= cap:
+                heapq.heapreplace(by_load, (load + w, j))
+            else:
+                j = min(range(n), key=held.__getitem__)
+                if held[j] + t > cap:
+                    return None
+                k = next(k for k, (_w, b) in enumerate(by_load) if b == j)
+                by_load[k] = (by_load[k][0] + w, j)
+                heapq.heapify(by_load)
+            bins[j].append(u)
+            held[j] += t
+        if not all(bins):
+            return None
+        return self._whole_packs(bins, dict(map(reversed, by_load)), mem, pp, layer_share, merge_kv)
+
+    def _whole_packs(
+        self,
+        bins: list[list[Sequence[int] | range]],
+        load: dict[int, float],
+        mem: float,
+        pp: int,
+        layer_share: float,
+        merge_kv: float,
+    ) -> RankPacks | None:
+        """:meth:`pack_whole`'s packs of ``bins`` (``load``: their seconds), if they fit."""
+        _tok, fwd, bwd, _act, _doc = self.view.lists
+        extra = self.view.packing_lists[0]
+        most = sorted((sum(extra[i] for u in b for i in u) for b in bins), reverse=True)
+        peak = self.merge_bytes + 2 * merge_kv + sum(most[:pp])
+        if peak > mem / layer_share:
+            return None
+        bins = [bins[j] for j in sorted(range(len(bins)), key=lambda j: -load[j])]
+        merge = [list(self.merge_slices)] if len(self.merge_slices) else []
+        F = merge + [[i for u in b for i in u] for b in bins]
+        B = merge + [[i for u in b for i in reversed(u)] for b in bins]
+        return RankPacks(
+            F,
+            B,
+            (0, 0) if merge else None,
+            peak * layer_share,
+            [sum(map(fwd.__getitem__, p)) for p in F],
+            [sum(map(bwd.__getitem__, p)) for p in B],
+            whole=True,
+        )
 
     def _forward_at(self, cap: int) -> _Forward | None:
         """The forward packs of :meth:`pack` where memory never binds (they then depend on the

@@ -442,3 +442,54 @@ def test_pipeline_lockstep_plans_a_document_longer_than_the_pack_cap():
     order = long.order
     assert order.index(("F", last_f)) < order.index(("B", first_b))
     assert plan.meta["lag"] >= 3
+
+
+def _pairs_cost(act_bytes_per_token: float = 1.0) -> CostModel:
+    """Forward seconds = causal pairs ``s (s + 1) / 2``, no backward; 1 byte per token."""
+    return CostModel(
+        fwd_lin=0.0,
+        fwd_att=1.0,
+        fwd_const=0.0,
+        bwd_lin=0.0,
+        bwd_att=0.0,
+        bwd_const=0.0,
+        act_bytes_per_token=act_bytes_per_token,
+        kv_bytes_per_token=0.0,
+    )
+
+
+def test_whole_documents_fill_the_packs_the_cost_quantiles_run_out_of():
+    # documents of 4, 2, 2, 3 tokens (one slice each) cost 10, 3, 3, 6 s; 2 packs of <= 6
+    # tokens. Quantile cuts: F0 = [d0] (d1's midpoint passes 11 s), then d1, d2, d3 = 7
+    # tokens for the last pack: no fit. Whole documents, most tokens first: d0 -> p0 (10 s);
+    # d3 -> p1 (6 s); d1 -> p1, the least seconds (5 tokens, 9 s); d2: p1 would hold 7
+    # tokens, so the fewest tokens, p0 (6 tokens, 13 s). Packs by decreasing seconds.
+    from slimdata.solver.micropack import LockstepWork
+
+    view = BatchView.build(docs_of([4, 2, 2, 3]), _pairs_cost())
+    work = LockstepWork.of(view, [view.slices_of(d) for d in range(4)], (), 2)
+    assert work.pack(cap=6, mem=1e30) is None
+    whole = work.pack_whole(2, cap=6, mem=1e30)
+    assert whole.forward == whole.backward == [[0, 2], [3, 1]]
+    assert (whole.forward_cost, whole.backward_cost) == ([13.0, 9.0], [0.0, 0.0])
+    assert whole.merge_pack is None and whole.peak == 6.0  # the largest pack's bytes (pp 1)
+    # 3 packs: d0, d3, then d1 and d2 together in the emptiest; 5 packs: one stays empty
+    assert work.pack_whole(3, cap=6, mem=1e30).forward == [[0], [3], [1, 2]]
+    assert work.pack_whole(5, cap=6, mem=1e30) is None
+    # memory: the first of pp stages holds pp packs at once (6 + 5 bytes at pp 2)
+    assert work.pack_whole(2, cap=6, mem=11, pp=2).peak == 11.0
+    assert work.pack_whole(2, cap=6, mem=10.9, pp=2) is None
+    # a document longer than the cap fits no pack
+    assert work.pack_whole(2, cap=3, mem=1e30) is None
+
+
+def test_whole_documents_keep_backward_from_each_documents_end_and_the_merge_share_first():
+    # a 256-token document of two 128-token slices (0, 1), one of 128 (2); merge share 3
+    from slimdata.solver.micropack import LockstepWork
+
+    view = BatchView.build(docs_of([256, 128, 128]), unit_cost())
+    work = LockstepWork.of(view, [view.slices_of(0), view.slices_of(1)], [3], 3)
+    whole = work.pack_whole(3, cap=256, mem=1e30)
+    assert whole.merge_pack == (0, 0)
+    assert whole.forward == [[3], [0, 1], [2]]
+    assert whole.backward == [[3], [1, 0], [2]]

@@ -246,15 +246,20 @@ def test_a_winner_over_memory_competes_with_twice_and_four_times_its_packs(monke
 
     def peak(self, plan, cost, layout, over=None):
         fits = plan.meta["microbatches"] != m
-        assembled.append((plan.meta["microbatches"], plan.meta["pipeline_estimate"], fits))
+        if plan.meta.get("whole_documents"):  # the plan with documents whole competes last
+            whole.append((plan.meta["microbatches"], plan.meta["pipeline_estimate"]))
+        else:
+            assembled.append((plan.meta["microbatches"], plan.meta["pipeline_estimate"], fits))
         return 0.0 if fits else math.inf
 
+    whole: list[tuple[int, float]] = []
     monkeypatch.setattr(sp._Stages, "peak", peak)
     plan = solve(docs, layout, "slimpack", 0, cost)
     pool = [(mb, est) for mb, est, fits in assembled if fits]  # the first fit of each round
     assert [mb for mb, _ in pool][1:] == [2 * m, 4 * m] and pool[0][0] != m
     assert assembled[0][0] == m and not assembled[0][2]  # the winner was tried first
-    best = min(pool, key=lambda p: p[1])
+    assert len(whole) == 1  # the first that keeps documents whole fits
+    best = min(pool + whole, key=lambda p: p[1])
     assert (plan.meta["microbatches"], plan.meta["pipeline_estimate"]) == best
 
 

@@ -593,6 +593,14 @@ def _free_plan(assembly: _Assembly) -> StepPlan:
     return assembly.plan((math.nan, _free(view, p1, layout), 0, p1))
 
 
+RERANKED = 4
+"""Lockstep candidates under static CP whose assembled plans are ordered by the execution
+model's estimate (:meth:`_Fitting.ranked`)."""
+
+WHOLE_TRIED = 3
+"""Candidates that keep documents whole assembled at most, by estimate, for the first that
+fits every device (:meth:`_Fitting.whole`)."""
+
 CALIBRATIONS = 3
 """Lockstep solves with a smaller packer budget when every candidate's peak on some device
 (the execution model's, :meth:`_Stages.peak`) is above the budget: the packer scaled down by
@@ -600,14 +608,31 @@ the overshoot each time."""
 
 
 def _lockstep_plan(assembly: _Assembly) -> StepPlan:
-    """The best lockstep candidate whose every device fits ``layout.memory_gib``
-    (:meth:`_Stages.peak`). When the best by estimate does not fit, memory binds: the first
-    that fits competes with the first that fits at twice and four times the winner's pack
-    count (smaller packs hold less each), the best estimate wins; while none fits, the
-    candidates again from a packer whose budget is scaled by the smallest overshoot
-    (:data:`CALIBRATIONS` times at most)."""
-    layout, cost = assembly.layout, assembly.cost
-    fitting = _Fitting(assembly, _Stages.of(layout, cost))
+    """The plan of the forward-cost quantile cuts (:func:`_quantile_plan`), or the one that
+    keeps documents whole (:meth:`_Fitting.whole`) when its estimate is lower or the cuts fit
+    no plan."""
+    fitting = _Fitting(assembly, _Stages.of(assembly.layout, assembly.cost))
+    try:
+        plan = _quantile_plan(fitting)
+    except PlanError:
+        whole = fitting.whole()
+        if whole is None:
+            raise
+        return whole
+    whole = fitting.whole()
+    if whole is not None and assembly.estimate(whole) < assembly.estimate(plan):
+        return whole
+    return plan
+
+
+def _quantile_plan(fitting: _Fitting) -> StepPlan:
+    """The best lockstep candidate of the quantile cuts whose every device fits
+    ``layout.memory_gib`` (:meth:`_Stages.peak`). When the best by estimate does not fit,
+    memory binds: the first that fits competes with the first that fits at twice and four
+    times the winner's pack count (smaller packs hold less each), the best estimate wins;
+    while none fits, the candidates again from a packer whose budget is scaled by the
+    smallest overshoot (:data:`CALIBRATIONS` times at most)."""
+    layout = fitting.assembly.layout
     packer = layout
     for attempt in range(CALIBRATIONS + 1):
         try:
@@ -706,6 +731,8 @@ class _Fitting:
     rounds: int = 0
     """Candidates assembled by the last :meth:`first`."""
     failed: list[tuple[float, StepPlan | None]] = field(default_factory=list)
+    wholes: list[_Candidate] = field(default_factory=list)
+    """The candidates that keep documents whole, of every :meth:`candidates` call."""
     """Per candidate that did not fit: a device peak above the budget and its plan, or its
     largest device peak and None once computed (:attr:`lowest`)."""
 
@@ -729,10 +756,25 @@ class _Fitting:
 
     def candidates(self, packer: Layout) -> list[_Candidate]:
         """:func:`_solve_lockstep` with the packer's layout, phase 1's placements shared with
-        the earlier solves (they differ in budget and pack count only)."""
+        the earlier solves (they differ in budget and pack count only): the quantile cuts'
+        candidates; those that keep documents whole are kept for :meth:`whole`."""
         a = self.assembly
         with _recompute_advice(a.cost):
-            return _solve_lockstep(a.view, packer, a.options, self.stages, self.placements)
+            return _solve_lockstep(
+                a.view, packer, a.options, self.stages, self.placements, self.wholes
+            )
+
+    def whole(self) -> StepPlan | None:
+        """The plan of the candidate that keeps documents whole with the lowest estimate
+        whose every device fits (:data:`WHOLE_TRIED` tried at most), or None."""
+        for c in sorted(self.wholes, key=lambda c: c[0])[:WHOLE_TRIED]:
+            plan = self.assembly.plan(c)
+            if (
+                self.stages.peak(plan, self.assembly.cost, self.assembly.layout, self.limit)
+                <= self.limit
+            ):
+                return plan
+        return None
 
     @cached_property
     def placements(self) -> _Placements:
@@ -740,16 +782,29 @@ class _Fitting:
         return _Placements(a.view, a.layout, a.options)
 
     def first(self, candidates: Sequence[_Candidate]) -> StepPlan | None:
-        """The plan of the first of ``candidates`` that fits every device, or None."""
+        """The plan of the first of ``candidates`` that fits every device, or None; under
+        static CP the leading ones in the order of their plans' estimates (:meth:`ranked`)."""
         self.rounds = 0
-        for candidate in candidates:
+        for plan in self.ranked(candidates):
             self.rounds += 1
-            plan = self.assembly.plan(candidate)
             held = self.stages.peak(plan, self.assembly.cost, self.assembly.layout, self.limit)
             if held <= self.limit:
                 return plan
             self.failed.append((held, plan))
         return None
+
+    def ranked(self, candidates: Sequence[_Candidate]) -> Iterator[StepPlan]:
+        """The plans of ``candidates`` in order. Under static CP the probes' order (each pack
+        priced as one device running it whole) misses what a CP group pays per pack and per
+        slice (padding, fixed costs, chunk efficiency; :func:`~slimdata.execution.pack_compute`):
+        there the :data:`RERANKED` leading candidates come first, by the execution model's
+        estimate of their assembled plans, and the others follow in the probes' order."""
+        if self.stages.cp == 1:
+            yield from map(self.assembly.plan, candidates)
+            return
+        lead = sorted(map(self.assembly.plan, candidates[:RERANKED]), key=self.assembly.estimate)
+        yield from lead
+        yield from map(self.assembly.plan, candidates[RERANKED:])
 
     def with_more_packs(self, packer: Layout, m: int) -> list[StepPlan | None]:
         """:meth:`first` of the candidates at ``2 m`` and ``4 m`` packs (none when the
@@ -797,6 +852,8 @@ def _meta(
     if estimate is not None:
         meta["pipeline_estimate"] = round(estimate, 6)
     meta.update(improve_moves=p1.moves, lag=lag, microbatches=len(packs[0].forward) if packs else 0)
+    if packs and packs[0].whole:
+        meta["whole_documents"] = True  # :func:`_lockstep_whole`'s packs
     if p1.milp is not None:
         meta["milp"] = p1.milp
     return meta
@@ -1162,11 +1219,9 @@ def _lockstep(
             return tried[lag] is not None
 
         first = 0 if fits(0) else _first_fitting_lag(fits, m) if late_start else None
-        if first is None:
-            continue
         # invariant: every lag from first to lo fits, none above hi; on one stage a lag only
         # adds memory (the estimate is the packs' sum), so the first that fits is the candidate
-        lo, hi = first, (m - 1 if layout.pp > 1 else first)
+        lo, hi = (m, m - 1) if first is None else (first, m - 1 if layout.pp > 1 else first)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if fits(mid):
@@ -1179,6 +1234,9 @@ def _lockstep(
                 seen.append((found[0], found[1], lag, p1))
             if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
                 best = (found[0], found[1], lag)
+        whole = _lockstep_whole(works, layout, stages, gather) if seen is not None else None
+        if whole is not None:
+            seen.append((whole[0], whole[1], 0, p1))
     return best
 
 
@@ -1221,6 +1279,39 @@ def _lockstep_at(
     return stages.estimate(f, b, interleaved_order(m, m, lag)), packs
 
 
+def _lockstep_whole(
+    works: Sequence[LockstepWork], layout: Layout, stages: _Stages, gather: dict[int, float]
+) -> tuple[float, list[RankPacks]] | None:
+    """Every rank's documents kept whole (:meth:`LockstepWork.pack_whole`) in the fewest
+    packs, from the works' count up (:data:`WHOLE_COUNTS` counts at most), that every rank
+    fills, backward lag 0, with the estimate; ``None`` when none packs so."""
+    fewest = min(len(w.whole_units[0]) + (1 if len(w.merge_slices) else 0) for w in works)
+    for m in range(works[0].m, min(fewest, works[0].m + WHOLE_COUNTS - 1) + 1):
+        packs = []
+        for r, w in enumerate(works):
+            p = w.pack_whole(
+                m,
+                cap=layout.token_cap,
+                mem=layout.memory_bytes,
+                pp=layout.pp,
+                layer_share=stages.share,
+                merge_kv=gather.get(r, 0.0),
+            )
+            if p is None:
+                break
+            packs.append(p)
+        else:
+            f = np.array([p.forward_cost for p in packs]).T
+            b = np.array([p.backward_cost for p in packs]).T
+            return stages.estimate(f, b, interleaved_order(m, m, 0)), packs
+    return None
+
+
+WHOLE_COUNTS = 4
+"""Pack counts :func:`_lockstep_whole` tries from a candidate count up: the greedy fills a
+few more packs where the token cap leaves one document out."""
+
+
 def _first_fitting_lag(fits: Callable[[int], bool], m: int) -> int | None:
     """The smallest backward lag below ``m`` whose packs fit, or None. Lag 0 usually does. A
     rank holding a document longer than the token cap cannot start its backward work before
@@ -1240,6 +1331,7 @@ def _solve_lockstep(
     options: SolveOptions,
     stages: _Stages,
     placements: _Placements | None = None,
+    wholes: list[_Candidate] | None = None,
 ) -> list[_Candidate]:
     """Phase 1 and lockstep packs for the candidate pack counts; the best estimate wins.
 
@@ -1252,7 +1344,8 @@ def _solve_lockstep(
     plans agree (:class:`_Placements`; ``placements``: those of earlier solves of the same
     batch, whose budgets differ). Returns the winner ``(estimate, packs, lag, phase
     1)``, then every other count and lag that fit, by estimate: the first whose every device
-    fits (:meth:`_Stages.peak`) is the plan.
+    fits (:meth:`_Stages.peak`) is the plan. ``wholes`` collects the candidates that keep
+    documents whole (:func:`_lockstep_whole`), which the returned ones leave out.
     """
     cap, mem, dp, pp = layout.token_cap, layout.memory_bytes, layout.dp, layout.pp
     share = stages.share
@@ -1289,8 +1382,10 @@ def _solve_lockstep(
         found = _lockstep(view, p1, layout, [m], stages, seen) if p1 is not None else None
         if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
             best = (found[0], found[1], found[2], p1)
+    if wholes is not None:
+        wholes += [c for c in seen if c[1][0].whole]
     if best is not None:
-        return _winner_first(best, seen)
+        return _winner_first(best, [c for c in seen if not c[1][0].whole])
     if layout.microbatches is not None:
         raise PlanError(
             f"lockstep: the ranks' documents do not fit microbatches={layout.microbatches} "
@@ -1302,8 +1397,10 @@ def _solve_lockstep(
         p1 = phase1(m, widen)
         seen = []
         found = _lockstep_fallback(view, p1, layout, stages, seen) if p1 is not None else None
+        if wholes is not None:
+            wholes += [c for c in seen if c[1][0].whole]
         if found is not None:
-            return _winner_first((*found, p1), seen)
+            return _winner_first((*found, p1), [c for c in seen if not c[1][0].whole])
     raise PlanError(
         f"lockstep: no pack count fits the memory cap of {gib(layout.memory_gib)} per device with "
         f"pp={pp} (1F1B keeps up to pp packs in flight on the first stage): raise "
