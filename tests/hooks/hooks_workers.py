@@ -243,6 +243,14 @@ def lock_solver2_asym():
     return toks, plan
 
 
+def lock_solver2_whole():
+    # token-bound packs of <= 256 tokens: each rank's documents kept whole (backward packs
+    # equal to forward packs), a 255-token document in two slices
+    plan, toks = solver_case([255] * 6 + [5] * 8, "slimpack", 2, 0, mode="lockstep")
+    assert plan.meta["whole_documents"], plan.meta
+    return toks, plan
+
+
 def lock_solver4_merge():
     # a 3-rank merge group over the 600-token doc, padding packs on two of its members
     plan, toks = solver_case([45, 90, 10, 600, 120], "slimpack", 4, 1, mode="lockstep")
@@ -275,6 +283,7 @@ FSDP_PLANS = {
     "hand2": lock_hand2,
     "solver2_merge": lock_solver2_merge,
     "solver2_asym": lock_solver2_asym,
+    "solver2_whole": lock_solver2_whole,
     "solver4_merge": lock_solver4_merge,
 }
 
@@ -380,6 +389,7 @@ def fsdp_two_rank_suite(rank: int, world: int) -> tuple[list, tuple]:
         ("hand2", "bare"),
         ("solver2_merge", "each"),
         ("solver2_asym", "each"),
+        ("solver2_whole", "each"),
         ("hand2", "fsdp1"),
         ("solver2_merge", "fsdp1"),
     ]

@@ -138,7 +138,8 @@ def test_bad_grad_sync_mode_and_plain_module_is_not_fsdp():
 
 def test_fsdp_two_ranks_matches_unpacked_reference():
     """Hand plan (continuation, recompute, padding, idle packs) with FSDP2 in both grad-sync
-    modes, FSDP1 and a plain module; solver lockstep plans with DP-Merge and asymmetric packs;
+    modes, FSDP1 and a plain module; solver lockstep plans with DP-Merge, asymmetric packs and
+    documents kept whole;
     a stock Llama under FSDP2 (``fsdp_hf(..., "fsdp1")`` also passes; left out for time)."""
     res = run_distributed(W.fsdp_two_rank_suite, 2)
     for per_case in zip(*(r[0] for r in res), strict=True):

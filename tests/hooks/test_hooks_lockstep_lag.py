@@ -29,3 +29,24 @@ def test_lockstep_plan_with_a_lag_matches_the_unpacked_reference():
     loss, got = run_plan(model, plan, toks, forward=tiny_forward)
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     assert max_rel_err(got, ref) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("pp", "lengths"),
+    [(1, [255] * 6 + [5] * 8), (2, [256] * 4 + [60, 50, 40, 30, 20, 10])],
+)
+def test_lockstep_plan_with_documents_kept_whole_matches_the_unpacked_reference(pp, lengths):
+    # token-bound packs of <= 256 tokens: the plan keeps each rank's documents whole, every
+    # backward pack its forward pack's slices (a 255-token document is two slices)
+    docs = documents_from_lengths(lengths, slice_tokens=128)
+    layout = Layout(dp=2, pp=pp, mode="lockstep", context=4096, pack_tokens=256, memory_gib=1)
+    plan = solve(docs, layout, "slimpack", 0, CostModel.analytic(TINY, "h100", "none"))
+    assert plan.meta["whole_documents"] and plan.meta["lag"] == 0
+    for rs in plan.ranks:
+        assert [set(p.slices) for p in rs.forward] == [set(p.slices) for p in rs.backward]
+    toks = doc_tokens([d.length for d in plan.docs], seed=7)
+    model = TinyLM(seed=3)
+    ref_loss, ref = reference_grads(model, tiny_forward, toks, plan)
+    loss, got = run_plan(model, plan, toks, forward=tiny_forward)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    assert max_rel_err(got, ref) <= 1e-5
