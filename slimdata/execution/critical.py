@@ -63,11 +63,14 @@ def critical_path(
     schedule: str = "1f1b",
     v: int = 1,
     layers: int = 0,
+    lockstep: bool = False,
 ) -> np.ndarray:
     """Makespan of one or several ranks that share the plan ``order``: ``fwd[i]`` /
     ``bwd[j]`` are the full-model seconds of forward pack ``i`` / backward pack ``j``,
     ``(packs,)`` or ``(packs, ranks)``; ``v`` model chunks per device (``"interleaved"``);
-    ``layers`` splits the model into chunks as the execution model does (0: evenly).
+    ``layers`` splits the model into chunks as the execution model does (0: evenly);
+    ``lockstep``: the ranks meet before every op (FSDP, one stage: each pass first gathers
+    the parameters from every rank), so each op ends when its slowest rank's does.
     Returns one makespan per rank."""
     f, b = _columns(fwd), _columns(bwd)
     ranks = max(f.shape[1], b.shape[1])
@@ -83,6 +86,8 @@ def critical_path(
     for row, d, (prev, dep) in zip(rows, dur, seq.after, strict=False):
         maximum(rows[prev], rows[dep], out=row)
         add(row, d, out=row)
+        if lockstep:
+            row.fill(row.max())
     return end[:-1].max(axis=0)
 
 
@@ -95,7 +100,8 @@ def plan_critical_path(
     static CP member shares, merged slices' attention efficiency) through its own order
     (:func:`critical_path`, ``config``'s pipeline and schedule), the slowest rank; no
     communication. Ranks with the same order go through one call, a column each (the
-    evaluation is elementwise, so each column is as if alone)."""
+    evaluation is elementwise, so each column is as if alone); under FSDP on one stage the
+    ranks meet before every op (``lockstep``)."""
     config = config or ExecutionConfig()
     pt = pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split)
     price = pack_compute(pt, plan, config.cp)
@@ -114,6 +120,7 @@ def plan_critical_path(
             schedule=config.schedule,
             v=config.chunks_per_device,
             layers=cost.layers,
+            lockstep=config.parallelism == "fsdp" and config.pp == 1,
         )
         worst = max(worst, float(times.max(initial=0.0)))
     return worst

@@ -493,3 +493,33 @@ def test_whole_documents_keep_backward_from_each_documents_end_and_the_merge_sha
     assert whole.merge_pack == (0, 0)
     assert whole.forward == [[3], [0, 1], [2]]
     assert whole.backward == [[3], [1, 0], [2]]
+
+
+def test_fsdp_estimate_is_the_simulated_step_without_communication():
+    # FSDP on one stage: every pass first gathers the parameters from every rank, so pack i
+    # costs its slowest rank's; on a network that costs nothing the planner's estimate is
+    # the simulator's step (with its per-rank sums it was below it)
+    from slimdata.cost import Interconnect
+    from slimdata.sim import SimConfig, simulate_step
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    free_net = Interconnect(intra_node_gbps=1e12, inter_node_gbps=1e12, latency_s=0.0)
+    rng = np.random.default_rng(5)
+    for seed in range(3):
+        lengths = rng.integers(200, 30000, size=40).tolist()
+        layout = Layout(dp=4, mode="lockstep", context=65536, memory_gib=60)
+        plan = solve(docs_of(lengths, 2048), layout, "slimpack", seed, cost)
+        assert not plan.merges and len(plan.ranks[0].forward) >= 2
+        sim = simulate_step(
+            plan, cost, layout, SimConfig(parallelism="fsdp", interconnect=free_net)
+        )
+        assert plan.meta["pipeline_estimate"] == pytest.approx(sim.step_time, rel=1e-6, abs=1e-6)
+
+
+def test_critical_path_in_lockstep_charges_each_op_its_slowest_rank():
+    # two ranks, F0 B0 F1 B1 on one stage: rank 0 (1, 4, 1, 1), rank 1 (2, 1, 2, 3); alone
+    # 7 and 8 s; meeting before every op: 2 + 4 + 2 + 3 = 11 s for both
+    order = interleaved_order(2, 2)
+    f, b = np.array([[1.0, 2.0], [1.0, 2.0]]), np.array([[4.0, 1.0], [1.0, 3.0]])
+    assert critical_path(f, b, order, 1).tolist() == [7.0, 8.0]
+    assert critical_path(f, b, order, 1, lockstep=True).tolist() == [11.0, 11.0]

@@ -1166,11 +1166,19 @@ class _Stages:
         per rank): the slowest rank's compute-only critical path under the plan's schedule,
         the execution model's stage order (:func:`~slimdata.execution.critical.critical_path`):
         under the interleaved schedule the count and lag are chosen for its smaller bubble;
+        under FSDP the ranks meet before every pass (pack ``i`` costs its slowest rank's);
         ``inf`` for an order the schedule cannot run (interleaved: some counts not a multiple
         of ``pp``), so another count or lag wins."""
         try:
             times = critical_path(
-                fwd, bwd, order, self.pp, schedule=self.schedule, v=self.v, layers=self.layers
+                fwd,
+                bwd,
+                order,
+                self.pp,
+                schedule=self.schedule,
+                v=self.v,
+                layers=self.layers,
+                lockstep=self.parallelism == "fsdp",
             )
         except PlanError:
             return math.inf
@@ -1249,9 +1257,9 @@ def _lockstep_at(
 ) -> tuple[float, list[RankPacks]] | None:
     """Every rank's lockstep packs (``works[r]``: rank ``r``'s documents and pack count) at
     backward ``lag`` (``gather``: each merge member's buffers, full-model bytes), with the
-    estimate (:meth:`_Stages.estimate`): the slowest rank's pipeline (ranks meet at the gradient reduction, as under DDP
-    or ZeRO-1/2; FSDP's per-pack gathers can only add to it); ``None`` when a rank does not
-    fit."""
+    estimate (:meth:`_Stages.estimate`): the slowest rank's pipeline (ranks meet at the
+    gradient reduction, as under DDP or ZeRO-1/2; under FSDP before every pass); ``None``
+    when a rank does not fit."""
     packs = []
     share = stages.share
     for r, work in enumerate(works):
