@@ -21,6 +21,20 @@ def unit_cost(act_tokens_per_gib: int = 100) -> CostModel:
     )
 
 
+def attention_cost() -> CostModel:
+    """Attention only: forward 1 s per query-key pair, nothing else."""
+    return CostModel(
+        fwd_lin=0.0,
+        fwd_att=1.0,
+        fwd_const=0.0,
+        bwd_lin=0.0,
+        bwd_att=0.0,
+        bwd_const=0.0,
+        act_bytes_per_token=1.0,
+        kv_bytes_per_token=0.0,
+    )
+
+
 def docs_of(lengths, slice_tokens=128):
     return documents_from_lengths(lengths, slice_tokens)
 

@@ -12,23 +12,9 @@ from slimdata.solver.common import BatchView
 from slimdata.solver.merge import skew_group_sizes
 from slimdata.solver.refine import refine_costly_slices
 
-from .conftest import docs_of, unit_cost
+from .conftest import attention_cost, docs_of, unit_cost
 
 LLAMA8B = CostModel.analytic("llama-8b", "h100", "full")
-
-
-def attention_cost() -> CostModel:
-    """Attention only: forward 1 s per query-key pair, nothing else."""
-    return CostModel(
-        fwd_lin=0.0,
-        fwd_att=1.0,
-        fwd_const=0.0,
-        bwd_lin=0.0,
-        bwd_att=0.0,
-        bwd_const=0.0,
-        act_bytes_per_token=1.0,
-        kv_bytes_per_token=0.0,
-    )
 
 
 def test_refine_halves_costly_slices_only():

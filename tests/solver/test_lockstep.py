@@ -14,7 +14,7 @@ from slimdata.solver import Layout, solve
 from slimdata.solver.common import BatchView, interleaved_order
 from slimdata.solver.micropack import pack_rank_lockstep
 
-from .conftest import GIB, docs_of, unit_cost
+from .conftest import GIB, attention_cost, docs_of, unit_cost
 
 
 def test_interleaved_order_with_lag():
@@ -444,20 +444,6 @@ def test_pipeline_lockstep_plans_a_document_longer_than_the_pack_cap():
     assert plan.meta["lag"] >= 3
 
 
-def _pairs_cost(act_bytes_per_token: float = 1.0) -> CostModel:
-    """Forward seconds = causal pairs ``s (s + 1) / 2``, no backward; 1 byte per token."""
-    return CostModel(
-        fwd_lin=0.0,
-        fwd_att=1.0,
-        fwd_const=0.0,
-        bwd_lin=0.0,
-        bwd_att=0.0,
-        bwd_const=0.0,
-        act_bytes_per_token=act_bytes_per_token,
-        kv_bytes_per_token=0.0,
-    )
-
-
 def test_whole_documents_fill_the_packs_the_cost_quantiles_run_out_of():
     # documents of 4, 2, 2, 3 tokens (one slice each) cost 10, 3, 3, 6 s; 2 packs of <= 6
     # tokens. Quantile cuts: F0 = [d0] (d1's midpoint passes 11 s), then d1, d2, d3 = 7
@@ -466,7 +452,7 @@ def test_whole_documents_fill_the_packs_the_cost_quantiles_run_out_of():
     # tokens, so the fewest tokens, p0 (6 tokens, 13 s). Packs by decreasing seconds.
     from slimdata.solver.micropack import LockstepWork
 
-    view = BatchView.build(docs_of([4, 2, 2, 3]), _pairs_cost())
+    view = BatchView.build(docs_of([4, 2, 2, 3]), attention_cost())
     work = LockstepWork.of(view, [view.slices_of(d) for d in range(4)], (), 2)
     assert work.pack(cap=6, mem=1e30) is None
     whole = work.pack_whole(2, cap=6, mem=1e30)
