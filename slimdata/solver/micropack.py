@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import member_peak
 
@@ -343,14 +345,19 @@ class LockstepWork:
         return rank.finish(layer_share)
 
     @cached_property
-    def whole_units(self) -> tuple[list[Sequence[int] | range], list[int], list[float]]:
-        """The rank's documents by decreasing tokens, their tokens and their forward plus
-        backward seconds (:meth:`pack_whole`'s items)."""
-        tok, fwd, bwd, _act, _doc = self.view.lists
-        units = sorted(self.stream, key=lambda u: -sum(map(tok.__getitem__, u)))
-        tokens = [sum(map(tok.__getitem__, u)) for u in units]
-        work = [sum(map(fwd.__getitem__, u)) + sum(map(bwd.__getitem__, u)) for u in units]
-        return units, tokens, work
+    def whole_units(self) -> _WholeUnits:
+        """The rank's documents by decreasing tokens (ties in stream order) with their tokens
+        and seconds run whole (:meth:`pack_whole`'s items)."""
+        view = self.view
+        docl = view.lists[4]
+        docs = np.array([docl[u[0]] for u in self.stream], dtype=np.int64)
+        docs = docs[np.argsort(-view.doc_len[docs], kind="stable")]
+        return _WholeUnits(
+            [view.ranges[d] for d in docs.tolist()],
+            view.doc_len[docs].tolist(),
+            view.doc_fwd[docs].tolist(),
+            view.doc_bwd[docs].tolist(),
+        )
 
     def pack_whole(
         self,
@@ -369,7 +376,8 @@ class LockstepWork:
         Alg. 1 over one rank's packs); packs by decreasing seconds. Where the forward-cost
         quantile cuts of :meth:`pack` run out of packs (cheap documents need more tokens per
         pack than the cap holds), this fills the same count; whole documents also pay each
-        slice's fixed costs once.
+        slice's fixed costs once. Pack seconds are the documents' run whole (their slices
+        fused, as the plan runs them; the merge share's, its slices').
 
         Memory (:meth:`pack`'s rule at lag 0, where every pack's backward frees all it
         holds): the first stage holds at most ``pp`` packs at once (each backward runs
@@ -382,57 +390,56 @@ class LockstepWork:
         pack 0; 4 to pack 1 (least seconds); 3 to pack 1 (pack 0 would hold 6 + 3 > 8):
         packs ``[6], [4, 3]``."""
         base = 1 if len(self.merge_slices) else 0
-        units, tokens, work = self.whole_units
-        n = m - base
-        if n < 1 or len(units) < n or (tokens and tokens[0] > cap):
+        items = self.whole_units
+        tokens, n = items.tokens, m - base
+        if n < 1 or len(tokens) < n or (tokens and (tokens[0] > cap or sum(tokens) > n * cap)):
             return None
         by_load = [(0.0, j) for j in range(n)]  # a heap of (seconds, pack)
         held = [0] * n
-        bins: list[list[Sequence[int] | range]] = [[] for _ in range(n)]
-        for u, t, w in zip(units, tokens, work, strict=True):
+        bins: list[list[int]] = [[] for _ in range(n)]
+        for k, (t, f, b) in enumerate(zip(tokens, items.fwd, items.bwd, strict=True)):
             load, j = by_load[0]
             if held[j] + t <= cap:
-                heapq.heapreplace(by_load, (load + w, j))
+                heapq.heapreplace(by_load, (load + f + b, j))
             else:
                 j = min(range(n), key=held.__getitem__)
                 if held[j] + t > cap:
                     return None
-                k = next(k for k, (_w, b) in enumerate(by_load) if b == j)
-                by_load[k] = (by_load[k][0] + w, j)
+                at = next(i for i, (_w, p) in enumerate(by_load) if p == j)
+                by_load[at] = (by_load[at][0] + f + b, j)
                 heapq.heapify(by_load)
-            bins[j].append(u)
+            bins[j].append(k)
             held[j] += t
         if not all(bins):
             return None
-        return self._whole_packs(bins, dict(map(reversed, by_load)), mem, pp, layer_share, merge_kv)
+        order = [j for _load, j in sorted(by_load, key=lambda x: (-x[0], x[1]))]
+        return self._whole_packs([bins[j] for j in order], mem, pp, layer_share, merge_kv)
 
     def _whole_packs(
-        self,
-        bins: list[list[Sequence[int] | range]],
-        load: dict[int, float],
-        mem: float,
-        pp: int,
-        layer_share: float,
-        merge_kv: float,
+        self, bins: list[list[int]], mem: float, pp: int, layer_share: float, merge_kv: float
     ) -> RankPacks | None:
-        """:meth:`pack_whole`'s packs of ``bins`` (``load``: their seconds), if they fit."""
+        """:meth:`pack_whole`'s packs of ``bins`` (indices into :attr:`whole_units`), if
+        they fit."""
+        items = self.whole_units
         _tok, fwd, bwd, _act, _doc = self.view.lists
         extra = self.view.packing_lists[0]
-        most = sorted((sum(extra[i] for u in b for i in u) for b in bins), reverse=True)
+        most = sorted(
+            (sum(extra[i] for k in b for i in items.units[k]) for b in bins), reverse=True
+        )
         peak = self.merge_bytes + 2 * merge_kv + sum(most[:pp])
         if peak > mem / layer_share:
             return None
-        bins = [bins[j] for j in sorted(range(len(bins)), key=lambda j: -load[j])]
-        merge = [list(self.merge_slices)] if len(self.merge_slices) else []
-        F = merge + [[i for u in b for i in u] for b in bins]
-        B = merge + [[i for u in b for i in reversed(u)] for b in bins]
+        merge = list(self.merge_slices)
+        head = [merge] if merge else []
+        f_head = [sum(map(fwd.__getitem__, merge))] if merge else []
+        b_head = [sum(map(bwd.__getitem__, merge))] if merge else []
         return RankPacks(
-            F,
-            B,
+            head + [[i for k in b for i in items.units[k]] for b in bins],
+            head + [[i for k in b for i in reversed(items.units[k])] for b in bins],
             (0, 0) if merge else None,
             peak * layer_share,
-            [sum(map(fwd.__getitem__, p)) for p in F],
-            [sum(map(bwd.__getitem__, p)) for p in B],
+            f_head + [sum(items.fwd[k] for k in b) for b in bins],
+            b_head + [sum(items.bwd[k] for k in b) for b in bins],
             whole=True,
         )
 
@@ -568,6 +575,17 @@ class _Forward:
             avail.append(count)
         costs = [sum(map(fwd.__getitem__, p)) for p in F]
         return _Forward(F, base, seq, avail, costs)
+
+
+@dataclass(frozen=True)
+class _WholeUnits:
+    """One rank's documents by decreasing tokens: their slices, tokens and forward and
+    backward seconds run whole."""
+
+    units: list[range]
+    tokens: list[int]
+    fwd: list[float]
+    bwd: list[float]
 
 
 def _long_documents_first(

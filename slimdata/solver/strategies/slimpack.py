@@ -619,7 +619,7 @@ def _lockstep_plan(assembly: _Assembly) -> StepPlan:
         if whole is None:
             raise
         return whole
-    whole = fitting.whole()
+    whole = fitting.whole(below=assembly.estimate(plan))
     if whole is not None and assembly.estimate(whole) < assembly.estimate(plan):
         return whole
     return plan
@@ -764,10 +764,16 @@ class _Fitting:
                 a.view, packer, a.options, self.stages, self.placements, self.wholes
             )
 
-    def whole(self) -> StepPlan | None:
+    def whole(self, below: float = math.inf) -> StepPlan | None:
         """The plan of the candidate that keeps documents whole with the lowest estimate
-        whose every device fits (:data:`WHOLE_TRIED` tried at most), or None."""
-        for c in sorted(self.wholes, key=lambda c: c[0])[:WHOLE_TRIED]:
+        whose every device fits (:data:`WHOLE_TRIED` tried at most), or None. Without static
+        CP or merge shares a candidate whose probe is not ``below`` is not assembled: its
+        packs are priced as their documents run whole on one device, which its plan's
+        estimate can only exceed (pack constants, FSDP's padding calls)."""
+        wholes = sorted(self.wholes, key=lambda c: c[0])
+        if self.stages.cp == 1:
+            wholes = [c for c in wholes if c[0] < below or any(p.merge_pack for p in c[1])]
+        for c in wholes[:WHOLE_TRIED]:
             plan = self.assembly.plan(c)
             if (
                 self.stages.peak(plan, self.assembly.cost, self.assembly.layout, self.limit)
@@ -1200,6 +1206,7 @@ def _lockstep(
     stages: _Stages,
     seen: list[_Candidate] | None = None,
     late_start: bool = False,
+    whole: bool = False,
 ) -> tuple[float, list[RankPacks], int] | None:
     """Lockstep packs of every rank for the pack count in ``counts`` and the backward lag with
     the smallest estimated step time (:meth:`_Stages.estimate`); ``None`` if none fits the
@@ -1209,9 +1216,10 @@ def _lockstep(
     every lag the bisection packs is estimated. Memory is checked per pipeline stage
     (``stages.share`` of the layers on the first stage, 1F1B's extra packs in flight, merge
     K/V buffers; :func:`pack_rank_lockstep`). Returns ``(estimate, packs, lag)``; the smaller
-    lag wins ties. ``seen`` collects every count and lag that fits, with ``p1``. A count whose
-    lag 0 does not fit is skipped, unless ``late_start``: then the lags that fit start at the
-    first that does (:func:`_first_fitting_lag`)."""
+    lag wins ties. ``seen`` collects every count and lag that fits, with ``p1``, and with
+    ``whole`` the candidate that keeps documents whole (:func:`_lockstep_whole`), which
+    ``best`` leaves out. A count whose lag 0 does not fit is skipped, unless ``late_start``:
+    then the lags that fit start at the first that does (:func:`_first_fitting_lag`)."""
     best: tuple[float, list[RankPacks], int] | None = None
     gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / stages.share)
     for m in counts:
@@ -1242,9 +1250,11 @@ def _lockstep(
                 seen.append((found[0], found[1], lag, p1))
             if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
                 best = (found[0], found[1], lag)
-        whole = _lockstep_whole(works, layout, stages, gather) if seen is not None else None
-        if whole is not None:
-            seen.append((whole[0], whole[1], 0, p1))
+        kept = (
+            _lockstep_whole(works, layout, stages, gather) if whole and seen is not None else None
+        )
+        if kept is not None and seen is not None:
+            seen.append((kept[0], kept[1], 0, p1))
     return best
 
 
@@ -1293,7 +1303,7 @@ def _lockstep_whole(
     """Every rank's documents kept whole (:meth:`LockstepWork.pack_whole`) in the fewest
     packs, from the works' count up (:data:`WHOLE_COUNTS` counts at most), that every rank
     fills, backward lag 0, with the estimate; ``None`` when none packs so."""
-    fewest = min(len(w.whole_units[0]) + (1 if len(w.merge_slices) else 0) for w in works)
+    fewest = min(len(w.stream) + (1 if len(w.merge_slices) else 0) for w in works)
     for m in range(works[0].m, min(fewest, works[0].m + WHOLE_COUNTS - 1) + 1):
         packs = []
         for r, w in enumerate(works):
@@ -1387,7 +1397,9 @@ def _solve_lockstep(
         if m in extra and (best is None or best[2] >= len(best[1][0].forward) - 1):
             break  # more, smaller packs only when memory held the lag down
         p1 = phase1(m, 1.0)
-        found = _lockstep(view, p1, layout, [m], stages, seen) if p1 is not None else None
+        # documents kept whole aim at the fewest packs: tried from the first count only
+        whole = m == counts[0]
+        found = _lockstep(view, p1, layout, [m], stages, seen, whole=whole) if p1 else None
         if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
             best = (found[0], found[1], found[2], p1)
     if wholes is not None:
