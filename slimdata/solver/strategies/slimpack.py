@@ -731,10 +731,10 @@ class _Fitting:
     rounds: int = 0
     """Candidates assembled by the last :meth:`first`."""
     failed: list[tuple[float, StepPlan | None]] = field(default_factory=list)
-    wholes: list[_Candidate] = field(default_factory=list)
-    """The candidates that keep documents whole, of every :meth:`candidates` call."""
     """Per candidate that did not fit: a device peak above the budget and its plan, or its
     largest device peak and None once computed (:attr:`lowest`)."""
+    wholes: list[_Candidate] = field(default_factory=list)
+    """The candidates that keep documents whole, of every :meth:`candidates` call."""
 
     @property
     def limit(self) -> float:
@@ -1235,27 +1235,33 @@ def _lockstep(
             return tried[lag] is not None
 
         first = 0 if fits(0) else _first_fitting_lag(fits, m) if late_start else None
-        # invariant: every lag from first to lo fits, none above hi; on one stage a lag only
-        # adds memory (the estimate is the packs' sum), so the first that fits is the candidate
-        lo, hi = (m, m - 1) if first is None else (first, m - 1 if layout.pp > 1 else first)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid - 1
+        if first is not None:
+            # on one stage a lag only adds memory (the estimate is the packs' sum), so the
+            # first that fits is the candidate
+            _bisect_lags(fits, first, m - 1 if layout.pp > 1 else first)
         for lag in sorted(tried):
             found = tried[lag]
             if found is not None and seen is not None:
                 seen.append((found[0], found[1], lag, p1))
             if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
                 best = (found[0], found[1], lag)
-        kept = (
-            _lockstep_whole(works, layout, stages, gather) if whole and seen is not None else None
-        )
-        if kept is not None and seen is not None:
-            seen.append((kept[0], kept[1], 0, p1))
+        if whole and seen is not None:
+            kept = _lockstep_whole(works, layout, stages, gather)
+            if kept is not None:
+                seen.append((kept[0], kept[1], 0, p1))
     return best
+
+
+def _bisect_lags(fits: Callable[[int], bool], lo: int, hi: int) -> None:
+    """Probe the lags ``lo .. hi`` by bisection for the largest that fits (``lo`` fits; the
+    lags that fit are contiguous). Invariant: every lag from the first to ``lo`` fits, none
+    above ``hi``."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
 
 
 def _lockstep_at(
@@ -1399,7 +1405,9 @@ def _solve_lockstep(
         p1 = phase1(m, 1.0)
         # documents kept whole aim at the fewest packs: tried from the first count only
         whole = m == counts[0]
-        found = _lockstep(view, p1, layout, [m], stages, seen, whole=whole) if p1 else None
+        found = (
+            _lockstep(view, p1, layout, [m], stages, seen, whole=whole) if p1 is not None else None
+        )
         if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
             best = (found[0], found[1], found[2], p1)
     if wholes is not None:
@@ -1417,10 +1425,8 @@ def _solve_lockstep(
         p1 = phase1(m, widen)
         seen = []
         found = _lockstep_fallback(view, p1, layout, stages, seen) if p1 is not None else None
-        if wholes is not None:
-            wholes += [c for c in seen if c[1][0].whole]
         if found is not None:
-            return _winner_first((*found, p1), [c for c in seen if not c[1][0].whole])
+            return _winner_first((*found, p1), seen)
     raise PlanError(
         f"lockstep: no pack count fits the memory cap of {gib(layout.memory_gib)} per device with "
         f"pp={pp} (1F1B keeps up to pp packs in flight on the first stage): raise "
