@@ -384,20 +384,27 @@ class LockstepWork:
         cum_b, pos = 0.0, 0
         ends = [0] * len(B)
         # emissions: one after each forward close c >= lag, then the ones left (last: final)
-        limits = [avail[c] for c in range(lag, m)] + [end] * min(lag, m)
-        for k, limit in enumerate(limits[len(B) :], start=len(B)):
+        for k in range(len(B), m):
+            limit = avail[k + lag] if k + lag < m else end
+            if pos >= limit:  # nothing completed to take: an empty pack
+                B.append([])
+                costs.append(0.0)
+                ends.append(pos)
+                continue
             final = k >= m - lag and k == m - 1
             target = math.inf if final else cum_b + (total_b - cum_b) / (rest - (k - base))
             pack: list[int] = []
             pack_tok, pack_b = 0, 0.0
             while pos < limit:
                 i = seq[pos]
-                if pack and (cum_b + half_b[i] > target or pack_tok + tok[i] > cap):
+                t = tok[i]
+                if pack and (cum_b + half_b[i] > target or pack_tok + t > cap):
                     break
+                b = bwd[i]
                 pack.append(i)
-                pack_tok += tok[i]
-                cum_b += bwd[i]
-                pack_b += bwd[i]
+                pack_tok += t
+                cum_b += b
+                pack_b += b
                 pos += 1
             B.append(pack)
             costs.append(pack_b)
@@ -445,17 +452,18 @@ class _Forward:
         q = total_f / rest if rest > 1 else math.inf
         for u in work.stream:
             for i in u:
-                if cur and (cur_tok + tok[i] > cap or cum_f + half_f[i] > q):
+                t = tok[i]
+                if cur and (cur_tok + t > cap or cum_f + half_f[i] > q):
                     F.append(cur)
                     cur, cur_tok = [], 0
                     n = len(F) - base
                     if n >= rest:
                         return None
                     q = total_f * (n + 1) / rest if n < rest - 1 else math.inf
-                if tok[i] > cap:
+                if t > cap:
                     return None
                 cur.append(i)
-                cur_tok += tok[i]
+                cur_tok += t
                 cum_f += fwd[i]
             done.append(len(F))
         if len(F) < m:  # finish: the open pack closes, then empty ones
