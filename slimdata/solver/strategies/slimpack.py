@@ -543,7 +543,13 @@ def slimpack(
     with _recompute_advice(cost):
         _check_slices(view, layout.token_cap, layout.memory_bytes)
     assembly = _Assembly(view, layout, cost, step, seed, options, t0, validate)
-    return _merges_that_pay(assembly, _free_plan if layout.mode == "free" else _lockstep_plan)
+    try:
+        return _merges_that_pay(assembly, _free_plan if layout.mode == "free" else _lockstep_plan)
+    finally:
+        # the memo's merge splits refer back to the view: with that cycle broken, reference
+        # counting frees the solve's state here, not the next cyclic collection (about 2 ms
+        # of a 4M-token lockstep solve, 64 ranks)
+        view.memo.clear()
 
 
 def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -> StepPlan:
