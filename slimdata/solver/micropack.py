@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import member_peak
 
-__all__ = ["LockstepWork", "RankPacks", "pack_rank", "pack_rank_lockstep"]
+__all__ = ["LockstepWork", "RankDocs", "RankPacks", "pack_rank", "pack_rank_lockstep"]
 
 
 @dataclass
@@ -261,7 +261,7 @@ class LockstepWork:
 
     view: BatchView
     stream: list[Sequence[int] | range]
-    """The rank's non-empty documents, long ones first (:func:`_long_documents_first`)."""
+    """The rank's non-empty documents, long ones first (:meth:`RankDocs._long_documents_first`)."""
     merge_slices: Sequence[int]
     m: int
     total_f: float
@@ -289,23 +289,7 @@ class LockstepWork:
         merge_slices: Sequence[int],
         m: int,
     ) -> LockstepWork:
-        units = [u for u in units if len(u)]
-        tok, fwd, bwd, _act, _doc = view.lists
-        flat = [i for u in units for i in u]
-        total_f = sum(map(fwd.__getitem__, flat))
-        total_b = sum(map(bwd.__getitem__, flat))
-        rest = m - (1 if len(merge_slices) else 0)
-        return cls(
-            view=view,
-            stream=_long_documents_first(fwd, units, total_f / max(rest, 1)),
-            merge_slices=merge_slices,
-            m=m,
-            total_f=total_f,
-            total_b=total_b,
-            merge_bytes=member_peak(view, sorted(merge_slices)) if len(merge_slices) else 0.0,
-            merge_tokens=sum(map(tok.__getitem__, merge_slices)),
-            bytes=sum(map(view.packing_lists[0].__getitem__, flat)),
-        )
+        return RankDocs.of(view, units, merge_slices).work(m)
 
     def pack(
         self,
@@ -480,15 +464,68 @@ class _Forward:
         return _Forward(F, base, seq, avail, costs)
 
 
-def _long_documents_first(
-    fwd: list[float], units: list[Sequence[int] | range], fstar: float
-) -> list[Sequence[int] | range]:
-    """Documents costlier than one pack's forward share ``fstar`` (costliest first), then the
-    rest in their order: a long document then starts at a pack boundary."""
-    ufwd = [sum(map(fwd.__getitem__, u)) for u in units]
-    longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
-    shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
-    return [units[k] for k in (*longs, *shorts)]
+@dataclass(frozen=True, eq=False)
+class RankDocs:
+    """What :class:`LockstepWork` derives from one rank's documents alone, whatever the pack
+    count: computed once per rank and phase-1 placement when several pack counts are tried
+    with it (:meth:`work`)."""
+
+    view: BatchView
+    units: list[Sequence[int] | range]
+    """The rank's non-empty documents, in order."""
+    unit_fwd: list[float]
+    """Forward seconds of each of :attr:`units`."""
+    merge_slices: Sequence[int]
+    total_f: float
+    total_b: float
+    merge_bytes: float
+    merge_tokens: int
+    bytes: float
+
+    @classmethod
+    def of(
+        cls,
+        view: BatchView,
+        units: Sequence[Sequence[int] | range],
+        merge_slices: Sequence[int],
+    ) -> RankDocs:
+        units = [u for u in units if len(u)]
+        tok, fwd, bwd, _act, _doc = view.lists
+        flat = [i for u in units for i in u]
+        return cls(
+            view=view,
+            units=units,
+            unit_fwd=[sum(map(fwd.__getitem__, u)) for u in units],
+            merge_slices=merge_slices,
+            total_f=sum(map(fwd.__getitem__, flat)),
+            total_b=sum(map(bwd.__getitem__, flat)),
+            merge_bytes=member_peak(view, sorted(merge_slices)) if len(merge_slices) else 0.0,
+            merge_tokens=sum(map(tok.__getitem__, merge_slices)),
+            bytes=sum(map(view.packing_lists[0].__getitem__, flat)),
+        )
+
+    def work(self, m: int) -> LockstepWork:
+        """The rank's :class:`LockstepWork` at ``m`` packs."""
+        rest = m - (1 if len(self.merge_slices) else 0)
+        return LockstepWork(
+            view=self.view,
+            stream=self._long_documents_first(self.total_f / max(rest, 1)),
+            merge_slices=self.merge_slices,
+            m=m,
+            total_f=self.total_f,
+            total_b=self.total_b,
+            merge_bytes=self.merge_bytes,
+            merge_tokens=self.merge_tokens,
+            bytes=self.bytes,
+        )
+
+    def _long_documents_first(self, fstar: float) -> list[Sequence[int] | range]:
+        """Documents costlier than one pack's forward share ``fstar`` (costliest first), then
+        the rest in their order: a long document then starts at a pack boundary."""
+        units, ufwd = self.units, self.unit_fwd
+        longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
+        shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
+        return [units[k] for k in (*longs, *shorts)]
 
 
 class _LockstepRank:

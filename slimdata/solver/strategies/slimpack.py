@@ -67,7 +67,7 @@ from slimdata.solver.merge import (
     member_tokens,
     plan_merges,
 )
-from slimdata.solver.micropack import LockstepWork, RankPacks, pack_rank
+from slimdata.solver.micropack import LockstepWork, RankDocs, RankPacks, pack_rank
 from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
 from slimdata.units import gib
@@ -185,7 +185,7 @@ def _place_by_both_loads(
             F[r], Bl[r] = F_with[r], B_with[r]
         else:
             cand = cands[g]
-            r = int(cand[np.argmin(np.maximum(F[cand] + fn[k], Bl[cand] + bn[k]))])
+            r = int(cand[np.maximum(F[cand] + fn[k], Bl[cand] + bn[k]).argmin()])
             out_merge[r].append(ids[k])
             F[r] += fn[k]
             Bl[r] += bn[k]
@@ -259,7 +259,7 @@ def improve(
     moves = 0
     for _ in range(rounds):
         load = np.maximum(search.F, search.B)
-        hi = int(np.argmax(load))
+        hi = int(load.argmax())
         if load[hi] <= target:
             break
         best = search.best_move(hi, load[hi] - min_gain, top)
@@ -853,6 +853,15 @@ class _Phase1:
         from ``docs`` alone, :func:`~slimdata.solver.freepack.pack_rank_by_runs`)."""
         return [list(map(self.view.ranges.__getitem__, ds)) for ds in self.docs]
 
+    @cached_property
+    def rank_docs(self) -> list[RankDocs]:
+        """Each rank's documents as the lockstep packer reads them, whatever the pack count
+        (a placement is shared by the counts whose merge plans agree, :class:`_Placements`)."""
+        return [
+            RankDocs.of(self.view, units, self.member_slices.get(r, ()))
+            for r, units in enumerate(self.units)
+        ]
+
 
 def _phase1(
     view: BatchView,
@@ -1157,10 +1166,7 @@ def _lockstep(
     gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / stages.share)
     for m in counts:
         tried: dict[int, tuple[float, list[RankPacks]] | None] = {}
-        works = [
-            LockstepWork.of(view, p1.units[r], p1.member_slices.get(r, ()), m)
-            for r in range(layout.dp)
-        ]
+        works = [docs.work(m) for docs in p1.rank_docs]
 
         def fits(lag: int, works=works, tried=tried) -> bool:
             if lag not in tried:
