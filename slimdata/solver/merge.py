@@ -169,11 +169,22 @@ def _lpt(
     idx = np.asarray(slices, dtype=np.int64)
     cost = view.fwd[idx] + view.bwd[idx]
     order = np.argsort(-cost, kind="stable")
-    heap = [(0.0 if base is None else float(base[j]), j) for j in range(k)]
-    heapq.heapify(heap)
+    items, costs = idx[order].tolist(), cost[order].tolist()
     members: list[list[int]] = [[] for _ in range(k)]
     loads = [0.0] * k
-    for i, c in zip(idx[order].tolist(), cost[order].tolist(), strict=True):
+    first = 0
+    if base is None:
+        # from empty members the costliest slices go one to a member, in member order (the
+        # heap's (0.0, j) entries before any loaded one), while their costs are positive
+        first = min(k, len(costs))
+        while first and not costs[first - 1] > 0:
+            first -= 1
+        for j in range(first):
+            members[j].append(items[j])
+            loads[j] += costs[j]
+    heap = [(loads[j] if base is None else float(base[j]), j) for j in range(k)]
+    heapq.heapify(heap)
+    for i, c in zip(items[first:], costs[first:], strict=True):
         load, j = heap[0]  # the least loaded member (entries are distinct: one order)
         members[j].append(i)
         loads[j] += c
