@@ -99,6 +99,10 @@ class _Split:
     """The largest member's peak bytes, its activations summed in one pass over all the
     members (within :data:`ROUGH` of :attr:`peak`): most memory questions are answered by it
     with room to spare."""
+    rough_fwd: np.ndarray
+    """Each member's forward seconds summed in that pass (within :data:`ROUGH` of
+    :attr:`fwd`): most balance questions are answered by them."""
+    rough_bwd: np.ndarray
 
     @classmethod
     def of(cls, view: BatchView, slices: Sequence[int], k: int) -> _Split:
@@ -117,6 +121,8 @@ class _Split:
                 loads=loads,
                 tokens=tokens,
                 rough_peak=float(_held_bytes(view, act, tokens).max()),
+                rough_fwd=np.bincount(owner, view.fwd[flat], minlength=k),
+                rough_bwd=np.bincount(owner, view.bwd[flat], minlength=k),
             )
         return view.memo[key]
 
@@ -155,12 +161,26 @@ class _Split:
 
     def within(self, fshare: float, bshare: float) -> bool:
         """Does every member carry at most ``fshare`` forward and ``bshare`` backward
-        seconds?"""
+        seconds? Read off :attr:`rough_fwd` and :attr:`rough_bwd` where they are clear by
+        more than :data:`ROUGH`, else off the exact sums."""
+        f, b = self.rough_fwd, self.rough_bwd
+        if (f * (1 - ROUGH) > fshare).any() or (b * (1 - ROUGH) > bshare).any():
+            return False
+        if ((f * (1 + ROUGH) < fshare) & (b * (1 + ROUGH) < bshare)).all():
+            return True
         return bool(((self.fwd <= fshare) & (self.bwd <= bshare)).all())
 
     def largest_time(self) -> float:
-        """The largest member's forward + backward seconds."""
-        return float((self.fwd + self.bwd).max())
+        """The largest member's forward + backward seconds, summed exactly (as :attr:`fwd`
+        and :attr:`bwd`) only for the members whose rough sums come within :data:`ROUGH` of
+        the largest (no other can be the largest)."""
+        rough = self.rough_fwd + self.rough_bwd
+        near = np.flatnonzero(rough * (1 + ROUGH) >= rough.max() * (1 - ROUGH)).tolist()
+        fwd, bwd = self.view.fwd, self.view.bwd
+        return max(
+            float(fwd[ms].sum()) + float(bwd[ms].sum())
+            for ms in (np.asarray(self.members[j], dtype=np.int64) for j in near)
+        )
 
 
 def _lpt(
