@@ -306,10 +306,11 @@ class _LocalSearch:
         self.cb = view.doc_bwd / bs
         self.sf = view.fwd / fs
         self.sb = view.bwd / bs
-        self.F = np.array([self.cf[a].sum() for a in assign])
-        self.B = np.array([self.cb[a].sum() for a in assign])
+        held = [np.asarray(a, dtype=np.int64) for a in assign]
+        self.F = np.array([self.cf[a].sum() for a in held])
+        self.B = np.array([self.cb[a].sum() for a in held])
         self.owner = np.full(len(view.docs), -1, dtype=np.int64)
-        for r, a in enumerate(assign):
+        for r, a in enumerate(held):
             self.owner[a] = r
         self.placed = np.flatnonzero(self.owner >= 0)
         self.ranks = np.arange(dp)
@@ -329,9 +330,10 @@ class _LocalSearch:
         for g, grp in enumerate(self.groups):
             for r in grp:
                 self.group_of[r] = g
-                self.sowner[shares[r]] = r
-                self.SF[r] = self.sf[shares[r]].sum()
-                self.SB[r] = self.sb[shares[r]].sum()
+                share = np.asarray(shares[r], dtype=np.int64)
+                self.sowner[share] = r
+                self.SF[r] = self.sf[share].sum()
+                self.SB[r] = self.sb[share].sum()
                 self.F[r] += self.SF[r]
                 self.B[r] += self.SB[r]
             gs = np.concatenate([np.asarray(shares[r], dtype=np.int64) for r in grp])
