@@ -99,6 +99,10 @@ class _Split:
     """The largest member's peak bytes, its activations summed in one pass over all the
     members (within :data:`ROUGH` of :attr:`peak`): most memory questions are answered by it
     with room to spare."""
+    rough_fwd: np.ndarray
+    """Each member's forward seconds summed in that pass (within :data:`ROUGH` of
+    :attr:`fwd`): most balance questions are answered by them."""
+    rough_bwd: np.ndarray
 
     @classmethod
     def of(cls, view: BatchView, slices: Sequence[int], k: int) -> _Split:
@@ -117,6 +121,8 @@ class _Split:
                 loads=loads,
                 tokens=tokens,
                 rough_peak=float(_held_bytes(view, act, tokens).max()),
+                rough_fwd=np.bincount(owner, view.fwd[flat], minlength=k),
+                rough_bwd=np.bincount(owner, view.bwd[flat], minlength=k),
             )
         return view.memo[key]
 
@@ -155,12 +161,26 @@ class _Split:
 
     def within(self, fshare: float, bshare: float) -> bool:
         """Does every member carry at most ``fshare`` forward and ``bshare`` backward
-        seconds?"""
+        seconds? Read off :attr:`rough_fwd` and :attr:`rough_bwd` where they are clear by
+        more than :data:`ROUGH`, else off the exact sums."""
+        f, b = self.rough_fwd, self.rough_bwd
+        if (f * (1 - ROUGH) > fshare).any() or (b * (1 - ROUGH) > bshare).any():
+            return False
+        if ((f * (1 + ROUGH) < fshare) & (b * (1 + ROUGH) < bshare)).all():
+            return True
         return bool(((self.fwd <= fshare) & (self.bwd <= bshare)).all())
 
     def largest_time(self) -> float:
-        """The largest member's forward + backward seconds."""
-        return float((self.fwd + self.bwd).max())
+        """The largest member's forward + backward seconds, summed exactly (as :attr:`fwd`
+        and :attr:`bwd`) only for the members whose rough sums come within :data:`ROUGH` of
+        the largest (no other can be the largest)."""
+        rough = self.rough_fwd + self.rough_bwd
+        near = np.flatnonzero(rough * (1 + ROUGH) >= rough.max() * (1 - ROUGH)).tolist()
+        fwd, bwd = self.view.fwd, self.view.bwd
+        return max(
+            float(fwd[ms].sum()) + float(bwd[ms].sum())
+            for ms in (np.asarray(self.members[j], dtype=np.int64) for j in near)
+        )
 
 
 def _lpt(
@@ -169,11 +189,22 @@ def _lpt(
     idx = np.asarray(slices, dtype=np.int64)
     cost = view.fwd[idx] + view.bwd[idx]
     order = np.argsort(-cost, kind="stable")
-    heap = [(0.0 if base is None else float(base[j]), j) for j in range(k)]
-    heapq.heapify(heap)
+    items, costs = idx[order].tolist(), cost[order].tolist()
     members: list[list[int]] = [[] for _ in range(k)]
     loads = [0.0] * k
-    for i, c in zip(idx[order].tolist(), cost[order].tolist(), strict=True):
+    first = 0
+    if base is None:
+        # from empty members the costliest slices go one to a member, in member order (the
+        # heap's (0.0, j) entries before any loaded one), while their costs are positive
+        first = min(k, len(costs))
+        while first and not costs[first - 1] > 0:
+            first -= 1
+        for j in range(first):
+            members[j].append(items[j])
+            loads[j] += costs[j]
+    heap = [(loads[j] if base is None else float(base[j]), j) for j in range(k)]
+    heapq.heapify(heap)
+    for i, c in zip(items[first:], costs[first:], strict=True):
         load, j = heap[0]  # the least loaded member (entries are distinct: one order)
         members[j].append(i)
         loads[j] += c

@@ -41,7 +41,7 @@ import numpy as np
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import member_peak
 
-__all__ = ["LockstepWork", "RankPacks", "pack_rank", "pack_rank_lockstep"]
+__all__ = ["LockstepWork", "RankDocs", "RankPacks", "pack_rank", "pack_rank_lockstep"]
 
 
 @dataclass
@@ -267,7 +267,7 @@ class LockstepWork:
 
     view: BatchView
     stream: list[Sequence[int] | range]
-    """The rank's non-empty documents, long ones first (:func:`_long_documents_first`)."""
+    """The rank's non-empty documents, long ones first (:meth:`RankDocs._long_documents_first`)."""
     merge_slices: Sequence[int]
     m: int
     total_f: float
@@ -295,23 +295,7 @@ class LockstepWork:
         merge_slices: Sequence[int],
         m: int,
     ) -> LockstepWork:
-        units = [u for u in units if len(u)]
-        tok, fwd, bwd, _act, _doc = view.lists
-        flat = [i for u in units for i in u]
-        total_f = sum(map(fwd.__getitem__, flat))
-        total_b = sum(map(bwd.__getitem__, flat))
-        rest = m - (1 if len(merge_slices) else 0)
-        return cls(
-            view=view,
-            stream=_long_documents_first(fwd, units, total_f / max(rest, 1)),
-            merge_slices=merge_slices,
-            m=m,
-            total_f=total_f,
-            total_b=total_b,
-            merge_bytes=member_peak(view, sorted(merge_slices)) if len(merge_slices) else 0.0,
-            merge_tokens=sum(map(tok.__getitem__, merge_slices)),
-            bytes=sum(map(view.packing_lists[0].__getitem__, flat)),
-        )
+        return RankDocs.of(view, units, merge_slices).work(m)
 
     def pack(
         self,
@@ -489,20 +473,27 @@ class LockstepWork:
         cum_b, pos = 0.0, 0
         ends = [0] * len(B)
         # emissions: one after each forward close c >= lag, then the ones left (last: final)
-        limits = [avail[c] for c in range(lag, m)] + [end] * min(lag, m)
-        for k, limit in enumerate(limits[len(B) :], start=len(B)):
+        for k in range(len(B), m):
+            limit = avail[k + lag] if k + lag < m else end
+            if pos >= limit:  # nothing completed to take: an empty pack
+                B.append([])
+                costs.append(0.0)
+                ends.append(pos)
+                continue
             final = k >= m - lag and k == m - 1
             target = math.inf if final else cum_b + (total_b - cum_b) / (rest - (k - base))
             pack: list[int] = []
             pack_tok, pack_b = 0, 0.0
             while pos < limit:
                 i = seq[pos]
-                if pack and (cum_b + half_b[i] > target or pack_tok + tok[i] > cap):
+                t = tok[i]
+                if pack and (cum_b + half_b[i] > target or pack_tok + t > cap):
                     break
+                b = bwd[i]
                 pack.append(i)
-                pack_tok += tok[i]
-                cum_b += bwd[i]
-                pack_b += bwd[i]
+                pack_tok += t
+                cum_b += b
+                pack_b += b
                 pos += 1
             B.append(pack)
             costs.append(pack_b)
@@ -550,17 +541,18 @@ class _Forward:
         q = total_f / rest if rest > 1 else math.inf
         for u in work.stream:
             for i in u:
-                if cur and (cur_tok + tok[i] > cap or cum_f + half_f[i] > q):
+                t = tok[i]
+                if cur and (cur_tok + t > cap or cum_f + half_f[i] > q):
                     F.append(cur)
                     cur, cur_tok = [], 0
                     n = len(F) - base
                     if n >= rest:
                         return None
                     q = total_f * (n + 1) / rest if n < rest - 1 else math.inf
-                if tok[i] > cap:
+                if t > cap:
                     return None
                 cur.append(i)
-                cur_tok += tok[i]
+                cur_tok += t
                 cum_f += fwd[i]
             done.append(len(F))
         if len(F) < m:  # finish: the open pack closes, then empty ones
@@ -588,15 +580,68 @@ class _WholeUnits:
     bwd: list[float]
 
 
-def _long_documents_first(
-    fwd: list[float], units: list[Sequence[int] | range], fstar: float
-) -> list[Sequence[int] | range]:
-    """Documents costlier than one pack's forward share ``fstar`` (costliest first), then the
-    rest in their order: a long document then starts at a pack boundary."""
-    ufwd = [sum(map(fwd.__getitem__, u)) for u in units]
-    longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
-    shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
-    return [units[k] for k in (*longs, *shorts)]
+@dataclass(frozen=True, eq=False)
+class RankDocs:
+    """What :class:`LockstepWork` derives from one rank's documents alone, whatever the pack
+    count: computed once per rank and phase-1 placement when several pack counts are tried
+    with it (:meth:`work`)."""
+
+    view: BatchView
+    units: list[Sequence[int] | range]
+    """The rank's non-empty documents, in order."""
+    unit_fwd: list[float]
+    """Forward seconds of each of :attr:`units`."""
+    merge_slices: Sequence[int]
+    total_f: float
+    total_b: float
+    merge_bytes: float
+    merge_tokens: int
+    bytes: float
+
+    @classmethod
+    def of(
+        cls,
+        view: BatchView,
+        units: Sequence[Sequence[int] | range],
+        merge_slices: Sequence[int],
+    ) -> RankDocs:
+        units = [u for u in units if len(u)]
+        tok, fwd, bwd, _act, _doc = view.lists
+        flat = [i for u in units for i in u]
+        return cls(
+            view=view,
+            units=units,
+            unit_fwd=[sum(map(fwd.__getitem__, u)) for u in units],
+            merge_slices=merge_slices,
+            total_f=sum(map(fwd.__getitem__, flat)),
+            total_b=sum(map(bwd.__getitem__, flat)),
+            merge_bytes=member_peak(view, sorted(merge_slices)) if len(merge_slices) else 0.0,
+            merge_tokens=sum(map(tok.__getitem__, merge_slices)),
+            bytes=sum(map(view.packing_lists[0].__getitem__, flat)),
+        )
+
+    def work(self, m: int) -> LockstepWork:
+        """The rank's :class:`LockstepWork` at ``m`` packs."""
+        rest = m - (1 if len(self.merge_slices) else 0)
+        return LockstepWork(
+            view=self.view,
+            stream=self._long_documents_first(self.total_f / max(rest, 1)),
+            merge_slices=self.merge_slices,
+            m=m,
+            total_f=self.total_f,
+            total_b=self.total_b,
+            merge_bytes=self.merge_bytes,
+            merge_tokens=self.merge_tokens,
+            bytes=self.bytes,
+        )
+
+    def _long_documents_first(self, fstar: float) -> list[Sequence[int] | range]:
+        """Documents costlier than one pack's forward share ``fstar`` (costliest first), then
+        the rest in their order: a long document then starts at a pack boundary."""
+        units, ufwd = self.units, self.unit_fwd
+        longs = sorted((k for k in range(len(units)) if ufwd[k] > fstar), key=lambda k: -ufwd[k])
+        shorts = [k for k in range(len(units)) if ufwd[k] <= fstar]
+        return [units[k] for k in (*longs, *shorts)]
 
 
 class _LockstepRank:

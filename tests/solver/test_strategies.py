@@ -208,6 +208,27 @@ def test_a_split_answers_memory_questions_as_its_exact_peak():
     assert not split.fits(2 * peak, none, int(split.tokens.max()) - 1)  # the token cap
 
 
+def test_a_split_answers_balance_questions_as_its_exact_sums():
+    # member sums of llama-8b slice seconds that round: the rough ones (one pass over the
+    # members) answer clear questions; at a member's exact sum, or an ulp below it, where a
+    # rough sum may be off by an ulp, the answer is the exact sums'; and the largest member's
+    # time is the exact one
+    from slimdata.cost import CostModel
+    from slimdata.solver.merge import _Split
+
+    view = BatchView.build(docs_of([8192, 5000, 3000, 1700], 128), CostModel.analytic("llama-8b"))
+    split = _Split.of(view, list(range(len(view.doc))), 5)
+    f, b = split.fwd, split.bwd  # exact: numpy's sum of each member's slices
+    assert (split.rough_fwd != f).any() and (split.rough_bwd != b).any()  # guard: they round
+    assert split.largest_time() == float((f + b).max())
+    wide_f, wide_b = 2 * float(f.max()), 2 * float(b.max())
+    for t in [*f.tolist(), *np.nextafter(f, 0.0).tolist()]:
+        assert split.within(t, wide_b) == bool((f <= t).all())
+    for t in [*b.tolist(), *np.nextafter(b, 0.0).tolist()]:
+        assert split.within(wide_f, t) == bool((b <= t).all())
+    assert split.within(wide_f, wide_b) and not split.within(float(f.min()) / 2, wide_b)
+
+
 def test_member_sums_are_numpys_sums_to_the_bit():
     # members of 0 to 9 slices over costs spanning six orders of magnitude: every member's
     # sum equals values[ms].sum() exactly (the merge planner compares them with thresholds),
