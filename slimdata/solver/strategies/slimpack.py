@@ -650,7 +650,7 @@ def _quantile_plan(fitting: _Fitting) -> StepPlan:
                 raise
             break  # a smaller packer budget fits no candidate: the overshoot is the answer
         plan = fitting.first(candidates)
-        if plan is not None and fitting.rounds == 1:
+        if plan is not None and fitting.leader_fits:
             return plan  # the winner fits (always, where the packer's check is exact)
         m = len(candidates[0][1][0].forward)
         pool = [p for p in (plan, *fitting.with_more_packs(packer, m)) if p is not None]
@@ -736,8 +736,10 @@ class _Fitting:
 
     assembly: _Assembly
     stages: _Stages
-    rounds: int = 0
-    """Candidates assembled by the last :meth:`first`."""
+    leader_fits: bool = False
+    """Whether the last :meth:`first`'s probes' winner fits (memory does not bind)."""
+    _lead: dict[int, StepPlan] = field(default_factory=dict, repr=False)
+    """The last :meth:`ranked`'s leading plans under static CP, by candidate index."""
     failed: list[tuple[float, StepPlan | None]] = field(default_factory=list)
     """Per candidate that did not fit: a device peak above the budget and its plan, or its
     largest device peak and None once computed (:attr:`lowest`)."""
@@ -797,28 +799,39 @@ class _Fitting:
 
     def first(self, candidates: Sequence[_Candidate]) -> StepPlan | None:
         """The plan of the first of ``candidates`` that fits every device, or None; under
-        static CP the leading ones in the order of their plans' estimates (:meth:`ranked`)."""
-        self.rounds = 0
-        for plan in self.ranked(candidates):
-            self.rounds += 1
+        static CP the leading ones in the order of their plans' estimates (:meth:`ranked`).
+        :attr:`leader_fits`: whether the probes' winner (``candidates[0]``) fits, where
+        memory does not bind."""
+        self.leader_fits = False
+        fits: dict[int, bool] = {}
+        for index, plan in self.ranked(candidates):
             held = self.stages.peak(plan, self.assembly.cost, self.assembly.layout, self.limit)
-            if held <= self.limit:
+            fits[index] = held <= self.limit
+            if fits[index]:
+                self.leader_fits = fits.get(0, False) or (0 not in fits and self._fits(0))
                 return plan
             self.failed.append((held, plan))
         return None
 
-    def ranked(self, candidates: Sequence[_Candidate]) -> Iterator[StepPlan]:
-        """The plans of ``candidates`` in order. Under static CP the probes' order (each pack
-        priced as one device running it whole) misses what a CP group pays per pack and per
-        slice (padding, fixed costs, chunk efficiency; :func:`~slimdata.execution.pack_compute`):
-        there the :data:`RERANKED` leading candidates come first, by the execution model's
-        estimate of their assembled plans, and the others follow in the probes' order."""
+    def ranked(self, candidates: Sequence[_Candidate]) -> Iterator[tuple[int, StepPlan]]:
+        """The plans of ``candidates`` in order, with their indices. Under static CP the
+        probes' order (each pack priced as one device running it whole) misses what a CP
+        group pays per pack and per slice (padding, fixed costs, chunk efficiency;
+        :func:`~slimdata.execution.pack_compute`): there the :data:`RERANKED` leading
+        candidates come first, by the execution model's estimate of their assembled plans,
+        and the others follow in the probes' order."""
+        self._lead = {}
         if self.stages.cp == 1:
-            yield from map(self.assembly.plan, candidates)
+            yield from ((i, self.assembly.plan(c)) for i, c in enumerate(candidates))
             return
-        lead = sorted(map(self.assembly.plan, candidates[:RERANKED]), key=self.assembly.estimate)
-        yield from lead
-        yield from map(self.assembly.plan, candidates[RERANKED:])
+        self._lead = {i: self.assembly.plan(c) for i, c in enumerate(candidates[:RERANKED])}
+        yield from sorted(self._lead.items(), key=lambda ip: self.assembly.estimate(ip[1]))
+        yield from ((i, self.assembly.plan(c)) for i, c in enumerate(candidates) if i >= RERANKED)
+
+    def _fits(self, index: int) -> bool:
+        """Whether the lead candidate ``index`` of the last :meth:`ranked` fits every device."""
+        a = self.assembly
+        return self.stages.peak(self._lead[index], a.cost, a.layout, self.limit) <= self.limit
 
     def with_more_packs(self, packer: Layout, m: int) -> list[StepPlan | None]:
         """:meth:`first` of the candidates at ``2 m`` and ``4 m`` packs (none when the
