@@ -252,8 +252,8 @@ def lock_solver2_whole():
 
 
 def lock_solver4_merge():
-    # a 3-rank merge group over the 600-token doc, padding packs on two of its members
-    plan, toks = solver_case([45, 90, 10, 600, 120], "slimpack", 4, 1, mode="lockstep")
+    # a 3-rank merge group over the 601-token doc, padding packs on two of its members
+    plan, toks = solver_case([45, 94, 79, 601], "slimpack", 4, 1, mode="lockstep")
     assert plan.merges and plan.mode == "lockstep", plan
     return toks, plan
 
