@@ -120,7 +120,7 @@ def plan_critical_path(
             schedule=config.schedule,
             v=config.chunks_per_device,
             layers=cost.layers,
-            lockstep=config.parallelism == "fsdp" and config.pp == 1,
+            lockstep=config.ranks_meet_every_pass,
         )
         worst = max(worst, float(times.max(initial=0.0)))
     return worst

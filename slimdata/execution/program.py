@@ -83,6 +83,13 @@ class ExecutionConfig:
     def chunks_per_device(self) -> int:
         return self.virtual_stages if self.pp > 1 else 1
 
+    @property
+    def ranks_meet_every_pass(self) -> bool:
+        """FSDP on one stage: every pass first gathers the parameters from all ranks, so the
+        ranks meet before each one (:func:`~slimdata.execution.critical.critical_path`'s
+        ``lockstep``)."""
+        return self.parallelism == "fsdp" and self.pp == 1
+
 
 @dataclass(frozen=True)
 class Programs:

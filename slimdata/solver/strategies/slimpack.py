@@ -1163,7 +1163,7 @@ class _Stages:
             "fsdp" if fsdp else "ddp",
         )
 
-    @property
+    @cached_property
     def config(self) -> ExecutionConfig:
         """How the execution model runs the plan."""
         return ExecutionConfig(
@@ -1214,7 +1214,7 @@ class _Stages:
                 schedule=self.schedule,
                 v=self.v,
                 layers=self.layers,
-                lockstep=self.parallelism == "fsdp",
+                lockstep=self.config.ranks_meet_every_pass,
             )
         except PlanError:
             return math.inf
