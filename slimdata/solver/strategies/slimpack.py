@@ -785,10 +785,7 @@ class _Fitting:
             wholes = [c for c in wholes if c[0] < below or any(p.merge_pack for p in c[1])]
         for c in wholes[:WHOLE_TRIED]:
             plan = self.assembly.plan(c)
-            if (
-                self.stages.peak(plan, self.assembly.cost, self.assembly.layout, self.limit)
-                <= self.limit
-            ):
+            if self._peak(plan) <= self.limit:
                 return plan
         return None
 
@@ -805,7 +802,7 @@ class _Fitting:
         self.leader_fits = False
         fits: dict[int, bool] = {}
         for index, plan in self.ranked(candidates):
-            held = self.stages.peak(plan, self.assembly.cost, self.assembly.layout, self.limit)
+            held = self._peak(plan)
             fits[index] = held <= self.limit
             if fits[index]:
                 self.leader_fits = fits.get(0, False) or (0 not in fits and self._fits(0))
@@ -830,8 +827,12 @@ class _Fitting:
 
     def _fits(self, index: int) -> bool:
         """Whether the lead candidate ``index`` of the last :meth:`ranked` fits every device."""
+        return self._peak(self._lead[index]) <= self.limit
+
+    def _peak(self, plan: StepPlan) -> float:
+        """:meth:`_Stages.peak` of ``plan`` against the budget."""
         a = self.assembly
-        return self.stages.peak(self._lead[index], a.cost, a.layout, self.limit) <= self.limit
+        return self.stages.peak(plan, a.cost, a.layout, self.limit)
 
     def with_more_packs(self, packer: Layout, m: int) -> list[StepPlan | None]:
         """:meth:`first` of the candidates at ``2 m`` and ``4 m`` packs (none when the
