@@ -39,7 +39,7 @@ def load_lengths_frame(directory: str | Path):
             f"{directory} has no {MANIFEST_NAME}: not a finished `slimdata build` output"
         )
     columns = ["sample", "doc_id", "source", "length", "cuts"]
-    df = pl.from_arrow(read_manifest(directory, columns))
+    df = pl.DataFrame(read_manifest(directory, columns))
     attention = causal_pairs(0, df["length"].to_numpy().astype(np.float64))
     return df.with_columns(pl.Series("attention", attention, dtype=pl.Float64))
 

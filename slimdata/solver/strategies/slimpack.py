@@ -1423,7 +1423,7 @@ def _solve_lockstep(
                 raise
             return None
 
-    best = None
+    best: _Candidate | None = None
     seen: list[_Candidate] = []
     counts = _pack_counts(view, layout)
     extra = [k * counts[0] for k in MORE_PACKS] if pp > 1 and layout.microbatches is None else []
@@ -1431,11 +1431,10 @@ def _solve_lockstep(
         if m in extra and (best is None or best[2] >= len(best[1][0].forward) - 1):
             break  # more, smaller packs only when memory held the lag down
         p1 = phase1(m, 1.0)
+        if p1 is None:
+            continue
         # documents kept whole aim at the fewest packs: tried from the first count only
-        whole = m == counts[0]
-        found = (
-            _lockstep(view, p1, layout, [m], stages, seen, whole=whole) if p1 is not None else None
-        )
+        found = _lockstep(view, p1, layout, [m], stages, seen, whole=m == counts[0])
         if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
             best = (found[0], found[1], found[2], p1)
     if wholes is not None:
@@ -1451,8 +1450,10 @@ def _solve_lockstep(
     m = max(_pack_counts(view, layout))
     for widen in (1.0, 2.0, 4.0):
         p1 = phase1(m, widen)
+        if p1 is None:
+            continue
         seen = []
-        found = _lockstep_fallback(view, p1, layout, stages, seen) if p1 is not None else None
+        found = _lockstep_fallback(view, p1, layout, stages, seen)
         if found is not None:
             return _winner_first((*found, p1), seen)
     raise PlanError(
@@ -1491,7 +1492,9 @@ def _lockstep_fallback(
         if found is not None or m >= most:
             break
         m = min(most, max(m + 1, (3 * m) // 2))
-    for more in (2 * m, 4 * m) if found is not None else ():
+    if found is None:
+        return None
+    for more in (2 * m, 4 * m):
         # memory binds here: smaller packs hold less each, so more of them fit in flight
         if more <= most:
             smaller = _lockstep(view, p1, layout, [more], stages, seen, late_start=True)
