@@ -3,7 +3,8 @@
 A document becomes a merge candidate when its whole footprint (all activations plus its K/V,
 :mod:`slimdata.solver.memory`) exceeds the memory cap, when its predicted time
 (forward + backward) exceeds ``share`` x the balanced per-rank time, or (free mode) when its
-backward/forward skew would leave its rank unbalanced (:func:`skew_group_sizes`). Its group is
+backward/forward skew would leave its rank unbalanced (:func:`skew_group_sizes`), or when the
+caller names it too coarse for the ranks to balance whole (``coarse``). Its group is
 the fewest ranks ``k`` that fit: the smallest ``k >= ceil(time / balanced time)`` (and at
 least the skew bound) whose members all fit the memory cap and carry at most the balanced
 forward and the balanced backward time (the rest of their time is then filled with short
@@ -369,6 +370,7 @@ def plan_merges(
     whole: float | None = None,
     cap: float = math.inf,
     devices: int = 1,
+    coarse: Sequence[int] = (),
 ) -> MergePlan:
     """Choose merge groups for one batch (see the module docstring).
 
@@ -387,7 +389,8 @@ def plan_merges(
     ``cap``: the pack token cap; a member's share runs as one pack, so no share holds more
     tokens (a document that cannot be shared that way stays whole on one rank, in several
     packs). ``devices``: devices per rank (static CP's ``cp``; ``mem`` is theirs together),
-    for error messages.
+    for error messages. ``coarse``: documents merged over at least two ranks whatever their
+    cost (too coarse for the ranks to balance whole; the caller decides which).
     """
     groups = _Groups(free=list(range(dp)))
     if len(view.docs) == 0:
@@ -403,6 +406,8 @@ def plan_merges(
     must_or_long = (view.doc_mem > rule.whole) | (time > share * rule.balanced)
     if packs == 1 and balance_ratio and dp > 1:
         k_skew = skew_group_sizes(view, dp, must_or_long, tol=ratio_tol)
+    if dp > 1:
+        k_skew[list(coarse)] = np.maximum(k_skew[list(coarse)], 2)
     candidates = np.flatnonzero(must_or_long | (k_skew >= 2))
     for d in candidates[np.argsort(-time[candidates], kind="stable")].tolist():
         must = bool(view.doc_mem[d] > rule.whole)

@@ -147,9 +147,13 @@ def random_rank_plan(rng: random.Random, lengths, max_cuts=3, nf=None, nb=None):
     return [p for p in F if p], [p for p in B if p]
 
 
-def solver_case(lengths, strategy, dp, seed, context=256, mode="free", memory_gib=1, cp=1):
+def solver_case(
+    lengths, strategy, dp, seed, context=256, mode="free", memory_gib=1, cp=1, model=None
+):
     """A validated solver plan for a tiny model and the token arrays of its documents
-    (pieces of split documents cut at ``Document.offset``); ``cp``: planned for static CP."""
+    (pieces of split documents cut at ``Document.offset``); ``cp``: planned for static CP;
+    ``model``: plan with that model preset's costs instead (the plan runs on the tiny model
+    all the same)."""
     from slimdata.cost import CostModel, ModelConfig
     from slimdata.docsource import documents_from_lengths
     from slimdata.solver import Layout, solve
@@ -162,7 +166,7 @@ def solver_case(lengths, strategy, dp, seed, context=256, mode="free", memory_gi
         dp=dp, cp=cp, context=context, pack_tokens=context, memory_gib=memory_gib, mode=mode
     )
     plan = solve(
-        docs, layout, strategy, seed=seed, cost=CostModel.analytic(tiny, "h100", "none")
+        docs, layout, strategy, seed=seed, cost=CostModel.analytic(model or tiny, "h100", "none")
     ).validate()
     rng = np.random.default_rng(seed)
     src = {d.doc_id: rng.integers(0, VOCAB, size=d.length).astype(np.uint32) for d in docs}

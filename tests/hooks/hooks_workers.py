@@ -81,6 +81,16 @@ def plan_solver2():
     return toks, plan
 
 
+def plan_solver2_coarse():
+    # three 600-token documents on two ranks, planned with llama-1b's costs: whole, one rank
+    # runs two; one is merged over both ranks instead (too coarse to balance whole)
+    plan, toks = solver_case(
+        [600, 600, 600], "slimpack", 2, 0, context=1024, memory_gib=40, model="llama-1b"
+    )
+    assert [m.ranks for m in plan.merges] == [(0, 1)] and "coarse_merge" in plan.meta, plan.meta
+    return toks, plan
+
+
 def plan_solver4():
     plan, toks = solver_case([45, 90, 10, 600, 120], "slimpack", 4, 1)
     assert plan.merges, "the solver was expected to merge the 600-token document"
@@ -92,6 +102,7 @@ PLANS = {
     "merge4": plan_merge4,
     "two_groups4": plan_two_groups4,
     "solver2": plan_solver2,
+    "solver2_coarse": plan_solver2_coarse,
     "solver4": plan_solver4,
 }
 
@@ -190,7 +201,7 @@ def merge_exchanges(
 def two_rank_suite(rank: int, world: int) -> tuple[list, tuple, list]:
     """The 2-rank bodies in one spawn (saves a process start on busy CI machines)."""
     return (
-        equivalence(rank, world, ["merge2", "solver2"], True),
+        equivalence(rank, world, ["merge2", "solver2", "solver2_coarse"], True),
         ddp_no_merge(rank, world),
         merge_exchanges(rank, world),
     )

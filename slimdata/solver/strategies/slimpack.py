@@ -564,7 +564,9 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
     device (:meth:`_Stages.peak`: a pass's gathered K/V, which the free packer does not
     count; lockstep plans are checked so by :func:`_lockstep_plan`)."""
     plan = solve(assembly)
-    forced = dataclasses.replace(assembly.options, merge_share=math.inf, skew_merge=False)
+    forced = dataclasses.replace(
+        assembly.options, merge_share=math.inf, skew_merge=False, coarse_merge=False
+    )
     if not plan.merges or forced == assembly.options:
         return plan
     stages = _Stages.of(assembly.layout, assembly.cost)
@@ -594,11 +596,60 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
 
 
 def _free_plan(assembly: _Assembly) -> StepPlan:
-    """Free mode: phase 1 and every rank packed on its own."""
+    """Free mode: phase 1 and every rank packed on its own (:func:`_free_solve`), or the
+    plan with a too coarse document merged (:func:`_coarse_merge`) when that one's estimate
+    is lower."""
+    plan, p1 = _free_solve(assembly)
+    return _coarse_merge(assembly, plan, p1)
+
+
+def _free_solve(assembly: _Assembly, coarse: Sequence[int] = ()) -> tuple[StepPlan, _Phase1]:
+    """Phase 1 (``coarse``: documents merged over at least two ranks) and every rank packed
+    on its own."""
     view, layout = assembly.view, assembly.layout
     with _recompute_advice(assembly.cost):
-        p1 = _phase1(view, layout, assembly.options, packs=1, mem=layout.memory_bytes)
-    return assembly.plan((math.nan, _free(view, p1, layout), 0, p1))
+        p1 = _phase1(
+            view, layout, assembly.options, packs=1, mem=layout.memory_bytes, coarse=coarse
+        )
+    return assembly.plan((math.nan, _free(view, p1, layout), 0, p1)), p1
+
+
+def _coarse_merge(assembly: _Assembly, plan: StepPlan, p1: _Phase1) -> StepPlan:
+    """``plan``, or the plan with the costliest document the slowest rank holds whole merged
+    over two ranks, when whole documents are too coarse for the ranks to balance (``plan``'s
+    imbalance above :data:`COARSE_IMBALANCE`; e.g. 7 documents of 8K tokens over 2 ranks: 4
+    against 3, where one merged document gives 3.5 each) and that plan's estimate is lower by
+    :data:`COARSE_GAIN` (the estimate has no communication: the margin stands for the merge
+    group's K/V exchange that context parallelism's overlap leaves exposed)."""
+    view, options = assembly.view, assembly.options
+    if (
+        not options.coarse_merge
+        or assembly.layout.dp < 2
+        or plan.meta["imbalance"] <= COARSE_IMBALANCE
+    ):
+        return plan
+    load = [float((view.doc_fwd[ds] + view.doc_bwd[ds]).sum()) for ds in p1.docs]
+    held = p1.docs[int(np.argmax(load))]
+    if not held:
+        return plan
+    d = max(held, key=lambda k: float(view.doc_fwd[k] + view.doc_bwd[k]))
+    try:
+        merged, _p1 = _free_solve(assembly, coarse=(d,))
+    except PlanError:
+        return plan
+    if assembly.estimate(merged) >= assembly.estimate(plan) * (1 - COARSE_GAIN):
+        return plan
+    merged.meta["coarse_merge"] = d  # the document merged, by its index in the batch
+    return merged
+
+
+COARSE_IMBALANCE = 1.02
+"""A free plan whose rank loads are further apart than this (slowest over mean) tries a
+too coarse document merged (:func:`_coarse_merge`)."""
+
+COARSE_GAIN = 0.01
+"""How much lower the estimate of the plan with a coarse document merged must be to be kept
+(:func:`_coarse_merge`)."""
 
 
 RERANKED = 4
@@ -952,6 +1003,7 @@ def _phase1(
     gather: float = MERGE_GATHER,
     layer_share: float = 1.0,
     placements: _Placements | None = None,
+    coarse: Sequence[int] = (),
 ) -> _Phase1:
     """DP-Merge groups (member shares sized to one of ``packs`` packs), then their placement:
     two-dimensional LPT (one-dimensional in free mode: a rank's total time), local search,
@@ -959,7 +1011,8 @@ def _phase1(
     device cap over the first pipeline stage's share of the layers); ``gather``: merge
     members also hold that many times their group's K/V
     (:func:`~slimdata.solver.merge.plan_merges`); ``placements``: the placements found so far
-    in this solve, reused where they apply (:class:`_Placements`)."""
+    in this solve, reused where they apply (:class:`_Placements`); ``coarse``: documents merged
+    over at least two ranks (:func:`_coarse_merge`)."""
     merges = plan_merges(
         view,
         layout.dp,
@@ -971,6 +1024,7 @@ def _phase1(
         balance_ratio=options.skew_merge,
         cap=layout.token_cap,
         devices=layout.cp,
+        coarse=coarse,
     )
     placements = placements or _Placements(view, layout, options)
     return placements.place(merges, mem, gather / layer_share)

@@ -1,0 +1,53 @@
+"""slimpack, free mode: where whole documents are too coarse for the ranks to balance, the
+costliest on the slowest rank is merged over two ranks, kept only when the plan's estimate
+is lower."""
+
+from __future__ import annotations
+
+from slimdata.solver import Layout, solve
+from slimdata.solver.options import SolveOptions
+
+from .conftest import docs_of, unit_cost
+
+LAYOUT = Layout(dp=2, memory_gib=1000, context=4096)
+
+
+def rank_tokens(plan) -> list[int]:
+    return [sum(s.tokens for p in rs.forward for s in p.slices) for rs in plan.ranks]
+
+
+def test_three_equal_documents_on_two_ranks_merge_one_over_both():
+    # 3 documents of 1,024 tokens, 3 s per token (1 forward, 2 backward): whole, one rank
+    # runs two (6,144 s) and the other one (3,072 s), imbalance 6144 / 4608 = 4 / 3. One of
+    # the slowest rank's documents merged over both ranks (512 tokens each) gives 1.5
+    # documents, 4,608 s, each
+    docs = docs_of([1024, 1024, 1024])
+    plan = solve(docs, LAYOUT, "slimpack", 0, unit_cost())
+    assert len(plan.merges) == 1 and plan.merges[0].ranks == (0, 1)
+    assert plan.merges[0].docs == (plan.meta["coarse_merge"],)
+    assert rank_tokens(plan) == [1536, 1536]
+    assert plan.meta["imbalance"] == 1.0
+
+    whole = solve(
+        docs, LAYOUT, "slimpack", 0, unit_cost(), options=SolveOptions(coarse_merge=False)
+    )
+    assert whole.merges == ()
+    assert sorted(rank_tokens(whole)) == [1024, 2048]
+    assert whole.meta["imbalance"] == round(6144 / 4608, 6)
+
+
+def test_a_coarse_merge_that_does_not_lower_the_estimate_is_not_kept():
+    # 1,500, 1,000 and 1,000 tokens: whole, 1,500 | 2,000 (imbalance 8 / 7). The slowest
+    # rank's costliest document merged over both ranks (500 tokens each) leaves 1,500 + 500
+    # on one rank and 1,000 + 500 on the other: 2,000 tokens again (a member's share may not
+    # outgrow the group's largest), no lower estimate, so no merge
+    docs = docs_of([1500, 1000, 1000])
+    plan = solve(docs, LAYOUT, "slimpack", 0, unit_cost())
+    assert plan.merges == ()
+    assert sorted(rank_tokens(plan)) == [1500, 2000]
+    assert plan.meta["imbalance"] == round(6000 / 5250, 6)
+
+
+def test_balanced_ranks_try_no_coarse_merge():
+    plan = solve(docs_of([1024, 1024]), LAYOUT, "slimpack", 0, unit_cost())
+    assert plan.merges == () and plan.meta["imbalance"] == 1.0
