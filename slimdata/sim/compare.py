@@ -73,7 +73,7 @@ __all__ = [
 REFERENCE = "concat"
 CP_FREE: tuple[str, ...] = ("dcp",)
 """Strategies that choose context parallelism per sequence themselves: ``cp = 1``."""
-ROW_SEARCH: tuple[str, ...] = ("bfd", "multipack", "wlb", "wlb-ideal", "sorted")
+ROW_SEARCH: tuple[str, ...] = ("bfd", "multipack", "wlb", "wlb-ideal", "sorted", "slimpack")
 """Token-packing baselines whose micro-batch count follows from their packed row length: with
 ``best`` the search also tries other row lengths (:meth:`~slimdata.sim.search.Evaluator.rows`).
 ``concat``'s row is the training context itself (a data choice, not a packing knob); slimpack
@@ -413,7 +413,7 @@ def _stats(run: Run, cost: CostModel, bounds: list[float], ref: list, cap: int) 
     ref_pairs = sum(b.attention_pairs for b in ref)
     same = tokens == sum(b.tokens for b in ref) and pairs >= ref_pairs * (1 - 1e-12)
     return StrategyStats(
-        step_time=sum(r.step_time for r in run.sims) / steps,
+        step_time=run.step_time,
         lower_bound=m[0],
         imbalance=m[1],
         bubble=m[2],

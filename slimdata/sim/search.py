@@ -32,8 +32,10 @@ Megatron default of the paper does); ``cp=N`` exactly that size. Costs and short
 - a ``(k, R)`` whose largest pack cannot fit even alone (``act_bytes_per_token * tokens *
   smallest stage share / k`` above the cap: a necessary condition for the simulated peak) is
   pruned without simulating it;
-- candidates are screened on the first step; the fastest is then run on every step, and if a
-  later step does not fit the next candidate is tried;
+- candidates are screened on the first step; the :data:`FINALISTS` fastest that fit every
+  step are run on every step, and the lowest time per step over the run wins (the first
+  step alone may rank them otherwise: a stream strategy's first step is not its run); with
+  one step the screen is the run and the fastest that fits wins;
 - row lengths are screened only at the two fastest ``(k, schedule)`` of the default row
   (:data:`ROW_CANDIDATES`), longer rows in increasing order until one does not fit or is
   slower than the one before;
@@ -161,6 +163,12 @@ class Run:
     """Mean token delay in iterations (0 for a per-step strategy)."""
     row: int = 0
     """Packed row length it was solved with (0: the layout's ``token_cap``)."""
+
+    @property
+    def step_time(self) -> float:
+        """Seconds per step over the run: a per-step strategy's mean, a stream strategy's
+        total time over the same documents (flush iterations included) per step."""
+        return sum(r.step_time for r in self.sims) / (self.steps or len(self.sims))
 
 
 class _Stream:
@@ -430,7 +438,7 @@ def _microbatch_bases(screened: list[Screened]) -> list[tuple[Setup, str]]:
     return out + [c for c in cross[:ROW_CANDIDATES] if c not in out]
 
 
-ROW_CANDIDATES = 2
+ROW_CANDIDATES = 3
 """Row lengths are searched at the best ``(k, schedule)`` configurations of the first pass."""
 
 MICROBATCH_SEARCH: tuple[str, ...] = ("slimpack",)
@@ -539,15 +547,30 @@ def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
 def _first_that_fits(
     ev: Evaluator, name: str, ranked: list[Screened], why: str, largest: int
 ) -> Run | str:
+    """Of the screened configurations, fastest first, the first that fits every step (with
+    several steps, the first :data:`FINALISTS` that do), each run on every step: the lowest
+    time per step over the run (ties: the faster screen)."""
+    finalists: list[Run] = []
+    wanted = FINALISTS if len(ev.batches) > 1 else 1
     for _t, at, sch in ranked:
         try:
             run = ev.run(name, at, sch)
         except PlanError as exc:
             run = str(exc)
         if isinstance(run, Run):
-            return run
-        why = run
+            finalists.append(run)
+            if len(finalists) == wanted:
+                break
+        else:
+            why = run
+    if finalists:
+        return min(finalists, key=lambda r: r.step_time)
     return _no_fit(ev, largest, why)
+
+
+FINALISTS = 6
+"""Screened configurations run on every step at most when there are several steps: the first
+step alone may rank them otherwise than the run does."""
 
 
 def _no_fit(ev: Evaluator, largest: int, why: str) -> str:

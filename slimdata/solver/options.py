@@ -35,9 +35,9 @@ class SolveOptions:
     """slimpack, free mode: also merge documents whose backward/forward skew would leave
     their rank unbalanced."""
     coarse_merge: bool = True
-    """slimpack, free mode: where whole documents are too coarse for the ranks to balance,
-    also try the costliest one on the slowest rank merged over two ranks (kept when the
-    plan's estimate is lower)."""
+    """slimpack: where whole documents are too coarse for the ranks to balance, also try the
+    costliest one on the slowest rank merged over two ranks (kept when the plan's estimate is
+    lower)."""
     max_seqlen_per_rank: int | None = None
     """dcp: the most tokens of one sequence on one rank (None: what one device's memory
     holds, at most the pack token cap)."""

@@ -42,7 +42,16 @@ def test_each_count_gets_the_placement_it_would_compute_alone(monkeypatch):
     phase1 = sp._phase1
 
     def recording(
-        view, layout, options, *, packs, mem, gather=sp.MERGE_GATHER, layer_share, placements
+        view,
+        layout,
+        options,
+        *,
+        packs,
+        mem,
+        gather=sp.MERGE_GATHER,
+        layer_share,
+        placements,
+        coarse=(),
     ):
         p1 = phase1(
             view,
@@ -53,7 +62,9 @@ def test_each_count_gets_the_placement_it_would_compute_alone(monkeypatch):
             gather=gather,
             layer_share=layer_share,
             placements=placements,
+            coarse=coarse,
         )
+        assert coarse == ()  # no coarse merge in this batch
         calls.append((view, packs, mem, gather, layer_share, p1))
         return p1
 

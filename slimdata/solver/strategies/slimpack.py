@@ -36,6 +36,7 @@ per-step latency target, the MILP does not meet the latter.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 import math
@@ -546,7 +547,8 @@ def slimpack(
         _check_slices(view, layout.token_cap, layout.memory_bytes)
     assembly = _Assembly(view, layout, cost, step, seed, options, t0, validate)
     try:
-        return _merges_that_pay(assembly, _free_plan if layout.mode == "free" else _lockstep_plan)
+        solve = _free_plan if layout.mode == "free" else _lockstep_plan
+        return _merges_that_pay(assembly, functools.partial(_coarse_merge, solve=solve))
     finally:
         # the memo's merge splits refer back to the view: with that cycle broken, reference
         # counting frees the solve's state here, not the next cyclic collection (about 2 ms
@@ -596,51 +598,58 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
 
 
 def _free_plan(assembly: _Assembly) -> StepPlan:
-    """Free mode: phase 1 and every rank packed on its own (:func:`_free_solve`), or the
-    plan with a too coarse document merged (:func:`_coarse_merge`) when that one's estimate
-    is lower."""
-    plan, p1 = _free_solve(assembly)
-    return _coarse_merge(assembly, plan, p1)
-
-
-def _free_solve(assembly: _Assembly, coarse: Sequence[int] = ()) -> tuple[StepPlan, _Phase1]:
-    """Phase 1 (``coarse``: documents merged over at least two ranks) and every rank packed
-    on its own."""
+    """Free mode: phase 1 and every rank packed on its own."""
     view, layout = assembly.view, assembly.layout
     with _recompute_advice(assembly.cost):
         p1 = _phase1(
-            view, layout, assembly.options, packs=1, mem=layout.memory_bytes, coarse=coarse
+            view,
+            layout,
+            assembly.options,
+            packs=1,
+            mem=layout.memory_bytes,
+            coarse=assembly.coarse,
         )
-    return assembly.plan((math.nan, _free(view, p1, layout), 0, p1)), p1
+    return assembly.plan((math.nan, _free(view, p1, layout), 0, p1))
 
 
-def _coarse_merge(assembly: _Assembly, plan: StepPlan, p1: _Phase1) -> StepPlan:
-    """``plan``, or the plan with the costliest document the slowest rank holds whole merged
-    over two ranks, when whole documents are too coarse for the ranks to balance (``plan``'s
-    imbalance above :data:`COARSE_IMBALANCE`; e.g. 7 documents of 8K tokens over 2 ranks: 4
-    against 3, where one merged document gives 3.5 each) and that plan's estimate is lower by
-    :data:`COARSE_GAIN` (the estimate has no communication: the margin stands for the merge
-    group's K/V exchange that context parallelism's overlap leaves exposed)."""
-    view, options = assembly.view, assembly.options
+def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -> StepPlan:
+    """``solve``'s plan, or its plan with the costliest document the slowest rank holds whole
+    merged over two ranks (:func:`_coarsest`), when whole documents are too coarse for the
+    ranks to balance (the plan's imbalance above :data:`COARSE_IMBALANCE`; e.g. 7 documents
+    of 8K tokens over 2 ranks: 4 against 3, where one merged document gives 3.5 each) and
+    that plan's estimate is lower by :data:`COARSE_GAIN` (the estimate has no communication:
+    the margin stands for the merge group's K/V exchange that context parallelism's overlap
+    leaves exposed). ``meta["coarse_merge"]`` names the merged document."""
+    plan = solve(assembly)
     if (
-        not options.coarse_merge
+        not assembly.options.coarse_merge
         or assembly.layout.dp < 2
         or plan.meta["imbalance"] <= COARSE_IMBALANCE
     ):
         return plan
-    load = [float((view.doc_fwd[ds] + view.doc_bwd[ds]).sum()) for ds in p1.docs]
-    held = p1.docs[int(np.argmax(load))]
-    if not held:
+    d = _coarsest(assembly.view, plan)
+    if d is None:
         return plan
-    d = max(held, key=lambda k: float(view.doc_fwd[k] + view.doc_bwd[k]))
     try:
-        merged, _p1 = _free_solve(assembly, coarse=(d,))
+        merged = solve(dataclasses.replace(assembly, coarse=(d,)))
     except PlanError:
         return plan
     if assembly.estimate(merged) >= assembly.estimate(plan) * (1 - COARSE_GAIN):
         return plan
     merged.meta["coarse_merge"] = d  # the document merged, by its index in the batch
     return merged
+
+
+def _coarsest(view: BatchView, plan: StepPlan) -> int | None:
+    """The costliest document (forward plus backward seconds) that the slowest rank of
+    ``plan`` (by its packs' predicted seconds) holds whole; None when it holds none."""
+    load = [sum(p.cost for p in (*rs.forward, *rs.backward)) for rs in plan.ranks]
+    merged = {d for g in plan.merges for d in g.docs}
+    slowest = plan.ranks[int(np.argmax(load))]
+    held = {s.doc for p in slowest.forward for s in p.slices} - merged
+    if not held:
+        return None
+    return max(sorted(held), key=lambda d: float(view.doc_fwd[d] + view.doc_bwd[d]))
 
 
 COARSE_IMBALANCE = 1.02
@@ -731,6 +740,8 @@ class _Assembly:
     options: SolveOptions
     t0: float
     validate: bool
+    coarse: tuple[int, ...] = ()
+    """Documents phase 1 merges over at least two ranks (:func:`_coarse_merge`)."""
     estimates: dict[int, tuple[StepPlan, float]] = field(default_factory=dict, compare=False)
     """:meth:`estimate` of the plans of this solve, by ``id`` (shared by the assemblies
     ``dataclasses.replace`` makes of this one)."""
@@ -822,7 +833,7 @@ class _Fitting:
         a = self.assembly
         with _recompute_advice(a.cost):
             return _solve_lockstep(
-                a.view, packer, a.options, self.stages, self.placements, self.wholes
+                a.view, packer, a.options, self.stages, self.placements, self.wholes, a.coarse
             )
 
     def whole(self, below: float = math.inf) -> StepPlan | None:
@@ -1438,6 +1449,7 @@ def _solve_lockstep(
     stages: _Stages,
     placements: _Placements | None = None,
     wholes: list[_Candidate] | None = None,
+    coarse: Sequence[int] = (),
 ) -> list[_Candidate]:
     """Phase 1 and lockstep packs for the candidate pack counts; the best estimate wins.
 
@@ -1451,7 +1463,8 @@ def _solve_lockstep(
     batch, whose budgets differ). Returns the winner ``(estimate, packs, lag, phase
     1)``, then every other count and lag that fit, by estimate: the first whose every device
     fits (:meth:`_Stages.peak`) is the plan. ``wholes`` collects the candidates that keep
-    documents whole (:func:`_lockstep_whole`), which the returned ones leave out.
+    documents whole (:func:`_lockstep_whole`), which the returned ones leave out; ``coarse``:
+    documents phase 1 merges over at least two ranks (:func:`_coarse_merge`).
     """
     cap, mem, dp, pp = layout.token_cap, layout.memory_bytes, layout.dp, layout.pp
     share = stages.share
@@ -1471,6 +1484,7 @@ def _solve_lockstep(
                 mem=budget,
                 layer_share=share,
                 placements=placements,
+                coarse=coarse,
             )
         except PlanError:
             if widen == 1 and pp == 1:
