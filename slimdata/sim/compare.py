@@ -74,10 +74,12 @@ REFERENCE = "concat"
 CP_FREE: tuple[str, ...] = ("dcp",)
 """Strategies that choose context parallelism per sequence themselves: ``cp = 1``."""
 ROW_SEARCH: tuple[str, ...] = ("bfd", "multipack", "wlb", "wlb-ideal", "sorted", "slimpack")
-"""Token-packing baselines whose micro-batch count follows from their packed row length: with
-``best`` the search also tries other row lengths (:meth:`~slimdata.sim.search.Evaluator.rows`).
-``concat``'s row is the training context itself (a data choice, not a packing knob); slimpack
-and ``dcp`` choose their micro-batches themselves."""
+"""Strategies whose packs are bounded by a row length: the token-packing baselines, whose
+micro-batch count follows from it, and slimpack, whose pack token cap bounds its own choice
+of micro-batches (fewer, larger packs pay where every pack costs a parameter gather, as under
+FSDP). With ``best`` the search also tries other row lengths
+(:meth:`~slimdata.sim.search.Evaluator.rows`). ``concat``'s row is the training context itself
+(a data choice, not a packing knob); ``dcp`` chooses its micro-batches itself."""
 NAN = float("nan")
 
 

@@ -5,7 +5,7 @@ For a baseline the search covers:
 - **static CP size** ``k``: powers of two dividing ``dp``; the ``k`` CP ranks come out of DP, so
   the plan is solved for ``dp / k`` DP groups (:mod:`slimdata.sim.cp`);
 - **micro-batches per pipeline**, through the **packed row length** ``R`` (token-packing
-  baselines, :data:`~slimdata.sim.compare.ROW_SEARCH`): Megatron's packed (THD) path runs
+  baselines, and slimpack's pack token cap; :data:`~slimdata.sim.compare.ROW_SEARCH`): Megatron's packed (THD) path runs
   micro-batch size 1, so with the global batch ``G`` fixed a pipeline runs about ``G / (R dp
   / k)`` micro-batches. ``R`` is tried at ``cap / 2`` (more, smaller micro-batches; only when
   every document of the run fits, so no document is cut), ``cap`` (``layout.token_cap``, the
@@ -36,7 +36,7 @@ Megatron default of the paper does); ``cp=N`` exactly that size. Costs and short
   step are run on every step, and the lowest time per step over the run wins (the first
   step alone may rank them otherwise: a stream strategy's first step is not its run); with
   one step the screen is the run and the fastest that fits wins;
-- row lengths are screened only at the two fastest ``(k, schedule)`` of the default row
+- row lengths are screened only at the three fastest ``(k, schedule)`` of the default row
   (:data:`ROW_CANDIDATES`), longer rows in increasing order until one does not fit or is
   slower than the one before;
 - a *stream* strategy (``wlb``, which delays documents to later steps) is advanced step by
