@@ -558,8 +558,8 @@ def slimpack(
 
 def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -> StepPlan:
     """``solve``'s plan, or the plan with only the merges memory forces when that one is at
-    least as fast: merges memory does not force (a document costlier than a rank's share, or
-    the skew) are kept only when they pay, by the execution model's compute time
+    least as fast: merges memory does not force (a document costlier than a rank's share, the
+    skew, a too coarse document) are kept only when they pay, by the execution model's compute time
     (:meth:`_Stages.plan_estimate`). That estimate leaves out the merge groups' K/V exchange,
     which only the plan with more merges pays, so a plan it puts ahead (or level) without them
     is ahead in the step too. Under static CP a free plan without them must also fit every
@@ -653,8 +653,8 @@ def _coarsest(view: BatchView, plan: StepPlan) -> int | None:
 
 
 COARSE_IMBALANCE = 1.02
-"""A free plan whose rank loads are further apart than this (slowest over mean) tries a
-too coarse document merged (:func:`_coarse_merge`)."""
+"""A plan whose rank loads are further apart than this (slowest over mean) tries a too
+coarse document merged (:func:`_coarse_merge`)."""
 
 COARSE_GAIN = 0.01
 """How much lower the estimate of the plan with a coarse document merged must be to be kept
