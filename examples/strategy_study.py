@@ -169,7 +169,8 @@ def write_tables(rows: list[dict], out: Path) -> None:
 
 
 def summary(rows: list[dict]) -> str:
-    """One line per setting: concat, the best baseline, slimpack, its bound and speedups."""
+    """One line per setting: concat, the best same-work baseline (any but concat, which cuts
+    documents), slimpack, its bound and speedups."""
     head = (
         "| dataset | context | dp | pp | concat s (cp) | best baseline s (cp) | slimpack s "
         "| slimpack bound s | vs concat | vs best | gap to bound |"
@@ -197,8 +198,8 @@ def summary(rows: list[dict]) -> str:
             )
             continue
         vc = f"{c['step_time'] / s['step_time']:.2f}x" if c else ""
-        base = min([r for r in (c, best) if r], key=lambda r: r["step_time"], default=None)
-        vb = f"{base['step_time'] / s['step_time']:.2f}x" if base else ""
+        # concat cuts documents (fewer attention pairs): the best baseline does the same work
+        vb = f"{best['step_time'] / s['step_time']:.2f}x" if best else ""
         lines.append(
             f"| {ds} | {ctx} | {dp} | {pp} | {cell(c)} | {best_cell} | {s['step_time']:.2f} "
             f"| {s['lower_bound']:.2f} | {vc} | {vb} | +{s['step_time'] / s['lower_bound'] - 1:.1%} |"

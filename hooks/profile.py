@@ -181,6 +181,18 @@ def _time_variants(model, variants, backend: str) -> tuple[float, ...]:
     return (f, b, *(time_point(model, p, pick, backend)[0] for p, pick in variants[1:]))
 
 
+def _stderr_lines(on: bool) -> Callable[[str], None]:
+    """A writer of ``profile: ...`` lines on standard error (nothing unless ``on``): what
+    the profiler does before its progress bar starts."""
+    import sys
+
+    def say(text: str) -> None:
+        if on:
+            print(f"profile: {text}", file=sys.stderr, flush=True)
+
+    return say
+
+
 def round_robin(
     jobs: Sequence[Callable[[], T]], repeats: int, progress: bool = False
 ) -> list[list[T]]:
@@ -431,12 +443,19 @@ def profile_cost_model(
     """Measure and fit; returns the fitted (and calibrated) :class:`CostModel`, the raw grid
     measurements and the calibration ``{"plans", "forward_scale", "backward_scale"}``;
     ``progress``: a bar of the timed runs."""
-    model = tiny_llama(model_cfg, config.device, config.dtype)
+    say = _stderr_lines(progress)
     points = profile_points(config)
+    say(
+        f"building the model and the payloads of {len(points)} grid points and "
+        f"{config.calibration_plans} calibration plans"
+    )
+    model = tiny_llama(model_cfg, config.device, config.dtype)
     plans = calibration_payloads(model_cfg, config)
     jobs: list[Callable[[], Any]] = [*point_jobs(model, config, points)]
     jobs += [plan_job(model, payload, config.backend) for _, payload in plans]
     largest = max(range(len(points)), key=lambda i: (points[i][0] + points[i][1]) * points[i][2])
+    s, start, k = points[largest]
+    say(f"warming up twice on the largest grid point ({k} x {s} tokens after {start})")
     for _ in range(2):  # first calls pay lazy initialisation
         jobs[largest]()
     results = round_robin(jobs, config.repeats, progress)

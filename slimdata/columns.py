@@ -223,7 +223,10 @@ class SampleReader:
     only: a model the user chose prices slices its own way and has nothing to agree with).
 
     ``docs`` are the whole documents of the dataset (pieces of a cut document are checked
-    by their source document); the check costs a few comparisons per decode.
+    by their source document); the check costs a few comparisons per decode, and with
+    ``vocab`` (the build's tokenizer's vocabulary size) one pass over the tokens: every id
+    must be below it. A sample the shard reader cannot decode (a damaged header or body) is
+    an :class:`~slimdata.errors.InputError` naming it, as is every failed check.
     """
 
     def __init__(
@@ -233,8 +236,10 @@ class SampleReader:
         *,
         where: str = "",
         cost: CostModel | None = None,
+        vocab: int | None = None,
     ) -> None:
         self.dataset, self.docs, self.where, self.cost = dataset, docs, where, cost
+        self.vocab = vocab
         self._by_sample: dict[int, Document] | None = None
         self._cost_checks = COST_CHECKS if cost is not None else 0
 
@@ -251,12 +256,31 @@ class SampleReader:
         return doc if doc is not None and doc.offset == 0 else None
 
     def __call__(self, sample: int) -> np.ndarray:
-        row = self.dataset[sample]
         where = f"{self.where}sample {sample}"
+        row = self._decoded(sample, where)
         doc = self.document(sample)
         # only pieces of it were given: the sample is checked on its own
         tokens = _tokens_and_cuts(row, where)[0] if doc is None else check_sample(row, doc, where)
+        if self.vocab is not None and len(tokens) and int(np.max(tokens)) >= self.vocab:
+            raise InputError(
+                f"{where}: token id {int(np.max(tokens))} is not below the vocabulary size "
+                f"{self.vocab} of the build's tokenizer: the shard is damaged; rebuild it with "
+                "`slimdata build`"
+            )
         if self._cost_checks:
             self._cost_checks -= 1
             check_cost_columns(row, self.cost, where)  # type: ignore[arg-type]
         return tokens
+
+    def _decoded(self, sample: int, where: str) -> Mapping[str, Any]:
+        """Sample ``sample`` as the shard reader decodes it; what the reader raises on a
+        damaged shard (an index, header or encoding it cannot read) as an InputError."""
+        try:
+            return self.dataset[sample]
+        except InputError:
+            raise
+        except Exception as exc:  # the reader's own error, whatever the damage
+            raise InputError(
+                f"{where}: the shard reader cannot decode it ({type(exc).__name__}: {exc}): "
+                "the shard is damaged; rebuild it with `slimdata build`"
+            ) from exc

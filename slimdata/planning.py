@@ -28,6 +28,16 @@ __all__ = ["SIDECAR_NAME", "build_cost_model", "plan_to_shards"]
 SIDECAR_NAME = "slimdata.json"
 
 
+def build_vocab_size(shards: str | Path) -> int | None:
+    """The vocabulary size of the tokenizer a ``slimdata build`` output was written with
+    (its sidecar's ``tokenizer.vocab_size``), or None where the sidecar does not give one."""
+    try:
+        size = json.loads((Path(shards) / SIDECAR_NAME).read_text())["tokenizer"]["vocab_size"]
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 def build_cost_model(shards: str | Path) -> CostModel:
     """The cost model a ``slimdata build`` output was annotated with (from its sidecar)."""
     sidecar = Path(shards) / SIDECAR_NAME
@@ -205,6 +215,10 @@ def _shard_source(
     built = cost is None
     cost = build_cost_model(shards) if cost is None else cost
     reader = SampleReader(
-        LocalShards(shards), docs, where=f"{shards}: ", cost=cost if built else None
+        LocalShards(shards),
+        docs,
+        where=f"{shards}: ",
+        cost=cost if built else None,
+        vocab=build_vocab_size(shards),
     )
     return docs, reader, cost

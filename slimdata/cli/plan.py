@@ -154,8 +154,9 @@ def _memory_budget(
 
 def _echo_summary(summary: dict[str, Any], layout: dict[str, Any], out: str, how: str) -> None:
     click.echo(f"memory budget {gib(layout['memory_gib'])} per device: {how}")
+    steps, ranks = summary["steps"], layout["nodes"] * layout["ranks_per_node"]
     click.echo(
-        f"wrote {summary['steps']} steps x {layout['nodes'] * layout['ranks_per_node']} ranks to {out} "
+        f"wrote {steps} step{'s' if steps != 1 else ''} x {ranks} rank{'s' if ranks != 1 else ''} to {out} "
         f"(strategy {layout['strategy']}, mean imbalance {summary['mean_imbalance']:.4f}, "
         f"solve {summary['solve_ms_total']:.0f} ms total)"
     )

@@ -59,7 +59,7 @@ def _draw_panel(ax: Any, name: str, r: SimResult) -> None:
     ax.set_ylim(min(r.busy.size, MAX_ROWS) - 0.5, -0.5)
     ax.set_ylabel("device" if pp == 1 else "stage*dp+rank")
     ax.set_title(
-        f"{name}{f' (cp={r.cp})' if r.cp > 1 else ''}: step {r.step_time:.3f} s, this plan's bound {r.lower_bound:.3f} s, imbalance {r.imbalance:.2f}, bubble {r.bubble:.0%}",
+        f"{name}{f' (cp={r.cp})' if r.cp > 1 else ''}: step {r.step_time:.3f} s, this plan's own bound {r.lower_bound:.3f} s, imbalance {r.imbalance:.2f}, bubble {r.bubble:.0%}",
         fontsize=9,
     )
 

@@ -27,3 +27,20 @@ def test_strategy_study_small(tmp_path):
     ok = [r for r in rows if not r["error"]]
     assert ok and all(r["lower_bound"] <= r["step_time"] for r in ok)
     assert {r["strategy"] for r in ok} >= {"concat", "slimpack"}
+
+
+def test_strategy_study_summary_compares_slimpack_with_the_best_same_work_baseline():
+    # concat cuts documents (fewer attention pairs): "vs best" is against the fastest other
+    spec = importlib.util.spec_from_file_location(
+        "strategy_study", ROOT / "examples" / "strategy_study.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    setting = {"dataset": "wlb128k", "context": "128K", "dp": 8, "pp": 4, "error": "", "cp": 1}
+    rows = [
+        {**setting, "strategy": name, "step_time": t, "lower_bound": 10.0}
+        for name, t in (("concat", 10.44), ("wlb-ideal", 12.14), ("slimpack", 10.69))
+    ]
+    line = mod.summary(rows).splitlines()[-1].split(" | ")
+    assert line[5] == "wlb-ideal 12.14 (1)"
+    assert line[8:10] == ["0.98x", "1.14x"]  # vs concat, vs best
