@@ -739,7 +739,7 @@ class _Fitting:
     leader_fits: bool = False
     """Whether the last :meth:`first`'s probes' winner fits (memory does not bind)."""
     _lead: dict[int, StepPlan] = field(default_factory=dict, repr=False)
-    """The last :meth:`ranked`'s leading plans under static CP, by candidate index."""
+    """The last :meth:`ranked`'s leading plans (:meth:`leading`), by candidate index."""
     failed: list[tuple[float, StepPlan | None]] = field(default_factory=list)
     """Per candidate that did not fit: a device peak above the budget and its plan, or its
     largest device peak and None once computed (:attr:`lowest`)."""
@@ -795,8 +795,8 @@ class _Fitting:
         return _Placements(a.view, a.layout, a.options)
 
     def first(self, candidates: Sequence[_Candidate]) -> StepPlan | None:
-        """The plan of the first of ``candidates`` that fits every device, or None; under
-        static CP the leading ones in the order of their plans' estimates (:meth:`ranked`).
+        """The plan of the first of ``candidates`` that fits every device, or None; the
+        leading ones in the order of their plans' estimates (:meth:`ranked`).
         :attr:`leader_fits`: whether the probes' winner (``candidates[0]``) fits, where
         memory does not bind."""
         self.leader_fits = False
@@ -811,19 +811,43 @@ class _Fitting:
         return None
 
     def ranked(self, candidates: Sequence[_Candidate]) -> Iterator[tuple[int, StepPlan]]:
-        """The plans of ``candidates`` in order, with their indices. Under static CP the
-        probes' order (each pack priced as one device running it whole) misses what a CP
-        group pays per pack and per slice (padding, fixed costs, chunk efficiency;
-        :func:`~slimdata.execution.pack_compute`): there the :data:`RERANKED` leading
-        candidates come first, by the execution model's estimate of their assembled plans,
-        and the others follow in the probes' order."""
-        self._lead = {}
-        if self.stages.cp == 1:
-            yield from ((i, self.assembly.plan(c)) for i, c in enumerate(candidates))
-            return
-        self._lead = {i: self.assembly.plan(c) for i, c in enumerate(candidates[:RERANKED])}
-        yield from sorted(self._lead.items(), key=lambda ip: self.assembly.estimate(ip[1]))
-        yield from ((i, self.assembly.plan(c)) for i, c in enumerate(candidates) if i >= RERANKED)
+        """The plans of ``candidates`` in order, with their indices; the :meth:`leading` ones
+        first, by the execution model's estimate of their assembled plans (ties: the smaller
+        backward lag), then the others in the probes' order."""
+        self._lead = {i: self.assembly.plan(candidates[i]) for i in self.leading(candidates)}
+        # ties (to 9 digits: the same packs in another order sum in another order): the
+        # smaller backward lag, which holds less
+        yield from sorted(
+            self._lead.items(),
+            key=lambda ip: (float(f"{self.assembly.estimate(ip[1]):.9g}"), candidates[ip[0]][2]),
+        )
+        yield from (
+            (i, self.assembly.plan(c)) for i, c in enumerate(candidates) if i not in self._lead
+        )
+
+    def leading(self, candidates: Sequence[_Candidate]) -> list[int]:
+        """The candidates whose order the probes (each pack priced as one device runs it
+        whole) may have wrong. Under static CP they miss what a CP group pays per pack and
+        per slice (padding, fixed costs, chunk efficiency;
+        :func:`~slimdata.execution.pack_compute`): the :data:`RERANKED` first. Under FSDP
+        they miss the forward that a backward pack which is not a union of forward packs
+        re-runs first (:mod:`slimdata.execution.pricing`), and a larger backward lag makes
+        more of them (:attr:`_Stages.lag_matters`): the winner and the first candidate at
+        its pack count's smallest lag (the winner of the probes without larger lags)."""
+        if self.stages.cp > 1:
+            return list(range(min(RERANKED, len(candidates))))
+        if not self.stages.config.ranks_meet_every_pass or not candidates:
+            return []
+        smallest: dict[int, int] = {}
+        for _e, packs, lag, _p1 in candidates:
+            m = len(packs[0].forward)
+            smallest[m] = min(smallest.get(m, lag), lag)
+        first = next(
+            i
+            for i, (_e, packs, lag, _p1) in enumerate(candidates)
+            if lag == smallest[len(packs[0].forward)]
+        )
+        return [0] if first == 0 else [0, first]
 
     def _fits(self, index: int) -> bool:
         """Whether the lead candidate ``index`` of the last :meth:`ranked` fits every device."""
@@ -1176,6 +1200,19 @@ class _Stages:
         )
 
     @property
+    def lag_matters(self) -> bool:
+        """Whether the backward lag can change :meth:`estimate`, so that lags above the first
+        that fits are worth packing. In a pipeline a longer warm-up shrinks the bubble. Under
+        FSDP the ranks meet before every pass, so each backward pack costs its slowest rank's:
+        a document spanning forward packs ``0 .. j`` feeds only the backward packs from
+        ``j - lag`` on (lag 1 of 3 packs, a document in all three: backward pack 0 holds none
+        of it, packs 1 and 2 hold it all), and a larger lag spreads it over more of them
+        (measured: 14.35 s at lag 1, 11.48 s at lag 2 in the first step of the Wikipedia FSDP
+        case at static CP 2, docs/solver.md). Only ranks that meet at the gradient reduction
+        alone (each rank's packs summed, one stage) are indifferent to it."""
+        return self.pp > 1 or self.config.ranks_meet_every_pass
+
+    @property
     def share(self) -> float:
         """The first (largest) stage's share of the layers (:func:`stage_share`); the packer
         checks memory with 1F1B's packs in flight under every schedule, and :meth:`peak`
@@ -1243,8 +1280,9 @@ def _lockstep(
     the smallest estimated step time (:meth:`_Stages.estimate`); ``None`` if none fits the
     caps. The lag is the pipeline's warm-up, bounded by memory, not
     by a constant: more forward packs in flight before the first backward shrink the bubble
-    and hold more, so the lags that fit are ``0 .. L`` and ``L`` is found by bisection;
-    every lag the bisection packs is estimated. Memory is checked per pipeline stage
+    and hold more, so the lags that fit are ``0 .. L`` and ``L`` is found by bisection
+    where the lag can change the estimate (:attr:`_Stages.lag_matters`: a pipeline, or FSDP's
+    ranks meeting before every pass); every lag the bisection packs is estimated. Memory is checked per pipeline stage
     (``stages.share`` of the layers on the first stage, 1F1B's extra packs in flight, merge
     K/V buffers; :func:`pack_rank_lockstep`). Returns ``(estimate, packs, lag)``; the smaller
     lag wins ties. ``seen`` collects every count and lag that fits, with ``p1``, and with
@@ -1264,11 +1302,18 @@ def _lockstep(
 
         first = 0 if fits(0) else _first_fitting_lag(fits, m) if late_start else None
         if first is not None:
-            # on one stage a lag only adds memory (the estimate is the packs' sum), so the
-            # first that fits is the candidate
-            _bisect_lags(fits, first, m - 1 if layout.pp > 1 else first)
+            # where the lag cannot change the estimate it only adds memory: the first lag
+            # that fits is then the candidate
+            _bisect_lags(fits, first, m - 1 if stages.lag_matters else first)
+        kept_packs = None
         for lag in sorted(tried):
             found = tried[lag]
+            if found is not None and layout.pp == 1:
+                # on one stage a larger lag with the same packs runs the same passes and
+                # holds more: not a candidate
+                if _same_packs(found[1], kept_packs):
+                    continue
+                kept_packs = found[1]
             if found is not None and seen is not None:
                 seen.append((found[0], found[1], lag, p1))
             if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
@@ -1278,6 +1323,14 @@ def _lockstep(
             if kept is not None:
                 seen.append((kept[0], kept[1], 0, p1))
     return best
+
+
+def _same_packs(packs: Sequence[RankPacks], other: Sequence[RankPacks] | None) -> bool:
+    """Whether every rank's forward and backward packs are the same in both."""
+    return other is not None and all(
+        a.forward == b.forward and a.backward == b.backward
+        for a, b in zip(packs, other, strict=True)
+    )
 
 
 def _bisect_lags(fits: Callable[[int], bool], lo: int, hi: int) -> None:
