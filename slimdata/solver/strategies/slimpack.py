@@ -70,6 +70,7 @@ from slimdata.solver.merge import (
 from slimdata.solver.micropack import LockstepWork, RankDocs, RankPacks, pack_rank
 from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
+from slimdata.solver.strategies.wlb import wlb_pack
 from slimdata.units import gib
 
 __all__ = ["assign_lpt", "slimpack", "stage_share"]
@@ -1322,6 +1323,9 @@ def _lockstep(
             kept = _lockstep_whole(works, layout, stages, gather)
             if kept is not None:
                 seen.append((kept[0], kept[1], 0, p1))
+            dealt = _lockstep_dealt(view, p1, layout, stages, m)
+            if dealt is not None:
+                seen.append(dealt)
     return best
 
 
@@ -1413,8 +1417,53 @@ def _lockstep_whole(
 
 
 WHOLE_COUNTS = 4
-"""Pack counts :func:`_lockstep_whole` tries from a candidate count up: the greedy fills a
-few more packs where the token cap leaves one document out."""
+"""Pack counts :func:`_lockstep_whole` and :func:`_lockstep_dealt` try from a candidate count
+up: the greedy fills a few more packs where the token cap leaves one document out."""
+
+
+def _lockstep_dealt(
+    view: BatchView, p1: _Phase1, layout: Layout, stages: _Stages, m: int
+) -> _Candidate | None:
+    """Under FSDP, documents kept whole in the ``dp x k`` packs of the whole batch at once,
+    for the fewest ``k`` from ``m`` up (:data:`WHOLE_COUNTS` counts at most) that fits:
+    WLB-LLM's Alg. 1 (:func:`~slimdata.solver.strategies.wlb.wlb_pack`), the packs by
+    decreasing seconds, pack ``i`` of every rank one of the ``i``-th ``dp`` of them (every
+    pack costs its slowest rank's, so the costliest ``dp`` run together); backward lag 0,
+    priced as the
+    documents run whole (:meth:`LockstepWork.pack_documents`). Phase 1 balances each rank's
+    total time, so where a costly document leaves its rank few tokens the other ranks get
+    more tokens than ``m`` packs hold and every rank runs more packs, each pass gathering the
+    parameters; packing the batch at once does not. ``None`` in a pipeline (DDP / ZeRO-1
+    rules: a rank's total time counts, which phase 1 balances), with merge groups (their
+    members' shares are phase 1's) or when no count fits the caps."""
+    if p1.merges.groups or not stages.config.ranks_meet_every_pass:
+        return None
+    dp, cap = layout.dp, layout.token_cap
+    seconds = view.doc_fwd + view.doc_bwd
+    for k in range(m, m + WHOLE_COUNTS):
+        bins = wlb_pack(view.doc_len, seconds, dp * k, cap)
+        if bins is None or not all(bins):
+            continue
+        bins.sort(key=lambda b: -float(seconds[b].sum()))  # stable: ties in Alg. 1's order
+        dealt = [bins[r::dp] for r in range(dp)]  # rank r: bins r, r + dp, ...
+        packs = []
+        for docs in dealt:
+            units = [view.ranges[d] for pack in docs for d in pack]
+            packs.append(
+                RankDocs.of(view, units, ())
+                .work(k)
+                .pack_documents(
+                    docs, mem=layout.memory_bytes, pp=layout.pp, layer_share=stages.share
+                )
+            )
+        if any(p is None for p in packs):
+            return None
+        fwd = np.array([p.forward_cost for p in packs]).T
+        bwd = np.array([p.backward_cost for p in packs]).T
+        owned = [[d for pack in docs for d in pack] for docs in dealt]
+        placed = dataclasses.replace(p1, docs=owned, moves=0, milp=None)
+        return stages.estimate(fwd, bwd, interleaved_order(k, k, 0)), packs, 0, placed
+    return None
 
 
 def _first_fitting_lag(fits: Callable[[int], bool], m: int) -> int | None:
