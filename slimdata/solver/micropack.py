@@ -399,6 +399,21 @@ class LockstepWork:
         order = [j for _load, j in sorted(by_load, key=lambda x: (-x[0], x[1]))]
         return self._whole_packs([bins[j] for j in order], mem, pp, layer_share, merge_kv)
 
+    def pack_documents(
+        self,
+        bins: Sequence[Sequence[int]],
+        *,
+        mem: float,
+        pp: int = 1,
+        layer_share: float = 1.0,
+    ) -> RankPacks | None:
+        """The rank's documents kept whole in the packs ``bins`` (document indices, each of
+        the rank's documents in one), in that order, as :meth:`pack_whole` keeps them, for a
+        rank without a merge share; ``None`` when they do not fit ``mem`` by its rule."""
+        docl = self.view.lists[4]
+        at = {docl[u[0]]: k for k, u in enumerate(self.whole_units.units)}
+        return self._whole_packs([[at[d] for d in b] for b in bins], mem, pp, layer_share, 0.0)
+
     def _whole_packs(
         self, bins: list[list[int]], mem: float, pp: int, layer_share: float, merge_kv: float
     ) -> RankPacks | None:

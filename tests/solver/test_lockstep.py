@@ -430,6 +430,26 @@ def test_one_stage_lockstep_plans_a_document_longer_than_the_pack_cap():
     assert {r.order for r in plan.ranks} == {interleaved_order(4, 4, 3)}
 
 
+def test_fsdp_lockstep_spreads_a_document_over_every_backward_pack_by_the_lag():
+    # FSDP on one stage: the ranks meet before every pass, so each backward pack costs its
+    # slowest rank's. Rank 0 holds a 384-token document (three 128-token slices), rank 1
+    # three 128-token ones; three packs of <= 256 tokens (two do not hold 384 tokens as
+    # whole slices with backward work in each). At lag 1 (F0 F1 B0 F2 B1 B2), the first lag
+    # that fits, rank 0's backward pack 0 is empty and pack 1 holds 256 tokens; at lag 2
+    # every backward pack holds one slice, as on rank 1: the slower pack is gone.
+    layout = Layout(dp=2, mode="lockstep", context=4096, pack_tokens=256, memory_gib=1000)
+    plan = solve(docs_of([384, 128, 128, 128]), layout, "slimpack", 0, unit_cost())
+    (long,) = [r for r in plan.ranks if any(s.doc == 0 for p in r.forward for s in p.slices)]
+    assert plan.meta["lag"] == 2 and plan.meta["microbatches"] == 3
+    assert [[(s.start, s.end) for s in p.slices] for p in long.backward] == [
+        [(256, 384)],
+        [(128, 256)],
+        [(0, 128)],
+    ]
+    tokens = [[p.tokens for p in r.backward] for r in plan.ranks]
+    assert tokens == [[128, 128, 128], [128, 128, 128]]
+
+
 def test_pipeline_lockstep_plans_a_document_longer_than_the_pack_cap():
     layout = Layout(dp=2, pp=2, mode="lockstep", context=4096, pack_tokens=256, memory_gib=1000)
     plan = solve(docs_of([1024, 128, 128, 128]), layout, "slimpack", 0, unit_cost())

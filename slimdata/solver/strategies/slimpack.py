@@ -71,6 +71,7 @@ from slimdata.solver.merge import (
 from slimdata.solver.micropack import LockstepWork, RankDocs, RankPacks, pack_rank
 from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.refine import REFINE_SHARE, refine_costly_slices
+from slimdata.solver.strategies.wlb import wlb_pack
 from slimdata.units import gib
 
 __all__ = ["assign_lpt", "slimpack", "stage_share"]
@@ -801,7 +802,7 @@ class _Fitting:
     leader_fits: bool = False
     """Whether the last :meth:`first`'s probes' winner fits (memory does not bind)."""
     _lead: dict[int, StepPlan] = field(default_factory=dict, repr=False)
-    """The last :meth:`ranked`'s leading plans under static CP, by candidate index."""
+    """The last :meth:`ranked`'s leading plans (:meth:`leading`), by candidate index."""
     failed: list[tuple[float, StepPlan | None]] = field(default_factory=list)
     """Per candidate that did not fit: a device peak above the budget and its plan, or its
     largest device peak and None once computed (:attr:`lowest`)."""
@@ -857,8 +858,8 @@ class _Fitting:
         return _Placements(a.view, a.layout, a.options)
 
     def first(self, candidates: Sequence[_Candidate]) -> StepPlan | None:
-        """The plan of the first of ``candidates`` that fits every device, or None; under
-        static CP the leading ones in the order of their plans' estimates (:meth:`ranked`).
+        """The plan of the first of ``candidates`` that fits every device, or None; the
+        leading ones in the order of their plans' estimates (:meth:`ranked`).
         :attr:`leader_fits`: whether the probes' winner (``candidates[0]``) fits, where
         memory does not bind."""
         self.leader_fits = False
@@ -873,19 +874,43 @@ class _Fitting:
         return None
 
     def ranked(self, candidates: Sequence[_Candidate]) -> Iterator[tuple[int, StepPlan]]:
-        """The plans of ``candidates`` in order, with their indices. Under static CP the
-        probes' order (each pack priced as one device running it whole) misses what a CP
-        group pays per pack and per slice (padding, fixed costs, chunk efficiency;
-        :func:`~slimdata.execution.pack_compute`): there the :data:`RERANKED` leading
-        candidates come first, by the execution model's estimate of their assembled plans,
-        and the others follow in the probes' order."""
-        self._lead = {}
-        if self.stages.cp == 1:
-            yield from ((i, self.assembly.plan(c)) for i, c in enumerate(candidates))
-            return
-        self._lead = {i: self.assembly.plan(c) for i, c in enumerate(candidates[:RERANKED])}
-        yield from sorted(self._lead.items(), key=lambda ip: self.assembly.estimate(ip[1]))
-        yield from ((i, self.assembly.plan(c)) for i, c in enumerate(candidates) if i >= RERANKED)
+        """The plans of ``candidates`` in order, with their indices; the :meth:`leading` ones
+        first, by the execution model's estimate of their assembled plans (ties: the smaller
+        backward lag), then the others in the probes' order."""
+        self._lead = {i: self.assembly.plan(candidates[i]) for i in self.leading(candidates)}
+        # ties (to 9 digits: the same packs in another order sum in another order): the
+        # smaller backward lag, which holds less
+        yield from sorted(
+            self._lead.items(),
+            key=lambda ip: (float(f"{self.assembly.estimate(ip[1]):.9g}"), candidates[ip[0]][2]),
+        )
+        yield from (
+            (i, self.assembly.plan(c)) for i, c in enumerate(candidates) if i not in self._lead
+        )
+
+    def leading(self, candidates: Sequence[_Candidate]) -> list[int]:
+        """The candidates whose order the probes (each pack priced as one device runs it
+        whole) may have wrong. Under static CP they miss what a CP group pays per pack and
+        per slice (padding, fixed costs, chunk efficiency;
+        :func:`~slimdata.execution.pack_compute`): the :data:`RERANKED` first. Under FSDP
+        they miss the forward that a backward pack which is not a union of forward packs
+        re-runs first (:mod:`slimdata.execution.pricing`), and a larger backward lag makes
+        more of them (:attr:`_Stages.lag_matters`): the winner and the first candidate at
+        its pack count's smallest lag (the winner of the probes without larger lags)."""
+        if self.stages.cp > 1:
+            return list(range(min(RERANKED, len(candidates))))
+        if not self.stages.config.ranks_meet_every_pass or not candidates:
+            return []
+        smallest: dict[int, int] = {}
+        for _e, packs, lag, _p1 in candidates:
+            m = len(packs[0].forward)
+            smallest[m] = min(smallest.get(m, lag), lag)
+        first = next(
+            i
+            for i, (_e, packs, lag, _p1) in enumerate(candidates)
+            if lag == smallest[len(packs[0].forward)]
+        )
+        return [0] if first == 0 else [0, first]
 
     def _fits(self, index: int) -> bool:
         """Whether the lead candidate ``index`` of the last :meth:`ranked` fits every device."""
@@ -1241,6 +1266,19 @@ class _Stages:
         )
 
     @property
+    def lag_matters(self) -> bool:
+        """Whether the backward lag can change :meth:`estimate`, so that lags above the first
+        that fits are worth packing. In a pipeline a longer warm-up shrinks the bubble. Under
+        FSDP the ranks meet before every pass, so each backward pack costs its slowest rank's:
+        a document spanning forward packs ``0 .. j`` feeds only the backward packs from
+        ``j - lag`` on (lag 1 of 3 packs, a document in all three: backward pack 0 holds none
+        of it, packs 1 and 2 hold it all), and a larger lag spreads it over more of them
+        (measured: 14.35 s at lag 1, 11.48 s at lag 2 in the first step of the Wikipedia FSDP
+        case at static CP 2, docs/solver.md). Only ranks that meet at the gradient reduction
+        alone (each rank's packs summed, one stage) are indifferent to it."""
+        return self.pp > 1 or self.config.ranks_meet_every_pass
+
+    @property
     def share(self) -> float:
         """The first (largest) stage's share of the layers (:func:`stage_share`); the packer
         checks memory with 1F1B's packs in flight under every schedule, and :meth:`peak`
@@ -1308,8 +1346,9 @@ def _lockstep(
     the smallest estimated step time (:meth:`_Stages.estimate`); ``None`` if none fits the
     caps. The lag is the pipeline's warm-up, bounded by memory, not
     by a constant: more forward packs in flight before the first backward shrink the bubble
-    and hold more, so the lags that fit are ``0 .. L`` and ``L`` is found by bisection;
-    every lag the bisection packs is estimated. Memory is checked per pipeline stage
+    and hold more, so the lags that fit are ``0 .. L`` and ``L`` is found by bisection
+    where the lag can change the estimate (:attr:`_Stages.lag_matters`: a pipeline, or FSDP's
+    ranks meeting before every pass); every lag the bisection packs is estimated. Memory is checked per pipeline stage
     (``stages.share`` of the layers on the first stage, 1F1B's extra packs in flight, merge
     K/V buffers; :func:`pack_rank_lockstep`). Returns ``(estimate, packs, lag)``; the smaller
     lag wins ties. ``seen`` collects every count and lag that fits, with ``p1``, and with
@@ -1329,11 +1368,18 @@ def _lockstep(
 
         first = 0 if fits(0) else _first_fitting_lag(fits, m) if late_start else None
         if first is not None:
-            # on one stage a lag only adds memory (the estimate is the packs' sum), so the
-            # first that fits is the candidate
-            _bisect_lags(fits, first, m - 1 if layout.pp > 1 else first)
+            # where the lag cannot change the estimate it only adds memory: the first lag
+            # that fits is then the candidate
+            _bisect_lags(fits, first, m - 1 if stages.lag_matters else first)
+        kept_packs = None
         for lag in sorted(tried):
             found = tried[lag]
+            if found is not None and layout.pp == 1:
+                # on one stage a larger lag with the same packs runs the same passes and
+                # holds more: not a candidate
+                if _same_packs(found[1], kept_packs):
+                    continue
+                kept_packs = found[1]
             if found is not None and seen is not None:
                 seen.append((found[0], found[1], lag, p1))
             if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
@@ -1342,7 +1388,18 @@ def _lockstep(
             kept = _lockstep_whole(works, layout, stages, gather)
             if kept is not None:
                 seen.append((kept[0], kept[1], 0, p1))
+            dealt = _lockstep_dealt(view, p1, layout, stages, m)
+            if dealt is not None:
+                seen.append(dealt)
     return best
+
+
+def _same_packs(packs: Sequence[RankPacks], other: Sequence[RankPacks] | None) -> bool:
+    """Whether every rank's forward and backward packs are the same in both."""
+    return other is not None and all(
+        a.forward == b.forward and a.backward == b.backward
+        for a, b in zip(packs, other, strict=True)
+    )
 
 
 def _bisect_lags(fits: Callable[[int], bool], lo: int, hi: int) -> None:
@@ -1425,8 +1482,53 @@ def _lockstep_whole(
 
 
 WHOLE_COUNTS = 4
-"""Pack counts :func:`_lockstep_whole` tries from a candidate count up: the greedy fills a
-few more packs where the token cap leaves one document out."""
+"""Pack counts :func:`_lockstep_whole` and :func:`_lockstep_dealt` try from a candidate count
+up: the greedy fills a few more packs where the token cap leaves one document out."""
+
+
+def _lockstep_dealt(
+    view: BatchView, p1: _Phase1, layout: Layout, stages: _Stages, m: int
+) -> _Candidate | None:
+    """Under FSDP, documents kept whole in the ``dp x k`` packs of the whole batch at once,
+    for the fewest ``k`` from ``m`` up (:data:`WHOLE_COUNTS` counts at most) that fits:
+    WLB-LLM's Alg. 1 (:func:`~slimdata.solver.strategies.wlb.wlb_pack`), the packs by
+    decreasing seconds, pack ``i`` of every rank one of the ``i``-th ``dp`` of them (every
+    pack costs its slowest rank's, so the costliest ``dp`` run together); backward lag 0,
+    priced as the
+    documents run whole (:meth:`LockstepWork.pack_documents`). Phase 1 balances each rank's
+    total time, so where a costly document leaves its rank few tokens the other ranks get
+    more tokens than ``m`` packs hold and every rank runs more packs, each pass gathering the
+    parameters; packing the batch at once does not. ``None`` in a pipeline (DDP / ZeRO-1
+    rules: a rank's total time counts, which phase 1 balances), with merge groups (their
+    members' shares are phase 1's) or when no count fits the caps."""
+    if p1.merges.groups or not stages.config.ranks_meet_every_pass:
+        return None
+    dp, cap = layout.dp, layout.token_cap
+    seconds = view.doc_fwd + view.doc_bwd
+    for k in range(m, m + WHOLE_COUNTS):
+        bins = wlb_pack(view.doc_len, seconds, dp * k, cap)
+        if bins is None or not all(bins):
+            continue
+        bins.sort(key=lambda b: -float(seconds[b].sum()))  # stable: ties in Alg. 1's order
+        dealt = [bins[r::dp] for r in range(dp)]  # rank r: bins r, r + dp, ...
+        packs = []
+        for docs in dealt:
+            units = [view.ranges[d] for pack in docs for d in pack]
+            packs.append(
+                RankDocs.of(view, units, ())
+                .work(k)
+                .pack_documents(
+                    docs, mem=layout.memory_bytes, pp=layout.pp, layer_share=stages.share
+                )
+            )
+        if any(p is None for p in packs):
+            return None
+        fwd = np.array([p.forward_cost for p in packs]).T
+        bwd = np.array([p.backward_cost for p in packs]).T
+        owned = [[d for pack in docs for d in pack] for docs in dealt]
+        placed = dataclasses.replace(p1, docs=owned, moves=0, milp=None)
+        return stages.estimate(fwd, bwd, interleaved_order(k, k, 0)), packs, 0, placed
+    return None
 
 
 def _first_fitting_lag(fits: Callable[[int], bool], m: int) -> int | None:
