@@ -1511,18 +1511,19 @@ def _lockstep_dealt(
             continue
         bins.sort(key=lambda b: -float(seconds[b].sum()))  # stable: ties in Alg. 1's order
         dealt = [bins[r::dp] for r in range(dp)]  # rank r: bins r, r + dp, ...
-        packs = []
+        packs: list[RankPacks] = []
         for docs in dealt:
             units = [view.ranges[d] for pack in docs for d in pack]
-            packs.append(
+            rank = (
                 RankDocs.of(view, units, ())
                 .work(k)
                 .pack_documents(
                     docs, mem=layout.memory_bytes, pp=layout.pp, layer_share=stages.share
                 )
             )
-        if any(p is None for p in packs):
-            return None
+            if rank is None:
+                return None
+            packs.append(rank)
         fwd = np.array([p.forward_cost for p in packs]).T
         bwd = np.array([p.backward_cost for p in packs]).T
         owned = [[d for pack in docs for d in pack] for docs in dealt]
