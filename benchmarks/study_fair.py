@@ -132,7 +132,7 @@ def row(ds: str, ctx: str, dp: int, pp: int, res: dict) -> dict:
         "wlb_iterations": r.get("wlb", {}).get("iterations"),
         "wlb_token_delay": r.get("wlb", {}).get("token_delay"),
         "slimpack_s": t(sp),
-        "slimpack_config": sp.get("config"),
+        "slimpack_config": {**sp["config"], "context": CONTEXTS[ctx]} if sp.get("config") else None,
         "slimpack_cp1_s": t(sp1),
         "slimpack_over_memory": bool(sp.get("over_memory_steps")),
         "dcp_over_memory": bool(dcp.get("over_memory_steps")),
@@ -153,7 +153,8 @@ def _wlb(r: dict) -> str:
 
 
 def _row(config: dict) -> str:
-    """``, row 256K`` when the packed row length is not the context (searched, issue 14)."""
+    """``, row 256K`` when the packed row length (slimpack's pack token cap) is not the
+    context (searched)."""
     row, ctx = config.get("row_tokens", 0), config.get("context", 0)
     return f", row {row // 1024}K" if row and ctx and row != ctx else ""
 
@@ -178,7 +179,7 @@ def table(rows: list[dict]) -> str:
         )
         vs = fmt(r["speedup"]) + ("x" if r["speedup"] else "")
         sc = r.get("slimpack_config")
-        sp_cfg = f"cp{sc['cp']}, {sc['schedule']}, {sc['micro_batches']}" if sc else "-"
+        sp_cfg = f"cp{sc['cp']}, {sc['schedule']}, {sc['micro_batches']}{_row(sc)}" if sc else "-"
         lines.append(
             f"| {r['dataset']} | {r['context']} | {r['dp']}x{r['pp']} | {best} "
             f"| {fmt(r['best_s'])} | {fmt(r['megatron_s'])} "
@@ -192,8 +193,8 @@ def table(rows: list[dict]) -> str:
         "Best baseline: the fastest same-work strategy other than slimpack that fits "
         "(cp, schedule, micro-batches per pipeline, and the packed row length when the search "
         "chose one other than the context). "
-        "slimpack runs the same configuration search as the baselines (static CP x schedule, "
-        "and 2x and 4x its own micro-batches with a pipeline); "
+        "slimpack runs the same configuration search as the baselines (static CP x schedule "
+        "x the pack token cap, its row, and 2x and 4x its own micro-batches with a pipeline); "
         "`slimpack cp1`: slimpack at `cp=1` (no static CP, no micro-batch search). "
         "`wlb`: WLB-LLM with its outlier delay queues over the simulated steps, then flush "
         "iterations for what still waits: run time per step over the same documents, "
