@@ -212,7 +212,7 @@ def _solved(shape, lengths, dp, cap, mode="free", slice_tokens=None):
     layout = Layout(dp=dp, context=1 << 16, pack_tokens=cap, memory_gib=1e3, mode=mode)
     cost = CostModel.analytic(shape, "h100", "none")
     # no DP-Merge: verify runs the ranks in sequence in one process
-    no_merges = SolveOptions(merge_share=1e9, skew_merge=False)
+    no_merges = SolveOptions().forced_merges_only()
     plan = solve(docs, layout, "slimpack", seed=0, cost=cost, options=no_merges)
     rng = np.random.default_rng(0)
     return plan, [rng.integers(0, shape.vocab, d.length).astype(np.uint32) for d in plan.docs]
@@ -516,11 +516,7 @@ def _run_strategy(model, strategy, batches, tokens, layout, cm) -> dict:
     measured, predicted, simulated, ntok, pairs = [], [], [], 0, 0.0
     for step, batch in enumerate(batches):
         # one process runs every rank: no DP-Merge groups (they need a process per rank)
-        opts = (
-            SolveOptions(merge_share=1e9, skew_merge=False)
-            if strategy == "slimpack"
-            else SolveOptions()
-        )
+        opts = SolveOptions().forced_merges_only() if strategy == "slimpack" else SolveOptions()
         plan = solve(batch, layout, strategy, seed=step, cost=cm, options=opts)
         # a strategy that cuts documents plans pieces: each its sample's tokens from its offset
         toks = [tokens[d.sample][d.offset : d.offset + d.length] for d in plan.docs]

@@ -9,6 +9,7 @@ the tuned ones; a strategy without knobs takes the defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from slimdata.errors import ConfigError
@@ -58,6 +59,13 @@ class SolveOptions:
             )
         if self.min_cp < 1:
             raise ConfigError(f"min_cp={self.min_cp!r} must be >= 1")
+
+    def forced_merges_only(self) -> SolveOptions:
+        """These options with every merge that memory does not force turned off: no merge for
+        cost (``merge_share`` infinite), skew or coarseness. What slimpack's plan is compared
+        with to see whether those merges pay, and what a caller gives that runs every rank
+        in one process (DP-Merge needs a process per rank)."""
+        return dataclasses.replace(self, merge_share=math.inf, skew_merge=False, coarse_merge=False)
 
     def changed(self) -> tuple[str, ...]:
         """Names of the knobs set away from their defaults, in field order."""

@@ -53,7 +53,7 @@ def cp_case(lengths, cp: int):
     """A slimpack plan of one DP rank run by a static CP group of ``cp`` processes: every slice
     cut into load-balanced chunks, keys/values exchanged per layer (no DP-Merge)."""
     layout = Layout(dp=1, cp=cp, context=1 << 16, pack_tokens=2048, memory_gib=1e3)
-    return _solved(layout, lengths, 512, SolveOptions(merge_share=1e9, skew_merge=False))
+    return _solved(layout, lengths, 512, SolveOptions().forced_merges_only())
 
 
 def cp_equivalence(rank: int, world: int, device: str, dtype: str, lengths):

@@ -74,7 +74,7 @@ def _case(lengths, dp, mode="free"):
     layout = Layout(dp=dp, context=1 << 16, pack_tokens=1024, memory_gib=1e3, mode=mode)
     cost = CostModel.analytic(SHAPE, "h100", "none")
     # no DP-Merge: verify runs the ranks in sequence in one process
-    no_merges = SolveOptions(merge_share=1e9, skew_merge=False)
+    no_merges = SolveOptions().forced_merges_only()
     plan = solve(docs, layout, "slimpack", seed=0, cost=cost, options=no_merges)
     rng = np.random.default_rng(0)
     return plan, [rng.integers(0, 1024, d.length).astype(np.uint32) for d in plan.docs]

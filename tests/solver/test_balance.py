@@ -198,7 +198,7 @@ def test_under_static_cp_merges_are_dropped_only_for_a_plan_that_fits_every_devi
     plan = solve(batch, layout, "slimpack", 3, LLAMA8B)
     assert len(plan.merges) == 3 and "unforced_merges" not in plan.meta
     assert simulate_step(plan, LLAMA8B, devices, config).peak_memory_gib < 60
-    forced = SolveOptions(merge_share=float("inf"), skew_merge=False)
+    forced = SolveOptions().forced_merges_only()
     fewer = solve(batch, layout, "slimpack", 3, LLAMA8B, options=forced)
     assert fewer.merges == ()  # what dropping them would give: over the budget
     assert simulate_step(fewer, LLAMA8B, devices, config).peak_memory_gib > 60

@@ -72,3 +72,10 @@ def test_options_reach_slimpack_through_every_entry(ucost):
     assert SolveOptions(merge_share=0.5).merge_share == 0.5
     shared = solve(docs, layout, "slimpack", cost=ucost, options=SolveOptions(merge_share=0.5))
     assert shared.meta["merge_share"] == 0.5
+
+
+def test_forced_merges_only_turns_off_every_merge_memory_does_not_force():
+    opts = SolveOptions(improve_rounds=3).forced_merges_only()
+    assert opts.changed() == ("merge_share", "improve_rounds", "skew_merge", "coarse_merge")
+    assert (opts.merge_share, opts.skew_merge, opts.coarse_merge) == (float("inf"), False, False)
+    assert opts.improve_rounds == 3  # the other knobs kept

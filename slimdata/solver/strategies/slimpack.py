@@ -567,9 +567,7 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
     device (:meth:`_Stages.peak`: a pass's gathered K/V, which the free packer does not
     count; lockstep plans are checked so by :func:`_lockstep_plan`)."""
     plan = solve(assembly)
-    forced = dataclasses.replace(
-        assembly.options, merge_share=math.inf, skew_merge=False, coarse_merge=False
-    )
+    forced = assembly.options.forced_merges_only()
     if not plan.merges or forced == assembly.options:
         return plan
     stages = _Stages.of(assembly.layout, assembly.cost)
