@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import json
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -184,7 +185,6 @@ def _time_variants(model, variants, backend: str) -> tuple[float, ...]:
 def _stderr_lines(on: bool) -> Callable[[str], None]:
     """A writer of ``profile: ...`` lines on standard error (nothing unless ``on``): what
     the profiler does before its progress bar starts."""
-    import sys
 
     def say(text: str) -> None:
         if on:
