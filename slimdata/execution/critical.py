@@ -38,7 +38,7 @@ from slimdata.execution.schedule import stage_ops
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import RankStep, StepPlan
 
-__all__ = ["critical_path", "plan_critical_path"]
+__all__ = ["critical_path", "critical_path_under", "plan_critical_path"]
 
 
 @dataclass(frozen=True)
@@ -112,18 +112,31 @@ def plan_critical_path(
     for order, ranks in by_order.items():
         fa = _rank_columns(price.fwd, pt.f_offset, ranks, len(ranks[0].forward))
         ba = _rank_columns(price.bwd, pt.b_offset, ranks, len(ranks[0].backward))
-        times = critical_path(
-            fa,
-            ba,
-            order,
-            config.pp,
-            schedule=config.schedule,
-            v=config.chunks_per_device,
-            layers=cost.layers,
-            lockstep=config.ranks_meet_every_pass,
-        )
+        times = critical_path_under(fa, ba, order, config, cost.layers)
         worst = max(worst, float(times.max(initial=0.0)))
     return worst
+
+
+def critical_path_under(
+    fwd: ArrayLike,
+    bwd: ArrayLike,
+    order: Sequence[tuple[str, int]],
+    config: ExecutionConfig,
+    layers: int,
+) -> np.ndarray:
+    """:func:`critical_path` of ranks sharing ``order`` as ``config`` runs them: its stages,
+    schedule and model chunks per device (``layers`` split as the simulator splits them), and
+    under FSDP on one stage the ranks meeting before every op."""
+    return critical_path(
+        fwd,
+        bwd,
+        order,
+        config.pp,
+        schedule=config.schedule,
+        v=config.chunks_per_device,
+        layers=layers,
+        lockstep=config.ranks_meet_every_pass,
+    )
 
 
 def _rank_columns(

@@ -51,7 +51,7 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
-from slimdata.execution.critical import critical_path, plan_critical_path
+from slimdata.execution.critical import critical_path_under, plan_critical_path
 from slimdata.execution.program import ExecutionConfig
 from slimdata.gcpause import cyclic_gc_paused
 from slimdata.plan.pipeline import chunk_fractions
@@ -1308,16 +1308,7 @@ class _Stages:
         ``inf`` for an order the schedule cannot run (interleaved: some counts not a multiple
         of ``pp``), so another count or lag wins."""
         try:
-            times = critical_path(
-                fwd,
-                bwd,
-                order,
-                self.pp,
-                schedule=self.schedule,
-                v=self.v,
-                layers=self.layers,
-                lockstep=self.config.ranks_meet_every_pass,
-            )
+            times = critical_path_under(fwd, bwd, order, self.config, self.layers)
         except PlanError:
             return math.inf
         return float(times.max())
