@@ -91,6 +91,17 @@ def plan_solver2_coarse():
     return toks, plan
 
 
+def plan_solver4_coarse():
+    # six 600-token documents on four ranks (llama-1b's costs): whole, two ranks run two;
+    # each of those ranks' second document is merged over two ranks instead
+    plan, toks = solver_case(
+        [600] * 6, "slimpack", 4, 0, context=1024, memory_gib=40, model="llama-1b"
+    )
+    assert [m.ranks for m in plan.merges] == [(0, 1), (2, 3)], plan.merges
+    assert len(plan.meta["coarse_merge"]) == 2, plan.meta
+    return toks, plan
+
+
 def plan_solver4():
     plan, toks = solver_case([45, 90, 10, 600, 120], "slimpack", 4, 1)
     assert plan.merges, "the solver was expected to merge the 600-token document"
@@ -104,6 +115,7 @@ PLANS = {
     "solver2": plan_solver2,
     "solver2_coarse": plan_solver2_coarse,
     "solver4": plan_solver4,
+    "solver4_coarse": plan_solver4_coarse,
 }
 
 
@@ -409,7 +421,7 @@ def fsdp_two_rank_suite(rank: int, world: int) -> tuple[list, tuple]:
 
 def four_rank_suite(rank: int, world: int) -> tuple[list, list]:
     """DP-Merge plans (plain modules) and FSDP2 on a lockstep solver plan, one spawn."""
-    plain = equivalence(rank, world, ["merge4", "two_groups4", "solver4"])
+    plain = equivalence(rank, world, ["merge4", "two_groups4", "solver4", "solver4_coarse"])
     cases = [("solver4_merge", "each"), ("solver4_merge", "last"), ("merge_recompute4", "each")]
     fsdp = fsdp_equivalence(rank, world, cases)
     return plain, fsdp

@@ -40,7 +40,7 @@ def test_two_ranks_merge_and_ddp():
 @pytest.mark.slow
 def test_merge_four_ranks_and_fsdp():
     res = run_distributed(W.four_rank_suite, 4)
-    _check([r[0] for r in res])  # plain modules: merge4, two_groups4, solver4
+    _check([r[0] for r in res])  # plain modules: merge4, two_groups4, solver4, solver4_coarse
     _check([r[1] for r in res])  # FSDP2, lockstep solver plan with a 3-rank merge + padding
 
 

@@ -24,7 +24,7 @@ def test_three_equal_documents_on_two_ranks_merge_one_over_both():
     docs = docs_of([1024, 1024, 1024])
     plan = solve(docs, LAYOUT, "slimpack", 0, unit_cost())
     assert len(plan.merges) == 1 and plan.merges[0].ranks == (0, 1)
-    assert plan.merges[0].docs == (plan.meta["coarse_merge"],)
+    assert plan.merges[0].docs == tuple(plan.meta["coarse_merge"])
     assert rank_tokens(plan) == [1536, 1536]
     assert plan.meta["imbalance"] == 1.0
 
@@ -51,3 +51,40 @@ def test_a_coarse_merge_that_does_not_lower_the_estimate_is_not_kept():
 def test_balanced_ranks_try_no_coarse_merge():
     plan = solve(docs_of([1024, 1024]), LAYOUT, "slimpack", 0, unit_cost())
     assert plan.merges == () and plan.meta["imbalance"] == 1.0
+
+
+def test_every_equally_slow_rank_merges_its_coarsest_document():
+    # 6 documents of 1,024 tokens on 4 ranks: whole, two ranks run two (6,144 s) and two run
+    # one (3,072 s), imbalance 6144 / 4608 = 4 / 3. Merging one document of the first slow
+    # rank alone leaves the second at 6,144 s (no lower step): both slow ranks' documents
+    # merged, each over two ranks, give 1,536 tokens (4,608 s) on every rank
+    layout = Layout(dp=4, memory_gib=1000, context=4096)
+    plan = solve(docs_of([1024] * 6), layout, "slimpack", 0, unit_cost())
+    assert len(plan.meta["coarse_merge"]) == 2
+    assert sorted(d for m in plan.merges for d in m.docs) == sorted(plan.meta["coarse_merge"])
+    assert all(len(m.ranks) == 2 for m in plan.merges)
+    assert {r for m in plan.merges for r in m.ranks} == {0, 1, 2, 3}
+    assert rank_tokens(plan) == [1536] * 4
+    assert plan.meta["imbalance"] == 1.0
+
+    whole = solve(
+        docs_of([1024] * 6),
+        layout,
+        "slimpack",
+        0,
+        unit_cost(),
+        options=SolveOptions(coarse_merge=False),
+    )
+    assert sorted(rank_tokens(whole)) == [1024, 1024, 2048, 2048]
+    assert whole.meta["imbalance"] == round(4 / 3, 6)
+
+
+def test_three_slow_ranks_of_eight_each_merge_one_document():
+    # 11 documents of 1,024 tokens on 8 ranks: whole, three ranks run two, imbalance
+    # 2048 / 1408 = 16 / 11. Each slow rank's second document merged with an idle-ish rank:
+    # six ranks hold 1,536 tokens, two hold 1,024, imbalance 1536 / 1408 = 12 / 11
+    layout = Layout(dp=8, memory_gib=1000, context=4096)
+    plan = solve(docs_of([1024] * 11), layout, "slimpack", 0, unit_cost())
+    assert len(plan.merges) == 3 and all(len(m.ranks) == 2 for m in plan.merges)
+    assert sorted(rank_tokens(plan)) == [1024, 1024] + [1536] * 6
+    assert plan.meta["imbalance"] == round(12 / 11, 6)

@@ -612,13 +612,16 @@ def _free_plan(assembly: _Assembly) -> StepPlan:
 
 
 def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -> StepPlan:
-    """``solve``'s plan, or its plan with the costliest document the slowest rank holds whole
-    merged over two ranks (:func:`_coarsest`), when whole documents are too coarse for the
-    ranks to balance (the plan's imbalance above :data:`COARSE_IMBALANCE`; e.g. 7 documents
-    of 8K tokens over 2 ranks: 4 against 3, where one merged document gives 3.5 each) and
-    that plan's estimate is lower by :data:`COARSE_GAIN` (the estimate has no communication:
-    the margin stands for the merge group's K/V exchange that context parallelism's overlap
-    leaves exposed). ``meta["coarse_merge"]`` names the merged document."""
+    """``solve``'s plan, or its plan with too coarse documents merged over two ranks or more,
+    when whole documents are too coarse for the ranks to balance (the plan's imbalance above
+    :data:`COARSE_IMBALANCE`; e.g. 7 documents of 8K tokens over 2 ranks: 4 against 3, where
+    one merged document gives 3.5 each) and that plan's estimate is lower by
+    :data:`COARSE_GAIN` (the estimate has no communication: the margin stands for the merge
+    group's K/V exchange that context parallelism's overlap leaves exposed). Tried: the
+    costliest whole document of every rank above the imbalance (:func:`_too_coarse`: several
+    ranks may be equally slow, and relieving one of them does not shorten the step), then,
+    when that is more than one document and does not pay, the slowest rank's alone.
+    ``meta["coarse_merge"]`` lists the merged documents (their indices in the batch)."""
     plan = solve(assembly)
     if (
         not assembly.options.coarse_merge
@@ -626,29 +629,34 @@ def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -
         or plan.meta["imbalance"] <= COARSE_IMBALANCE
     ):
         return plan
-    d = _coarsest(assembly.view, plan)
-    if d is None:
-        return plan
-    try:
-        merged = solve(dataclasses.replace(assembly, coarse=(d,)))
-    except PlanError:
-        return plan
-    if assembly.estimate(merged) >= assembly.estimate(plan) * (1 - COARSE_GAIN):
-        return plan
-    merged.meta["coarse_merge"] = d  # the document merged, by its index in the batch
-    return merged
+    every = _too_coarse(assembly.view, plan)
+    for coarse in dict.fromkeys([tuple(every), tuple(every[:1])]):
+        if not coarse:
+            continue
+        try:
+            merged = solve(dataclasses.replace(assembly, coarse=coarse))
+        except PlanError:
+            continue
+        if assembly.estimate(merged) < assembly.estimate(plan) * (1 - COARSE_GAIN):
+            merged.meta["coarse_merge"] = list(coarse)
+            return merged
+    return plan
 
 
-def _coarsest(view: BatchView, plan: StepPlan) -> int | None:
-    """The costliest document (forward plus backward seconds) that the slowest rank of
-    ``plan`` (by its packs' predicted seconds) holds whole; None when it holds none."""
-    load = [sum(p.cost for p in (*rs.forward, *rs.backward)) for rs in plan.ranks]
+def _too_coarse(view: BatchView, plan: StepPlan) -> list[int]:
+    """Per rank whose load (its packs' predicted seconds) is above :data:`COARSE_IMBALANCE`
+    times the mean, slowest first: the costliest document (forward plus backward seconds)
+    it holds whole (not merged), if any."""
+    load = np.array([sum(p.cost for p in (*rs.forward, *rs.backward)) for rs in plan.ranks])
     merged = {d for g in plan.merges for d in g.docs}
-    slowest = plan.ranks[int(np.argmax(load))]
-    held = {s.doc for p in slowest.forward for s in p.slices} - merged
-    if not held:
-        return None
-    return max(sorted(held), key=lambda d: float(view.doc_fwd[d] + view.doc_bwd[d]))
+    out = []
+    for r in np.argsort(-load, kind="stable").tolist():
+        if load[r] <= COARSE_IMBALANCE * load.mean():
+            break
+        held = {s.doc for p in plan.ranks[r].forward for s in p.slices} - merged
+        if held:
+            out.append(max(sorted(held), key=lambda d: float(view.doc_fwd[d] + view.doc_bwd[d])))
+    return out
 
 
 COARSE_IMBALANCE = 1.02
