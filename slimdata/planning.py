@@ -74,6 +74,7 @@ def plan_to_shards(
     cost: CostModel | None = None,
     cp: int | str = 1,
     overwrite: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Solve every step of one epoch and write one MDS sample per (step, rank) to ``out``.
 
@@ -84,7 +85,8 @@ def plan_to_shards(
     (:func:`slimdata.solver.epoch.write_epoch_plan`); ``"auto"`` chooses it
     (:mod:`slimdata.autocp`) and the summary's ``cp_choice`` says how. An existing non-empty
     ``out`` is refused unless ``overwrite``, which replaces earlier plan shards there
-    (:func:`_replaces`). Returns the summary that is also written to ``out/plan.json``.
+    (:func:`_replaces`). ``progress``: a bar of the steps solved on standard error, when it
+    is a terminal. Returns the summary that is also written to ``out/plan.json``.
     """
     from slimdata.solver.epoch import write_epoch_plan
 
@@ -111,6 +113,7 @@ def plan_to_shards(
         oversize=oversize,
         tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
+        progress=progress,
     )
     if replace:  # the inputs are read: only now is the earlier plan removed
         _discard(out, created=False)

@@ -325,7 +325,7 @@ def _write_plan(
         1,
         pp_option=False,
     )
-    plan = plan_to_shards(plan_dir, shards=output, overwrite=overwrite, **layout)
+    plan = plan_to_shards(plan_dir, shards=output, overwrite=overwrite, progress=echo, **layout)
     echo_warnings(plan)
     if echo:
         click.echo(f"memory budget {gib(layout['memory_gib'])} per device: {how}")

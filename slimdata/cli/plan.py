@@ -54,6 +54,7 @@ __all__ = ["command", "echo_cp_choice", "echo_warnings"]
 )
 @renamed_option("--out", "out", "--output", type=click.Path(file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Replace earlier plan shards in OUTPUT.")
+@click.option("--quiet", is_flag=True, help="No progress bar (shown only on a terminal).")
 @json_option("the summary (steps, imbalance, solve time, memory budget)")
 @cost_model_options_auto
 @click.pass_context
@@ -63,6 +64,7 @@ def command(
     lengths,
     out,
     overwrite,
+    quiet,
     json_path,
     model,
     device,
@@ -98,7 +100,13 @@ def command(
         _check_fsdp_recompute(cost, shards)
     layout["memory_gib"], how = _memory_budget(budget, device, cost, shards, layout)
     summary = plan_to_shards(
-        out, shards=shards, lengths=lengths, cost=cost, overwrite=overwrite, **layout
+        out,
+        shards=shards,
+        lengths=lengths,
+        cost=cost,
+        overwrite=overwrite,
+        progress=not quiet,
+        **layout,
     )
     result = {**summary, "memory_gib": layout["memory_gib"], "memory_budget": how}
     echo_warnings(summary)
@@ -166,8 +174,13 @@ def _echo_summary(summary: dict[str, Any], layout: dict[str, Any], out: str, how
 def echo_cp_choice(summary: dict[str, Any]) -> None:
     """How ``--cp auto`` chose (the summary's ``cp_choice``), when it did."""
     choice = summary.get("cp_choice")
-    if choice is not None:
+    if choice is not None and not choice["screened"]:
         click.echo(f"static CP {choice['cp']} (--cp auto): {choice['reason']}")
+    elif choice is not None:
+        click.echo(
+            f"static CP {choice['cp']} (--cp auto): the fastest size on the first step that "
+            f"plans every step; sizes screened because {choice['reason']}"
+        )
         for t in choice["screened"]:
             got = f"{t['step_time']:.3f} s" if "step_time" in t else f"fails: {t['error']}"
             click.echo(f"  cp={t['cp']}: first step {got}")

@@ -6,6 +6,8 @@ best configuration within ``--memory-gib``, same work stated, a plan-independent
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import click
@@ -135,6 +137,7 @@ __all__ = ["command"]
     default=None,
     help="Write a Gantt chart (PNG) of the first step of every strategy.",
 )
+@click.option("--quiet", is_flag=True, help="No progress bar (shown only on a terminal).")
 # one parameter per option; the body below is the command's steps
 @click.pass_context
 def command(
@@ -163,6 +166,7 @@ def command(
     oversize: str,
     json_path: str | None,
     gantt: str | None,
+    quiet: bool,
 ) -> None:
     """Solve and simulate the same batches with every strategy; print a comparison table.
 
@@ -189,24 +193,26 @@ def command(
         memory_gib, device, cost, parallelism, optimizer, dp, pp
     )
     layout = _layout(dp, pp, ranks_per_node, memory_gib, context, parallelism)
-    cmp = compare_strategies(
-        docs,
-        layout,
-        cost,
-        strategies=parse_strategies(strategies, list(ALL_STRATEGIES)),
-        steps=steps,
-        seed=seed,
-        global_batch_tokens=_global_batch_tokens(global_batch_tokens, dp, pp, context),
-        config=SimConfig(
-            parallelism=parallelism,
-            asymmetric=asymmetric,
-            schedule=schedule,
-            cp_overlap=cp_overlap,
-        ),
-        oversize=oversize,
-        baseline_config=baseline_config,
-        memory_budget=memory_how,
-    )
+    with _progress_bar(quiet) as progress:
+        cmp = compare_strategies(
+            docs,
+            layout,
+            cost,
+            strategies=parse_strategies(strategies, list(ALL_STRATEGIES)),
+            steps=steps,
+            seed=seed,
+            global_batch_tokens=_global_batch_tokens(global_batch_tokens, dp, pp, context),
+            config=SimConfig(
+                parallelism=parallelism,
+                asymmetric=asymmetric,
+                schedule=schedule,
+                cp_overlap=cp_overlap,
+            ),
+            oversize=oversize,
+            baseline_config=baseline_config,
+            memory_budget=memory_how,
+            progress=progress,
+        )
     cmp.config.update(
         model=model if cost_options_given(ctx) or shards is None else cost.label,
         device=device,
@@ -216,6 +222,25 @@ def command(
     )
     _report(cmp, json_path, gantt)
     _check_any_fits(cmp)
+
+
+@contextmanager
+def _progress_bar(quiet: bool) -> Iterator[Callable[[str], None] | None]:
+    """A bar on standard error, when it is a terminal and not ``quiet``, counting the steps
+    simulated (the configuration search runs many per strategy) and naming the strategy
+    searched; closed before the table is printed."""
+    if quiet:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(desc="simulate", unit=" steps", disable=None) as bar:
+
+        def simulated(strategy: str) -> None:
+            bar.set_postfix_str(strategy, refresh=False)
+            bar.update()
+
+        yield simulated
 
 
 def _cost_model(

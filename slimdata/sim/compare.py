@@ -33,7 +33,7 @@ The solver is imported lazily, so the simulator core does not depend on it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -252,13 +252,15 @@ def compare_strategies(
     oversize: str = "split",
     baseline_config: str | BaselineConfig = "best",
     memory_budget: str = GIVEN,
+    progress: Callable[[str], None] | None = None,
 ) -> Comparison:
     """Solve and simulate ``steps`` batches with every strategy; means per strategy.
 
     ``global_batch_tokens`` defaults to ``dp * context``; ``baseline_config``: ``best``,
     ``smallest`` or ``cp=N`` (:mod:`slimdata.sim.search`); ``memory_budget``: how
     ``layout.memory_gib`` was set, :data:`~slimdata.cost.states.GIVEN` or the account of a
-    derived budget (messages name it by :func:`~slimdata.cost.states.budget_text`).
+    derived budget (messages name it by :func:`~slimdata.cost.states.budget_text`);
+    ``progress``: called with a strategy's name after each step it simulates (a progress bar).
     """
     from slimdata.solver import STREAMS, solve
 
@@ -283,7 +285,17 @@ def compare_strategies(
     if gbt < 1:
         raise ConfigError(f"global_batch_tokens={gbt!r} must be >= 1")
     batches = _batches(docs, layout, gbt, seed, oversize, steps)
-    ev = Evaluator(batches, layout, cost, config, seed, solve, STREAMS, memory_budget=memory_budget)
+    ev = Evaluator(
+        batches,
+        layout,
+        cost,
+        config,
+        seed,
+        solve,
+        STREAMS,
+        memory_budget=memory_budget,
+        progress=progress,
+    )
     bounds = [
         step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages).value for b in batches
     ]

@@ -197,11 +197,14 @@ class Evaluator:
         streams: Mapping[str, Callable[..., Any]] | None = None,
         *,
         memory_budget: str = GIVEN,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.batches, self.layout, self.cost = batches, layout, cost
         self.config, self.seed, self._solve = config, seed, solve
         self.memory_budget = memory_budget
         """How ``layout.memory_gib`` was set, for messages (:func:`budget_text`)."""
+        self.progress = progress
+        """Called with the strategy's name after each new simulation (a progress bar)."""
         self._stream_kinds = dict(streams or {})
         self._plans: dict[tuple[str, Setup, str | None, int], tuple[StepPlan, float]] = {}
         self._sims: dict[tuple[str, Setup, str, int], SimResult] = {}
@@ -219,6 +222,7 @@ class Evaluator:
             self._solve,
             self._stream_kinds,
             memory_budget=self.memory_budget,
+            progress=self.progress,
         )
         other._plans, other._sims, other._streams = self._plans, self._sims, self._streams
         other.log = self.log
@@ -325,6 +329,8 @@ class Evaluator:
                 self.plan(name, at, step, schedule)[0], self.cost, self.layout, cfg
             )
             self.log.simulations += 1
+            if self.progress is not None:
+                self.progress(name)
         return self._sims[key]
 
     def cannot_fit(self, plan: StepPlan, k: int) -> bool:

@@ -6,7 +6,7 @@ This is what ``slimdata plan`` and ``slimdata build --plan`` call.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,13 @@ def plan_epoch(
     oversize: str = "error",
     options: SolveOptions = DEFAULT_OPTIONS,
     validate: bool = True,
+    progress: bool = False,
 ) -> Iterator[StepPlan]:
     """Yield the plan of every step of epoch 0 under :class:`PlanConfig`'s rules (the ones
     the runtime loaders apply): the oversize rule against ``layout.context``, seeded batches
     of <= ``global_batch_tokens``, one ``solve`` per batch. Under static CP
-    (``layout.cp > 1``) every plan records it in ``meta["cp"]``, which the runtime reads."""
+    (``layout.cp > 1``) every plan records it in ``meta["cp"]``, which the runtime reads.
+    ``progress``: a bar of the steps solved on standard error, when it is a terminal."""
     config = PlanConfig(
         layout=layout,
         global_batch_tokens=global_batch_tokens,
@@ -48,13 +50,25 @@ def plan_epoch(
         oversize=oversize,
         cost=cost,
     )
-    for step, batch in enumerate(config.batches(docs)):
+    batches = config.batches(docs)
+    for step, batch in enumerate(_steps_bar(batches, progress, layout.cp)):
         plan = config.solve(batch, step, options=options, validate=validate)
         yield (
             plan
             if layout.cp == 1
             else dataclasses.replace(plan, meta={**plan.meta, "cp": layout.cp})
         )
+
+
+def _steps_bar(batches: list[list[Document]], progress: bool, cp: int) -> Iterable[list[Document]]:
+    """``batches``, counted by a progress bar on standard error when ``progress`` and it is a
+    terminal (tqdm's ``disable=None``)."""
+    if not progress:
+        return batches
+    from tqdm.auto import tqdm
+
+    desc = "plan" if cp == 1 else f"plan (cp {cp})"
+    return tqdm(batches, desc=desc, unit="step", disable=None)
 
 
 def write_epoch_plan(
@@ -75,6 +89,7 @@ def write_epoch_plan(
     workers_per_rank: int = 1,
     cp: int = 1,
     options: SolveOptions = DEFAULT_OPTIONS,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Solve an epoch for ``nodes x ranks_per_node`` ranks and write plan shards to ``out``.
 
@@ -83,6 +98,7 @@ def write_epoch_plan(
     its DP rank's payload. Returns the summary written to ``out/plan.json`` (steps, layout,
     strategy, mean imbalance, per-step loss tokens), plus what it leaves out: the total solve
     milliseconds and ``warnings`` (:func:`~slimdata.solver.batches.batch_warnings`).
+    ``progress``: a bar of the steps solved (:func:`plan_epoch`).
     """
     layout = _epoch_layout(nodes, ranks_per_node, cp, memory_gib, context, mode)
     plans = plan_epoch(
@@ -95,6 +111,7 @@ def write_epoch_plan(
         oversize=oversize,
         options=options,
         validate=False,  # write_plan_shards validates every plan once
+        progress=progress,
     )
     metas: list[dict[str, Any]] = []  # each plan's meta and merge groups, as it is written
     settings = {

@@ -235,7 +235,8 @@ def test_cp_auto_says_why_each_rejected_size_fails(tmp_path):
     result = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert "static CP 4 (--cp auto): a 32,768-token document needs 13.0 GiB" in lines[-5]
+    assert lines[-5].startswith("static CP 4 (--cp auto): the fastest size on the first step ")
+    assert "screened because a 32,768-token document needs 13.0 GiB" in lines[-5]
     assert lines[-4].startswith("  cp=1: first step fails: document doc_id 2 (19991 tokens) ")
     assert lines[-3] == "  cp=2: first step fails: needs 4.12 GiB per device, over the 4.00 GiB cap"
     assert lines[-2].startswith("  cp=4: first step ") and lines[-2].endswith(" s")
