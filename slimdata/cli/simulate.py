@@ -137,6 +137,14 @@ __all__ = ["command"]
     default=None,
     help="Write a Gantt chart (PNG) of the first step of every strategy.",
 )
+@click.option(
+    "--jobs",
+    type=POSITIVE_INT,
+    default=None,
+    help="Worker processes that solve and simulate the configurations the search will try "
+    "[default: the usable cores, at most 8; none for batches under 1M tokens]. The results "
+    "are the same for any number.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar (shown only on a terminal).")
 # one parameter per option; the body below is the command's steps
 @click.pass_context
@@ -166,6 +174,7 @@ def command(
     oversize: str,
     json_path: str | None,
     gantt: str | None,
+    jobs: int | None,
     quiet: bool,
 ) -> None:
     """Solve and simulate the same batches with every strategy; print a comparison table.
@@ -183,6 +192,7 @@ def command(
     """
     from slimdata.sim import SimConfig, compare_strategies
     from slimdata.sim.compare import parse_strategies
+    from slimdata.sim.prefetch import default_jobs
     from slimdata.solver import ALL_STRATEGIES
 
     _check_baseline_cp(baseline_config, dp)
@@ -212,6 +222,7 @@ def command(
             baseline_config=baseline_config,
             memory_budget=memory_how,
             progress=progress,
+            jobs=default_jobs() if jobs is None else jobs,
         )
     cmp.config.update(
         model=model if cost_options_given(ctx) or shards is None else cost.label,

@@ -28,7 +28,6 @@ from slimdata.cost import CostModel, resolve_cost_model
 from slimdata.cost.costmodel import Recompute
 from slimdata.errors import ConfigError, InputError, SlimdataError
 from slimdata.ingest.config import COMPRESSIONS, HASHES, BuildConfig
-from slimdata.ingest.orphans import die_with_parent
 from slimdata.ingest.output import (
     SIDECAR_NAME,
     discard_failed,
@@ -47,6 +46,7 @@ from slimdata.ingest.task import (
     task_dir,
     write_task,
 )
+from slimdata.orphans import die_with_parent
 from slimdata.readers import ReadTask, _matches, plan_inputs
 from slimdata.tokenize import TextTokenizer
 
@@ -172,7 +172,7 @@ def _run_parallel(jobs: list[TaskJob], workers: int, on_done: Callable[[TaskResu
     Finished, unwritten tasks wait in memory; the input bytes of the tasks in flight are
     capped at :data:`IN_FLIGHT_BYTES` (at least ``3 * workers`` tasks). Output bytes do not
     depend on this order: each task has its own directory. Workers die with this process
-    (:func:`~slimdata.ingest.orphans.die_with_parent`), ``kill -9`` included.
+    (:func:`~slimdata.orphans.die_with_parent`), ``kill -9`` included.
     """
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     order = sorted(jobs, key=lambda j: (-j.task.size, j.index))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,6 +254,7 @@ def compare_strategies(
     baseline_config: str | BaselineConfig = "best",
     memory_budget: str = GIVEN,
     progress: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> Comparison:
     """Solve and simulate ``steps`` batches with every strategy; means per strategy.
 
@@ -260,7 +262,9 @@ def compare_strategies(
     ``smallest`` or ``cp=N`` (:mod:`slimdata.sim.search`); ``memory_budget``: how
     ``layout.memory_gib`` was set, :data:`~slimdata.cost.states.GIVEN` or the account of a
     derived budget (messages name it by :func:`~slimdata.cost.states.budget_text`);
-    ``progress``: called with a strategy's name after each step it simulates (a progress bar).
+    ``progress``: called with a strategy's name after each step it simulates (a progress bar);
+    ``jobs``: worker processes that solve and simulate the configurations the search will ask
+    for ahead of it (:mod:`slimdata.sim.prefetch`; the same results for any number).
     """
     from slimdata.solver import STREAMS, solve
 
@@ -285,7 +289,7 @@ def compare_strategies(
     if gbt < 1:
         raise ConfigError(f"global_batch_tokens={gbt!r} must be >= 1")
     batches = _batches(docs, layout, gbt, seed, oversize, steps)
-    ev = Evaluator(
+    evaluator = Evaluator(
         batches,
         layout,
         cost,
@@ -295,23 +299,27 @@ def compare_strategies(
         STREAMS,
         memory_budget=memory_budget,
         progress=progress,
+        jobs=jobs,
     )
-    bounds = [
-        step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages).value for b in batches
-    ]
-    ref_work = [batch_work(b) for b in batches]
-    results, first = _strategy_results(ev, strategies, choice, layout, cost, bounds, ref_work)
-    cfg = _config_dict(layout, cost, config, choice, gbt, steps, seed, oversize, strategies, docs)
-    cfg["memory_budget"] = memory_budget
-    return Comparison(
-        config=cfg,
-        results=results,
-        first=first,
-        steps=[[d.length for d in b] for b in batches],
-        megatron_default=_megatron_default(ev, layout, cost, bounds, ref_work),
-        search=_search_dict(ev),
-        warnings=notes + _step_warnings(batches, gbt, docs) + _warnings(results, layout),
-    )
+    with closing(evaluator) as ev:
+        bounds = [
+            step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages).value for b in batches
+        ]
+        ref_work = [batch_work(b) for b in batches]
+        results, first = _strategy_results(ev, strategies, choice, layout, cost, bounds, ref_work)
+        cfg = _config_dict(
+            layout, cost, config, choice, gbt, steps, seed, oversize, strategies, docs
+        )
+        cfg["memory_budget"] = memory_budget
+        return Comparison(
+            config=cfg,
+            results=results,
+            first=first,
+            steps=[[d.length for d in b] for b in batches],
+            megatron_default=_megatron_default(ev, layout, cost, bounds, ref_work),
+            search=_search_dict(ev),
+            warnings=notes + _step_warnings(batches, gbt, docs) + _warnings(results, layout),
+        )
 
 
 def _batches(
@@ -376,6 +384,7 @@ def _run(
     schedules = [ev.config.schedule]
     if choice.mode == "best" and ev.layout.pp > 1:
         schedules = ["1f1b", "interleaved"]
+    ev.prefetch(name, [(Setup(1), sch, s) for sch in schedules for s in range(len(ev.batches))])
     runs = [_cp_free(ev, name, sch) for sch in schedules]
     ok = [r for r in runs if isinstance(r, Run)]
     if not ok:
@@ -499,6 +508,7 @@ def _search_dict(ev: Evaluator) -> dict[str, Any]:
         "solves": log.solves,
         "simulations": log.simulations,
         "seconds": log.seconds,
+        "workers": log.workers,
         "tried": [
             {
                 **t,

@@ -59,8 +59,8 @@ from slimdata.cost import CostModel
 from slimdata.cost.states import GIVEN, budget_text
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan import Document, StepPlan
-from slimdata.plan.pipeline import chunk_fractions
 from slimdata.sim.config import SimConfig
+from slimdata.sim.prefetch import POOL_TOKENS, Done, Task, WorkerPool, cannot_fit
 from slimdata.sim.results import SimResult
 from slimdata.sim.step import simulate_step
 from slimdata.solver.layout import Layout
@@ -126,6 +126,9 @@ class SearchLog:
     simulations: int = 0
     solves: int = 0
     seconds: float = 0.0
+    workers: int = 0
+    """Worker processes that solved and simulated ahead of the search (0: none,
+    :meth:`Evaluator.prefetch`)."""
     tried: list[dict] = field(default_factory=list)
     """Per screened configuration: ``cp``, ``schedule``, first-step ``step_time`` or why not."""
 
@@ -198,6 +201,7 @@ class Evaluator:
         *,
         memory_budget: str = GIVEN,
         progress: Callable[[str], None] | None = None,
+        jobs: int = 1,
     ) -> None:
         self.batches, self.layout, self.cost = batches, layout, cost
         self.config, self.seed, self._solve = config, seed, solve
@@ -209,6 +213,11 @@ class Evaluator:
         self._plans: dict[tuple[str, Setup, str | None, int], tuple[StepPlan, float]] = {}
         self._sims: dict[tuple[str, Setup, str, int], SimResult] = {}
         self._streams: dict[tuple[str, Setup], _Stream] = {}
+        self._failed: dict[tuple, PlanError] = {}
+        """Plans and simulations a worker found failing (:meth:`prefetch`), by cache key."""
+        most = max((sum(d.length for d in b) for b in batches), default=0)
+        self.pool = WorkerPool(jobs) if jobs > 1 and most >= POOL_TOKENS else None
+        """Workers for :meth:`prefetch` (None: everything is computed here, on demand)."""
         self.log = SearchLog()
 
     def with_schedule(self, schedule: str) -> Evaluator:
@@ -225,7 +234,7 @@ class Evaluator:
             progress=self.progress,
         )
         other._plans, other._sims, other._streams = self._plans, self._sims, self._streams
-        other.log = self.log
+        other._failed, other.pool, other.log = self._failed, self.pool, self.log
         return other
 
     def layout_for(self, at: Setup, schedule: str | None = None) -> Layout:
@@ -265,8 +274,10 @@ class Evaluator:
     ) -> tuple[StepPlan, float]:
         """The plan of iteration ``step`` (a step, or a stream's flush iteration) to run under
         ``schedule`` (default: the user's) and its solve milliseconds."""
-        sch = self.plan_schedule(name, at.plan_schedule or schedule)
-        key = (name, dataclasses.replace(at, plan_schedule=""), sch, step)
+        key = self._plan_key(name, at, schedule, step)
+        sch = key[2]
+        if key in self._failed:
+            raise self._failed[key]
         if key not in self._plans and name in self._stream_kinds:
             self._advance(name, at, step)
         elif key not in self._plans:
@@ -283,6 +294,81 @@ class Evaluator:
             self._plans[key] = (plan, (time.perf_counter() - t0) * 1e3)
             self.log.solves += 1
         return self._plans[key]
+
+    def _plan_key(
+        self, name: str, at: Setup, schedule: str | None, step: int
+    ) -> tuple[str, Setup, str | None, int]:
+        """Which plan ``(name, at)`` runs under ``schedule`` in iteration ``step``."""
+        sch = self.plan_schedule(name, at.plan_schedule or schedule)
+        return (name, dataclasses.replace(at, plan_schedule=""), sch, step)
+
+    def prefetch(
+        self, name: str, wanted: Sequence[tuple[Setup, str, int]], *, screen: bool = False
+    ) -> None:
+        """Compute on the workers the plans and simulations of ``wanted`` (``(setup,
+        schedule, step)``) not known yet, for :meth:`plan` and :meth:`sim` to read
+        (:mod:`slimdata.sim.prefetch`); ``screen``: a plan the search prunes
+        (:meth:`cannot_fit`) is not simulated. Nothing without workers, for a stream
+        strategy (its plans come one step after the other) or for fewer than two plans."""
+        if self.pool is None or name in self._stream_kinds:
+            return
+        todo: dict[tuple, list[tuple[tuple, SimConfig]]] = {}
+        for at, schedule, step in wanted:
+            key = self._plan_key(name, at, schedule, step)
+            sim_key = (name, at, schedule, step)
+            if key in self._failed or sim_key in self._sims or sim_key in self._failed:
+                continue
+            cfg = dataclasses.replace(self.config, cp=at.cp, schedule=schedule)
+            todo.setdefault(key, []).append((sim_key, cfg))
+        if len(todo) < 2:
+            return
+        tasks = [self._task(key, sims, screen) for key, sims in todo.items()]
+        self.log.workers = self.pool.jobs
+        for (key, sims), done in zip(todo.items(), self.pool.run(tasks), strict=True):
+            self._keep(key, sims, done)
+
+    def _task(self, key: tuple, sims: list[tuple[tuple, SimConfig]], screen: bool) -> Task:
+        name, at, sch, step = key
+        return Task(
+            solve=self._solve,
+            batch=self.batches[step],
+            plan_layout=self.layout_for(at, sch),
+            name=name,
+            seed=self.seed,
+            cost=self.cost,
+            step=step,
+            layout=self.layout,
+            configs=tuple(cfg for _k, cfg in sims),
+            prune=at.cp if screen else 0,
+            plan=self._plans[key][0] if key in self._plans else None,
+        )
+
+    def _keep(self, key: tuple, sims: list[tuple[tuple, SimConfig]], done: Done) -> None:
+        """A worker's results into the caches and the log, as :meth:`plan` and :meth:`sim`
+        would have put them."""
+        if done.error is not None:
+            self._failed[key] = done.error
+            self.log.solves += 1
+            return
+        assert done.plan is not None
+        if done.solved:
+            self._plans[key] = (done.plan, done.solve_ms)
+            self.log.solves += 1
+        for (sim_key, _cfg), r in zip(sims, done.sims, strict=True):
+            if r is None:  # pruned: the search does not simulate it
+                continue
+            if isinstance(r, PlanError):
+                self._failed[sim_key] = r
+                continue
+            self._sims[sim_key] = r
+            self.log.simulations += 1
+            if self.progress is not None:
+                self.progress(key[0])
+
+    def close(self) -> None:
+        """Stop the workers, if any."""
+        if self.pool is not None:
+            self.pool.close()
 
     def iterations(self, name: str, at: Setup) -> int:
         """Iterations of the run: the steps, plus a stream's flush iterations."""
@@ -323,6 +409,8 @@ class Evaluator:
 
     def sim(self, name: str, at: Setup, schedule: str, step: int) -> SimResult:
         key = (name, at, schedule, step)
+        if key in self._failed:
+            raise self._failed[key]
         if key not in self._sims:
             cfg = dataclasses.replace(self.config, cp=at.cp, schedule=schedule)
             self._sims[key] = simulate_step(
@@ -335,10 +423,7 @@ class Evaluator:
 
     def cannot_fit(self, plan: StepPlan, k: int) -> bool:
         """The largest pack alone, at the smallest stage share, is over the cap (see module)."""
-        most = max((p.tokens for rs in plan.ranks for p in (*rs.forward, *rs.backward)), default=0)
-        pp = self.layout.pp
-        share = float(min(chunk_fractions(self.cost.layers, pp)))
-        return self.cost.act_bytes_per_token * most * share / k > self.layout.memory_bytes
+        return cannot_fit(plan, k, self.cost, self.layout)
 
     def run(self, name: str, at: Setup, schedule: str) -> Run | str:
         """Every step in one configuration, or why it does not fit."""
@@ -405,6 +490,8 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
         screened: list[Screened] = []
         over: list[tuple[Setup, str]] = []  # over the memory cap: more micro-batches may fit
         why = ""
+        first = [c for k in sizes for c in _first_pass(ev, name, k, schedules, choice)]
+        ev.prefetch(name, [(at, sch, 0) for at, sch in first], screen=True)
         for k in sizes:
             for at, sch in _first_pass(ev, name, k, schedules, choice):
                 fails = _try(ev, name, at, sch, screened)
@@ -412,10 +499,19 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
                 if fails.startswith(OVER_MEMORY):
                     over.append((at, sch))
         if rows and choice.mode == "best":
-            for _t, at, sch in sorted(screened)[:ROW_CANDIDATES]:
-                _try_rows(ev, name, at.cp, sch, screened)
+            bases = [(at.cp, sch) for _t, at, sch in sorted(screened)[:ROW_CANDIDATES]]
+            rows_wanted = [(Setup(k, r), sch, 0) for k, sch in bases for r in ev.rows(k) if r]
+            ev.prefetch(name, rows_wanted, screen=True)  # some, the search may not reach
+            for k, sch in bases:
+                _try_rows(ev, name, k, sch, screened)
         if name in MICROBATCH_SEARCH and choice.mode == "best" and lay.pp > 1:
-            for at, sch in _microbatch_bases(screened) + over:
+            bases_mb = _microbatch_bases(screened) + over
+            ev.prefetch(
+                name,
+                [w for a, s in bases_mb for w in _more_microbatches(ev, name, a, s)],
+                screen=True,
+            )
+            for at, sch in bases_mb:
                 _try_microbatches(ev, name, at, sch, screened)
         out = _first_that_fits(ev, name, sorted(screened), why, sizes[-1])
     ev.log.seconds += time.perf_counter() - t0
@@ -520,10 +616,8 @@ def _try_microbatches(
     increasing order until one does not fit or is slower than the one before (where its own
     choice did not fit, until one fits and then as before)."""
     prev = next((t for t, a, ss in screened if (a, ss) == (at, sch)), float("inf"))
-    chosen = len(ev.plan(name, at, 0, sch)[0].ranks[0].forward)  # at.plan_schedule's choice
-    for factor in MICROBATCH_FACTORS:
+    for more, _sch, _step in _more_microbatches(ev, name, at, sch):
         n = len(screened)
-        more = Setup(at.cp, at.row, factor * chosen, at.plan_schedule)
         if any(a == more and ss == sch for _t, a, ss in screened):
             continue
         fails = _try(ev, name, more, sch, screened)
@@ -532,6 +626,19 @@ def _try_microbatches(
         if fails or screened[n][0] > prev:
             break
         prev = screened[n][0]
+
+
+def _more_microbatches(
+    ev: Evaluator, name: str, at: Setup, sch: str
+) -> list[tuple[Setup, str, int]]:
+    """The first steps :func:`_try_microbatches` may screen at ``(at, sch)``: its
+    :data:`MICROBATCH_FACTORS` times the micro-batches ``name`` chose there (its plan of
+    ``at.plan_schedule``), in order."""
+    chosen = len(ev.plan(name, at, 0, sch)[0].ranks[0].forward)
+    return [
+        (Setup(at.cp, at.row, factor * chosen, at.plan_schedule), sch, 0)
+        for factor in MICROBATCH_FACTORS
+    ]
 
 
 def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
@@ -558,6 +665,8 @@ def _first_that_fits(
     time per step over the run (ties: the faster screen)."""
     finalists: list[Run] = []
     wanted = FINALISTS if len(ev.batches) > 1 else 1
+    steps = range(1, len(ev.batches))  # the screen ran the first
+    ev.prefetch(name, [(at, sch, s) for _t, at, sch in ranked[:wanted] for s in steps])
     for _t, at, sch in ranked:
         try:
             run = ev.run(name, at, sch)

@@ -69,7 +69,7 @@ def test_kill_9_of_main_process_kills_workers_then_resume_is_identical(tmp_path)
 def test_worker_whose_parent_is_already_gone_exits_at_once(tmp_path):
     code = (
         "import os, sys\n"
-        "from slimdata.ingest.orphans import die_with_parent\n"
+        "from slimdata.orphans import die_with_parent\n"
         "die_with_parent(os.getppid() + 1_000_000)\n"  # not our parent: it is 'gone'
         "print('survived')\n"
     )
@@ -80,7 +80,7 @@ def test_worker_whose_parent_is_already_gone_exits_at_once(tmp_path):
 def test_watch_thread_ends_an_orphan_where_prctl_is_missing(tmp_path):
     code = (
         "import os, sys, time\n"
-        "import slimdata.ingest.orphans as o\n"
+        "import slimdata.orphans as o\n"
         "o._prctl_deathsig = lambda: False\n"
         "o._POLL_SECONDS = 0.05\n"
         "if os.fork() == 0:\n"

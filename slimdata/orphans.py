@@ -1,8 +1,8 @@
-"""Build workers die with their parent: no worker outlives a killed build.
+"""Workers die with their parent: no worker outlives a killed build or simulation.
 
-A parallel build forks worker processes. If the build's main process is killed (``kill -9``
-included, which runs no cleanup), its workers would go on tokenizing, holding the caller's
-stdout/stderr pipes open. :func:`die_with_parent` runs first in every worker: on Linux it
+A parallel build (or ``simulate --jobs``) starts worker processes. If its main process is
+killed (``kill -9`` included, which runs no cleanup), its workers would go on working,
+holding the caller's stdout/stderr pipes open. :func:`die_with_parent` runs first in every worker: on Linux it
 asks the kernel to SIGKILL the worker when its parent dies (``prctl(PR_SET_PDEATHSIG)``);
 elsewhere a daemon thread polls the parent id once a second and exits the worker when it
 changes. Either way a parent that died before the call is caught by comparing

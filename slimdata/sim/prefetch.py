@@ -1,0 +1,154 @@
+"""The configuration search's solves and simulations, computed ahead on worker processes.
+
+The search (:mod:`slimdata.sim.search`) walks configurations one after the other, each step
+deciding the next; what it will certainly ask for next (every configuration of the first
+pass, the finalists' other steps) and what it will likely ask for (the row lengths and
+micro-batch counts it tries in turn) is handed to a pool of worker processes first
+(:meth:`~slimdata.sim.search.Evaluator.prefetch`). Each worker solves a plan and simulates it
+under the schedules asked for, exactly as the search would; the search then reads the results
+from its caches. The choices are the same for any number of workers (the same deterministic
+solve and simulation of the same inputs, only elsewhere); what the log counts may grow by the
+speculative ones.
+
+Workers are started with ``spawn`` (no state copied from the parent), ignore Ctrl-C (the
+parent handles it and stops them) and die with their parent, ``kill -9`` included
+(:func:`slimdata.orphans.die_with_parent`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.pool
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from slimdata.cost import CostModel
+from slimdata.errors import PlanError
+from slimdata.plan import Document, StepPlan
+from slimdata.plan.pipeline import chunk_fractions
+from slimdata.sim.config import SimConfig
+from slimdata.sim.results import SimResult
+from slimdata.sim.step import simulate_step
+from slimdata.solver.layout import Layout
+
+__all__ = ["POOL_TOKENS", "WorkerPool", "cannot_fit", "default_jobs"]
+
+POOL_TOKENS = 1 << 20
+"""Workers are used only for batches of at least this many tokens: below it a configuration
+solves and simulates in milliseconds, less than a worker takes to start."""
+
+MAX_DEFAULT_JOBS = 8
+"""``simulate``'s default ``--jobs``: the usable cores, at most this many."""
+
+
+def default_jobs() -> int:
+    """The cores this process may run on, at most :data:`MAX_DEFAULT_JOBS`."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_JOBS, cores))
+
+
+def cannot_fit(plan: StepPlan, k: int, cost: CostModel, layout: Layout) -> bool:
+    """The plan's largest pack alone, at the smallest pipeline stage's share of the layers and
+    split over ``k`` static-CP devices, is over the memory cap: a necessary condition for the
+    simulated peak, so the search prunes such a configuration without simulating it."""
+    most = max((p.tokens for rs in plan.ranks for p in (*rs.forward, *rs.backward)), default=0)
+    share = float(min(chunk_fractions(cost.layers, layout.pp)))
+    return cost.act_bytes_per_token * most * share / k > layout.memory_bytes
+
+
+@dataclass(frozen=True)
+class Task:
+    """One plan to solve (or the one already solved) and the schedules to simulate it under."""
+
+    solve: Callable[..., StepPlan]
+    batch: Sequence[Document]
+    plan_layout: Layout
+    """The layout the plan is solved for (:meth:`~slimdata.sim.search.Evaluator.layout_for`)."""
+    name: str
+    seed: int
+    cost: CostModel
+    step: int
+    layout: Layout
+    """The simulated devices' layout (the search's own)."""
+    configs: tuple[SimConfig, ...]
+    prune: int
+    """Static CP size to apply :func:`cannot_fit` with (0: simulate whatever the plan)."""
+    plan: StepPlan | None = None
+
+
+@dataclass(frozen=True)
+class Done:
+    """A task's results: the plan and its solve milliseconds, or why it does not solve; per
+    config, its simulation, why it failed, or None where :func:`cannot_fit` pruned it."""
+
+    plan: StepPlan | None
+    solve_ms: float
+    error: PlanError | None
+    sims: tuple[SimResult | PlanError | None, ...]
+    solved: bool
+    """Whether the worker solved the plan (not handed one)."""
+
+
+def run_task(task: Task) -> Done:
+    """Solve and simulate one :class:`Task` as the search would."""
+    plan, ms, solved = task.plan, 0.0, task.plan is None
+    if plan is None:
+        t0 = time.perf_counter()
+        try:
+            plan = task.solve(
+                task.batch,
+                task.plan_layout,
+                task.name,
+                task.seed,
+                task.cost,
+                step=task.step,
+                validate=False,
+            )
+        except PlanError as exc:
+            return Done(None, 0.0, exc, (), True)
+        ms = (time.perf_counter() - t0) * 1e3
+    if task.prune and cannot_fit(plan, task.prune, task.cost, task.layout):
+        return Done(plan, ms, None, (None,) * len(task.configs), solved)
+    sims: list[SimResult | PlanError | None] = []
+    for cfg in task.configs:
+        try:
+            sims.append(simulate_step(plan, task.cost, task.layout, cfg))
+        except PlanError as exc:
+            sims.append(exc)
+    return Done(plan, ms, None, tuple(sims), solved)
+
+
+def _start_worker(parent: int) -> None:
+    """A worker ignores Ctrl-C (its parent stops it) and ends with its parent."""
+    from slimdata.orphans import die_with_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
+
+
+class WorkerPool:
+    """``jobs`` spawned worker processes, started on first use; :meth:`close` stops them."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self._pool: multiprocessing.pool.Pool | None = None
+
+    def run(self, tasks: Sequence[Task]) -> list[Done]:
+        """Every task's :class:`Done`, in order."""
+        if self._pool is None:
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = ctx.Pool(self.jobs, initializer=_start_worker, initargs=(os.getpid(),))
+        return self._pool.map(run_task, tasks, chunksize=1)
+
+    def close(self) -> None:
+        """Stop the workers (at once: whatever they still run is no longer wanted)."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None

@@ -1,0 +1,63 @@
+"""``slimdata simulate --jobs``: no worker outlives the command, stopped with Ctrl-C or
+killed with ``kill -9`` (:mod:`slimdata.orphans`, shared with the build)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from build_helpers import proc_stat, wait_for
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+
+
+def _children(pid: int) -> list[int]:
+    return sorted(
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and (st := proc_stat(int(p.name))) is not None and st[1] == pid
+    )
+
+
+def _simulate(tmp_path: Path) -> subprocess.Popen:
+    """A search long enough to stop midway: 16M-token steps, DP 16 x PP 4, two workers."""
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.lognormal(9.0, 1.4, 4000).astype(int) + 64, 131072)
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(map(str, lengths.tolist())))
+    code = "from slimdata.cli import main; main()"
+    args = ["simulate", "--lengths", str(path), "--dp", "16", "--pp", "4", "--jobs", "2"]
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args, "--global-batch-tokens", str(1 << 24)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_no_worker_outlives_a_stopped_simulation(tmp_path, how):
+    proc = _simulate(tmp_path)
+    workers: list[int] = []
+    try:
+        # two workers and multiprocessing's resource tracker
+        assert wait_for(lambda: len(_children(proc.pid)) >= 3, limit=120), "no workers"
+        workers = _children(proc.pid)
+        os.kill(proc.pid, how)
+        code = proc.wait(timeout=60)
+        _out, err = proc.communicate(timeout=30)  # EOF: no worker holds the pipes
+        assert wait_for(lambda: all(proc_stat(w) is None for w in workers), limit=30)
+    finally:
+        proc.kill()
+        for w in workers:
+            if proc_stat(w) is not None:
+                os.kill(w, signal.SIGKILL)
+    if how == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+    else:  # Ctrl-C: click's "Aborted!", no traceback
+        assert code == 1 and b"Traceback" not in err, err.decode()

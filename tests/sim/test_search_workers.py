@@ -1,0 +1,40 @@
+"""The configuration search with worker processes (``simulate --jobs``): the same choices,
+times and search record as without them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from slimdata.cost import CostModel
+from slimdata.docsource import documents_from_lengths
+from slimdata.sim import SimConfig
+from slimdata.sim.compare import compare_strategies
+from slimdata.sim.prefetch import POOL_TOKENS
+from slimdata.solver import Layout
+
+
+def test_workers_give_the_same_comparison():
+    rng = np.random.default_rng(3)
+    lengths = np.minimum(rng.lognormal(7.5, 1.3, 1400).astype(int) + 64, 32768)
+    docs = documents_from_lengths(lengths.tolist())
+    tokens = POOL_TOKENS + 65536  # steps of about 1M tokens: the workers are used
+    kw = dict(
+        strategies=["slimpack", "bfd", "dcp", "wlb"],
+        steps=2,
+        global_batch_tokens=tokens,
+        config=SimConfig(),
+    )
+    layout = Layout(dp=8, pp=2, memory_gib=30, context=32768)
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    alone = compare_strategies(docs, layout, cost, jobs=1, **kw)
+    workers = compare_strategies(docs, layout, cost, jobs=2, **kw)
+    for name, r in alone.results.items():
+        w = workers.results[name]
+        assert dataclasses.replace(w, solve_ms=r.solve_ms) == r, name
+    assert (alone.search["workers"], workers.search["workers"]) == (0, 2)
+    assert workers.search["tried"] == alone.search["tried"]
+    assert workers.search["configurations"] == alone.search["configurations"]
+    # the workers solve and simulate ahead, some of it the search never asks for
+    assert workers.search["simulations"] >= alone.search["simulations"]
