@@ -30,6 +30,7 @@ from slimdata.cost import CostModel, load_device
 from slimdata.cost.states import activation_budget_gib, auto_recompute
 from slimdata.docsource import documents_from_lengths
 from slimdata.sim import SimConfig, compare_strategies
+from slimdata.sim.prefetch import default_jobs
 from slimdata.solver import ALL_STRATEGIES, Layout
 
 CONTEXTS = {"128K": 131072, "256K": 262144, "512K": 524288}
@@ -73,8 +74,9 @@ def setting(lens: np.ndarray, context: int, dp: int, pp: int, steps: int):
     return documents_from_lengths(lens[:need]), layout, cost, gbt, how
 
 
-def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int) -> dict:
-    """One cell with simulate's defaults; returns the comparison as JSON."""
+def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int, jobs: int = 1) -> dict:
+    """One cell with simulate's defaults; returns the comparison as JSON. ``jobs``: the
+    search's worker processes (``simulate --jobs``; the same results for any number)."""
     docs, layout, cost, gbt, how = setting(lens, context, dp, pp, steps)
 
     def run(strategies: list[str], baseline_config: str) -> dict:
@@ -88,6 +90,7 @@ def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int) -> dict:
             config=SimConfig(parallelism="zero1"),
             baseline_config=baseline_config,
             memory_budget=how,
+            jobs=jobs,
         ).to_dict()
 
     out = run(list(ALL_STRATEGIES), "best")
@@ -233,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=Path("../shared/data/lengths"))
     ap.add_argument("--out", type=Path, default=Path("study"))
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=default_jobs(),
+        help="Worker processes of each cell's configuration search (simulate --jobs; the "
+        "same results for any number) [default: the usable cores, at most 8].",
+    )
     ap.add_argument("--contexts", default=",".join(CONTEXTS))
     ap.add_argument("--datasets", default="wikipedia,wlb128k,lognormal")
     ap.add_argument(
@@ -257,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         for ctx in args.contexts.split(","):
             for dp, pp in (tuple(map(int, x.split("x"))) for x in args.layouts.split(",")):
                 t0 = time.perf_counter()
-                res = cell(dists[ds], CONTEXTS[ctx], dp, pp, args.steps)
+                res = cell(dists[ds], CONTEXTS[ctx], dp, pp, args.steps, args.jobs)
                 rows.append(row(ds, ctx, dp, pp, res))
                 raw.append({"dataset": ds, "context": ctx, **res})
                 print(

@@ -33,6 +33,7 @@ The solver is imported lazily, so the simulator core does not depend on it.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from slimdata.sim.search import (
     Run,
     Setup,
     cp_sizes,
+    first_screens,
     parse_baseline_config,
     search,
 )
@@ -346,9 +348,14 @@ def _strategy_results(
     ref_work: list,
 ) -> tuple[dict[str, StrategyStats], dict[str, tuple[StepPlan, SimResult]]]:
     """Every strategy's means over the run (a strategy that cannot plan reports why), and
-    its first step, plan and simulation."""
+    its first step, plan and simulation. With workers, every searched strategy's first
+    screens are computed at once, ahead of the searches (:func:`first_screens`)."""
     results: dict[str, StrategyStats] = {}
     first: dict[str, tuple[StepPlan, SimResult]] = {}
+    searched = [n for n in strategies if n not in CP_FREE]
+    t0 = time.perf_counter()
+    ev.prefetch([w for n in searched for w in first_screens(ev, n, choice)], screen=True)
+    ev.log.seconds += time.perf_counter() - t0  # the searches' time, spent ahead of them
     for name in strategies:
         run = _run(ev, name, choice)
         if isinstance(run, str):
@@ -384,7 +391,7 @@ def _run(
     schedules = [ev.config.schedule]
     if choice.mode == "best" and ev.layout.pp > 1:
         schedules = ["1f1b", "interleaved"]
-    ev.prefetch(name, [(Setup(1), sch, s) for sch in schedules for s in range(len(ev.batches))])
+    ev.prefetch([(name, Setup(1), sch, s) for sch in schedules for s in range(len(ev.batches))])
     runs = [_cp_free(ev, name, sch) for sch in schedules]
     ok = [r for r in runs if isinstance(r, Run)]
     if not ok:

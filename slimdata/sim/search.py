@@ -302,18 +302,18 @@ class Evaluator:
         sch = self.plan_schedule(name, at.plan_schedule or schedule)
         return (name, dataclasses.replace(at, plan_schedule=""), sch, step)
 
-    def prefetch(
-        self, name: str, wanted: Sequence[tuple[Setup, str, int]], *, screen: bool = False
-    ) -> None:
-        """Compute on the workers the plans and simulations of ``wanted`` (``(setup,
-        schedule, step)``) not known yet, for :meth:`plan` and :meth:`sim` to read
+    def prefetch(self, wanted: Sequence[Wanted], *, screen: bool = False) -> None:
+        """Compute on the workers the plans and simulations of ``wanted`` (``(strategy,
+        setup, schedule, step)``) not known yet, for :meth:`plan` and :meth:`sim` to read
         (:mod:`slimdata.sim.prefetch`); ``screen``: a plan the search prunes
-        (:meth:`cannot_fit`) is not simulated. Nothing without workers, for a stream
-        strategy (its plans come one step after the other) or for fewer than two plans."""
-        if self.pool is None or name in self._stream_kinds:
+        (:meth:`cannot_fit`) is not simulated. Nothing without workers or for fewer than two
+        plans; never a stream strategy's (its plans come one step after the other)."""
+        if self.pool is None:
             return
         todo: dict[tuple, list[tuple[tuple, SimConfig]]] = {}
-        for at, schedule, step in wanted:
+        for name, at, schedule, step in wanted:
+            if name in self._stream_kinds:
+                continue
             key = self._plan_key(name, at, schedule, step)
             sim_key = (name, at, schedule, step)
             if key in self._failed or sim_key in self._sims or sim_key in self._failed:
@@ -490,8 +490,7 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
         screened: list[Screened] = []
         over: list[tuple[Setup, str]] = []  # over the memory cap: more micro-batches may fit
         why = ""
-        first = [c for k in sizes for c in _first_pass(ev, name, k, schedules, choice)]
-        ev.prefetch(name, [(at, sch, 0) for at, sch in first], screen=True)
+        ev.prefetch(first_screens(ev, name, choice), screen=True)
         for k in sizes:
             for at, sch in _first_pass(ev, name, k, schedules, choice):
                 fails = _try(ev, name, at, sch, screened)
@@ -500,22 +499,33 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
                     over.append((at, sch))
         if rows and choice.mode == "best":
             bases = [(at.cp, sch) for _t, at, sch in sorted(screened)[:ROW_CANDIDATES]]
-            rows_wanted = [(Setup(k, r), sch, 0) for k, sch in bases for r in ev.rows(k) if r]
-            ev.prefetch(name, rows_wanted, screen=True)  # some, the search may not reach
+            rows_wanted = [(name, Setup(k, r), sch, 0) for k, sch in bases for r in ev.rows(k) if r]
+            ev.prefetch(rows_wanted, screen=True)  # some, the search may not reach
             for k, sch in bases:
                 _try_rows(ev, name, k, sch, screened)
         if name in MICROBATCH_SEARCH and choice.mode == "best" and lay.pp > 1:
             bases_mb = _microbatch_bases(screened) + over
-            ev.prefetch(
-                name,
-                [w for a, s in bases_mb for w in _more_microbatches(ev, name, a, s)],
-                screen=True,
-            )
+            more = [(name, *w) for a, s in bases_mb for w in _more_microbatches(ev, name, a, s)]
+            ev.prefetch(more, screen=True)
             for at, sch in bases_mb:
                 _try_microbatches(ev, name, at, sch, screened)
         out = _first_that_fits(ev, name, sorted(screened), why, sizes[-1])
     ev.log.seconds += time.perf_counter() - t0
     return out
+
+
+def first_screens(ev: Evaluator, name: str, choice: BaselineConfig) -> list[Wanted]:
+    """The configurations :func:`search` screens first for ``name`` (each static CP size and
+    schedule, :func:`_first_pass`), as :meth:`Evaluator.prefetch` takes them; none with
+    ``smallest`` (its sizes are tried one after the other until one fits)."""
+    if choice.mode == "smallest" or (choice.mode == "fixed" and ev.layout.dp % choice.cp):
+        return []
+    sizes = cp_sizes(ev.layout.dp) if choice.mode != "fixed" else [choice.cp]
+    best_pp = choice.mode == "best" and ev.layout.pp > 1
+    schedules = ["1f1b", "interleaved"] if best_pp else [ev.config.schedule]
+    return [
+        (name, at, sch, 0) for k in sizes for at, sch in _first_pass(ev, name, k, schedules, choice)
+    ]
 
 
 def _first_pass(
@@ -566,6 +576,9 @@ MICROBATCH_FACTORS = (2, 4)
 
 OVER_MEMORY = "needs "
 """How a screening result over the memory cap starts."""
+
+Wanted = tuple[str, Setup, str, int]
+"""A plan and simulation the search will (or may) ask for: strategy, setup, schedule, step."""
 
 Screened = tuple[float, Setup, str]
 """A screened configuration: first-step time, setup, schedule."""
@@ -666,7 +679,7 @@ def _first_that_fits(
     finalists: list[Run] = []
     wanted = FINALISTS if len(ev.batches) > 1 else 1
     steps = range(1, len(ev.batches))  # the screen ran the first
-    ev.prefetch(name, [(at, sch, s) for _t, at, sch in ranked[:wanted] for s in steps])
+    ev.prefetch([(name, at, sch, s) for _t, at, sch in ranked[:wanted] for s in steps])
     for _t, at, sch in ranked:
         try:
             run = ev.run(name, at, sch)
