@@ -266,7 +266,9 @@ def compare_strategies(
     derived budget (messages name it by :func:`~slimdata.cost.states.budget_text`);
     ``progress``: called with a strategy's name after each step it simulates (a progress bar);
     ``jobs``: worker processes that solve and simulate the configurations the search will ask
-    for ahead of it (:mod:`slimdata.sim.prefetch`; the same results for any number).
+    for ahead of it (:mod:`slimdata.sim.prefetch`; the same results for any number). The
+    workers are spawned, so a script that asks for them calls this under ``if __name__ ==
+    "__main__":`` (Python's rule for spawned processes).
     """
     from slimdata.solver import STREAMS, solve
 
