@@ -12,17 +12,19 @@ speculative ones.
 
 Workers are started with ``spawn`` (no state copied from the parent), ignore Ctrl-C (the
 parent handles it and stops them) and die with their parent, ``kill -9`` included
-(:func:`slimdata.orphans.die_with_parent`).
+(:func:`slimdata.orphans.die_with_parent`). A worker that dies (killed, out of memory) does
+not stop the search: the pool is given up and the search computes what it asks for itself.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.pool
 import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from slimdata.cost import CostModel
@@ -137,18 +139,38 @@ class WorkerPool:
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
-        self._pool: multiprocessing.pool.Pool | None = None
+        self.broken = False
+        """A worker died: the pool is closed and used no more."""
+        self._executor: ProcessPoolExecutor | None = None
 
-    def run(self, tasks: Sequence[Task]) -> list[Done]:
-        """Every task's :class:`Done`, in order."""
-        if self._pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            self._pool = ctx.Pool(self.jobs, initializer=_start_worker, initargs=(os.getpid(),))
-        return self._pool.map(run_task, tasks, chunksize=1)
+    def run(self, tasks: Sequence[Task]) -> list[Done] | None:
+        """Every task's :class:`Done`, in order; None when a worker died (the pool is then
+        :attr:`broken`)."""
+        if self.broken:
+            return None
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(
+                self.jobs,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker,
+                initargs=(os.getpid(),),
+            )
+        try:
+            return list(self._executor.map(run_task, tasks))
+        except BrokenProcessPool:
+            self.broken = True
+            self.close()
+            return None
 
     def close(self) -> None:
-        """Stop the workers (at once: whatever they still run is no longer wanted)."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        """Stop the workers at once (whatever they still run is no longer wanted)."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        # the executor has no public way to stop a running worker: its processes, by hand
+        workers = list((executor._processes or {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for p in workers:
+            p.kill()
+        for p in workers:
+            p.join()

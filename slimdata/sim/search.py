@@ -323,8 +323,11 @@ class Evaluator:
         if len(todo) < 2:
             return
         tasks = [self._task(key, sims, screen) for key, sims in todo.items()]
+        results = self.pool.run(tasks)
+        if results is None:  # a worker died: what is asked for is computed here
+            return
         self.log.workers = self.pool.jobs
-        for (key, sims), done in zip(todo.items(), self.pool.run(tasks), strict=True):
+        for (key, sims), done in zip(todo.items(), results, strict=True):
             self._keep(key, sims, done)
 
     def _task(self, key: tuple, sims: list[tuple[tuple, SimConfig]], screen: bool) -> Task:

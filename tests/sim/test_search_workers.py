@@ -4,6 +4,8 @@ times and search record as without them."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 
 import numpy as np
 
@@ -12,6 +14,7 @@ from slimdata.docsource import documents_from_lengths
 from slimdata.sim import SimConfig
 from slimdata.sim.compare import compare_strategies
 from slimdata.sim.prefetch import POOL_TOKENS
+from slimdata.sim.search import BaselineConfig, Evaluator, Run, search
 from slimdata.solver import Layout
 
 
@@ -38,3 +41,37 @@ def test_workers_give_the_same_comparison():
     assert workers.search["configurations"] == alone.search["configurations"]
     # the workers solve and simulate ahead, some of it the search never asks for
     assert workers.search["simulations"] >= alone.search["simulations"]
+
+
+def _dying_solve(*args, **kwargs):
+    """The registry's solve, except that a worker process kills itself (as the kernel's
+    out-of-memory killer would)."""
+    from slimdata.solver import solve
+
+    if os.getpid() != int(os.environ["SLIMDATA_TEST_PARENT"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return solve(*args, **kwargs)
+
+
+def test_a_worker_that_dies_leaves_the_search_to_the_parent(monkeypatch):
+    from slimdata.solver import STREAMS, solve
+
+    monkeypatch.setenv("SLIMDATA_TEST_PARENT", str(os.getpid()))
+    rng = np.random.default_rng(5)
+    lengths = np.minimum(rng.lognormal(7.5, 1.3, 900).astype(int) + 64, 32768)
+    batches = [documents_from_lengths(lengths.tolist())]
+    assert sum(d.length for d in batches[0]) >= POOL_TOKENS
+    layout = Layout(dp=8, memory_gib=30, context=32768)
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    runs = []
+    for how, jobs in ((solve, 1), (_dying_solve, 2)):
+        ev = Evaluator(batches, layout, cost, SimConfig(), 0, how, STREAMS, jobs=jobs)
+        try:
+            runs.append(search(ev, "bfd", BaselineConfig("best"), rows=True))
+        finally:
+            ev.close()
+        assert ev.log.workers == 0  # the pool broke before it delivered anything
+    assert ev.pool is not None and ev.pool.broken
+    alone, after = runs
+    assert isinstance(alone, Run) and isinstance(after, Run)
+    assert (after.cp, after.row, after.step_time) == (alone.cp, alone.row, alone.step_time)
