@@ -322,7 +322,10 @@ def compare_strategies(
             steps=[[d.length for d in b] for b in batches],
             megatron_default=_megatron_default(ev, layout, cost, bounds, ref_work),
             search=_search_dict(ev),
-            warnings=notes + _step_warnings(batches, gbt, docs) + _warnings(results, layout),
+            warnings=notes
+            + _step_warnings(batches, gbt, docs)
+            + _warnings(results, layout)
+            + _pool_warnings(ev),
         )
 
 
@@ -507,6 +510,16 @@ def _config_dict(
         "memory_rule": "every strategy must fit memory_gib in every step; baselines search "
         "static CP (taken out of DP) and the schedule, slimpack included; dcp runs cp=1",
     }
+
+
+def _pool_warnings(ev: Evaluator) -> list[str]:
+    """A worker of the search that died (the search went on without them)."""
+    if ev.pool is None or not ev.pool.broken:
+        return []
+    return [
+        "a worker process of the configuration search died (killed, or out of memory?); "
+        "the search went on without workers, with the same results (--jobs 1 runs none)"
+    ]
 
 
 def _search_dict(ev: Evaluator) -> dict[str, Any]:

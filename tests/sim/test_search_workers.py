@@ -46,7 +46,7 @@ def test_workers_give_the_same_comparison():
 def _dying_solve(*args, **kwargs):
     """The registry's solve, except that a worker process kills itself (as the kernel's
     out-of-memory killer would)."""
-    from slimdata.solver import solve
+    from slimdata.solver.registry import solve
 
     if os.getpid() != int(os.environ["SLIMDATA_TEST_PARENT"]):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -75,3 +75,22 @@ def test_a_worker_that_dies_leaves_the_search_to_the_parent(monkeypatch):
     alone, after = runs
     assert isinstance(alone, Run) and isinstance(after, Run)
     assert (after.cp, after.row, after.step_time) == (alone.cp, alone.row, alone.step_time)
+
+
+def test_a_comparison_whose_worker_died_says_so(monkeypatch):
+    monkeypatch.setenv("SLIMDATA_TEST_PARENT", str(os.getpid()))
+    monkeypatch.setattr("slimdata.solver.solve", _dying_solve)
+    rng = np.random.default_rng(5)
+    lengths = np.minimum(rng.lognormal(7.5, 1.3, 900).astype(int) + 64, 32768)
+    docs = documents_from_lengths(lengths.tolist())
+    layout = Layout(dp=8, memory_gib=30, context=32768)
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    kw = dict(strategies=["bfd"], global_batch_tokens=POOL_TOKENS + 65536)
+    died = compare_strategies(docs, layout, cost, jobs=2, **kw)
+    alone = compare_strategies(docs, layout, cost, jobs=1, **kw)
+    assert [w for w in died.warnings if "worker" in w] == [
+        "a worker process of the configuration search died (killed, or out of memory?); "
+        "the search went on without workers, with the same results (--jobs 1 runs none)"
+    ]
+    assert not [w for w in alone.warnings if "worker" in w]
+    assert died.results["bfd"].step_time == alone.results["bfd"].step_time
