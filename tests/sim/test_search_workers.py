@@ -18,10 +18,16 @@ from slimdata.sim.search import BaselineConfig, Evaluator, Run, search
 from slimdata.solver import Layout
 
 
+def _docs(seed: int, n: int):
+    """``n`` documents of lognormal lengths (median about 1.9K tokens), at most 32K."""
+    rng = np.random.default_rng(seed)
+    return documents_from_lengths(
+        np.minimum(rng.lognormal(7.5, 1.3, n).astype(int) + 64, 32768).tolist()
+    )
+
+
 def test_workers_give_the_same_comparison():
-    rng = np.random.default_rng(3)
-    lengths = np.minimum(rng.lognormal(7.5, 1.3, 1400).astype(int) + 64, 32768)
-    docs = documents_from_lengths(lengths.tolist())
+    docs = _docs(3, 1400)
     tokens = POOL_TOKENS + 65536  # steps of about 1M tokens: the workers are used
     kw = dict(
         strategies=["slimpack", "bfd", "dcp", "wlb"],
@@ -57,9 +63,7 @@ def test_a_worker_that_dies_leaves_the_search_to_the_parent(monkeypatch):
     from slimdata.solver import STREAMS, solve
 
     monkeypatch.setenv("SLIMDATA_TEST_PARENT", str(os.getpid()))
-    rng = np.random.default_rng(5)
-    lengths = np.minimum(rng.lognormal(7.5, 1.3, 900).astype(int) + 64, 32768)
-    batches = [documents_from_lengths(lengths.tolist())]
+    batches = [_docs(5, 900)]
     assert sum(d.length for d in batches[0]) >= POOL_TOKENS
     layout = Layout(dp=8, memory_gib=30, context=32768)
     cost = CostModel.analytic("llama-8b", "h100", "full")
@@ -80,9 +84,7 @@ def test_a_worker_that_dies_leaves_the_search_to_the_parent(monkeypatch):
 def test_a_comparison_whose_worker_died_says_so(monkeypatch):
     monkeypatch.setenv("SLIMDATA_TEST_PARENT", str(os.getpid()))
     monkeypatch.setattr("slimdata.solver.solve", _dying_solve)
-    rng = np.random.default_rng(5)
-    lengths = np.minimum(rng.lognormal(7.5, 1.3, 900).astype(int) + 64, 32768)
-    docs = documents_from_lengths(lengths.tolist())
+    docs = _docs(5, 900)
     layout = Layout(dp=8, memory_gib=30, context=32768)
     cost = CostModel.analytic("llama-8b", "h100", "full")
     kw = dict(strategies=["bfd"], global_batch_tokens=POOL_TOKENS + 65536)
