@@ -482,11 +482,10 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
     """The configuration ``choice`` asks for (module docstring), or why none fits; ``rows``:
     with ``best``, also search the packed row length (token-packing baselines)."""
     t0 = time.perf_counter()
-    lay, cfg = ev.layout, ev.config
-    sizes = cp_sizes(lay.dp) if choice.mode != "fixed" else [choice.cp]
+    lay = ev.layout
     if choice.mode == "fixed" and lay.dp % choice.cp:
         return f"cp={choice.cp} does not divide dp={lay.dp}"
-    schedules = ["1f1b", "interleaved"] if choice.mode == "best" and lay.pp > 1 else [cfg.schedule]
+    sizes, schedules = _sizes_and_schedules(ev, choice)
     if choice.mode == "smallest":
         out = _smallest(ev, name, sizes)
     else:
@@ -523,12 +522,17 @@ def first_screens(ev: Evaluator, name: str, choice: BaselineConfig) -> list[Want
     ``smallest`` (its sizes are tried one after the other until one fits)."""
     if choice.mode == "smallest" or (choice.mode == "fixed" and ev.layout.dp % choice.cp):
         return []
-    sizes = cp_sizes(ev.layout.dp) if choice.mode != "fixed" else [choice.cp]
-    best_pp = choice.mode == "best" and ev.layout.pp > 1
-    schedules = ["1f1b", "interleaved"] if best_pp else [ev.config.schedule]
+    sizes, schedules = _sizes_and_schedules(ev, choice)
     return [
         (name, at, sch, 0) for k in sizes for at, sch in _first_pass(ev, name, k, schedules, choice)
     ]
+
+
+def _sizes_and_schedules(ev: Evaluator, choice: BaselineConfig) -> tuple[list[int], list[str]]:
+    """The static CP sizes and the schedules ``choice`` searches."""
+    sizes = cp_sizes(ev.layout.dp) if choice.mode != "fixed" else [choice.cp]
+    best_pp = choice.mode == "best" and ev.layout.pp > 1
+    return sizes, ["1f1b", "interleaved"] if best_pp else [ev.config.schedule]
 
 
 def _first_pass(
