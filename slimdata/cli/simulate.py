@@ -223,6 +223,7 @@ def command(
             memory_budget=memory_how,
             progress=progress,
             jobs=default_jobs() if jobs is None else jobs,
+            timelines=gantt is not None,
         )
     cmp.config.update(
         model=model if cost_options_given(ctx) or shards is None else cost.label,

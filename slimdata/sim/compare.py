@@ -178,7 +178,8 @@ class Comparison:
     config: dict[str, Any]
     results: dict[str, StrategyStats]
     first: dict[str, tuple[StepPlan, SimResult]] = field(default_factory=dict, repr=False)
-    """The first step of every strategy, for the Gantt chart."""
+    """The first step of every strategy: its plan and simulated step (with the timeline a
+    Gantt chart draws when ``compare_strategies(timelines=True)``, else its summary)."""
     steps: list[list[int]] = field(default_factory=list, repr=False)
     """Document lengths of every simulated step."""
     megatron_default: StrategyStats | None = None
@@ -257,6 +258,7 @@ def compare_strategies(
     memory_budget: str = GIVEN,
     progress: Callable[[str], None] | None = None,
     jobs: int = 1,
+    timelines: bool = False,
 ) -> Comparison:
     """Solve and simulate ``steps`` batches with every strategy; means per strategy.
 
@@ -268,7 +270,9 @@ def compare_strategies(
     ``jobs``: worker processes that solve and simulate the configurations the search will ask
     for ahead of it (:mod:`slimdata.sim.prefetch`; the same results for any number). The
     workers are spawned, so a script that asks for them calls this under ``if __name__ ==
-    "__main__":`` (Python's rule for spawned processes).
+    "__main__":`` (Python's rule for spawned processes). ``timelines``: the first step of
+    every strategy in :attr:`Comparison.first` with its timeline and memory events (a Gantt
+    chart's; simulated again, since the search keeps only summaries, :meth:`SimResult.summary`).
     """
     from slimdata.solver import STREAMS, solve
 
@@ -310,7 +314,9 @@ def compare_strategies(
             step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages).value for b in batches
         ]
         ref_work = [batch_work(b) for b in batches]
-        results, first = _strategy_results(ev, strategies, choice, layout, cost, bounds, ref_work)
+        results, first = _strategy_results(
+            ev, strategies, choice, layout, cost, bounds, ref_work, timelines
+        )
         cfg = _config_dict(
             layout, cost, config, choice, gbt, steps, seed, oversize, strategies, docs
         )
@@ -351,6 +357,7 @@ def _strategy_results(
     cost: CostModel,
     bounds: list[float],
     ref_work: list,
+    timelines: bool = False,
 ) -> tuple[dict[str, StrategyStats], dict[str, tuple[StepPlan, SimResult]]]:
     """Every strategy's means over the run (a strategy that cannot plan reports why), and
     its first step, plan and simulation. With workers, every searched strategy's first
@@ -366,7 +373,9 @@ def _strategy_results(
         if isinstance(run, str):
             results[name] = _failed(run)
             continue
-        first[name] = (run.plans[0], run.sims[0])
+        # the search keeps summaries: a timeline (the Gantt chart's) is simulated again
+        sim = ev.simulate(run.plans[0], run.cp, run.schedule) if timelines else run.sims[0]
+        first[name] = (run.plans[0], sim)
         row = layout.context if name == REFERENCE else layout.token_cap  # concat: rows of context
         results[name] = _stats(run, cost, bounds, ref_work, row)
     return results, first

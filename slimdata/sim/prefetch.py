@@ -120,7 +120,7 @@ def run_task(task: Task) -> Done:
     sims: list[SimResult | PlanError | None] = []
     for cfg in task.configs:
         try:
-            sims.append(simulate_step(plan, task.cost, task.layout, cfg))
+            sims.append(simulate_step(plan, task.cost, task.layout, cfg).summary())
         except PlanError as exc:
             sims.append(exc)
     return Done(plan, ms, None, tuple(sims), solved)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,12 @@ class SimResult:
     @property
     def over_memory(self) -> bool:
         return bool(self.peak_memory.max() > self.memory_limit) if self.peak_memory.size else False
+
+    def summary(self) -> SimResult:
+        """This result without its timeline and memory events (what a Gantt chart or a
+        memory plot reads; megabytes for a long pipeline): what a search keeps of the many
+        configurations it simulates."""
+        return dataclasses.replace(self, timeline={}, memory=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -318,8 +318,7 @@ class Evaluator:
             sim_key = (name, at, schedule, step)
             if key in self._failed or sim_key in self._sims or sim_key in self._failed:
                 continue
-            cfg = dataclasses.replace(self.config, cp=at.cp, schedule=schedule)
-            todo.setdefault(key, []).append((sim_key, cfg))
+            todo.setdefault(key, []).append((sim_key, self.sim_config(at.cp, schedule)))
         if len(todo) < 2:
             return
         tasks = [self._task(key, sims, screen) for key, sims in todo.items()]
@@ -411,18 +410,27 @@ class Evaluator:
             st.flush_iterations = len(plans)
 
     def sim(self, name: str, at: Setup, schedule: str, step: int) -> SimResult:
+        """The :meth:`~SimResult.summary` of ``(name, at)``'s step ``step`` under
+        ``schedule``, simulated once."""
         key = (name, at, schedule, step)
         if key in self._failed:
             raise self._failed[key]
         if key not in self._sims:
-            cfg = dataclasses.replace(self.config, cp=at.cp, schedule=schedule)
-            self._sims[key] = simulate_step(
-                self.plan(name, at, step, schedule)[0], self.cost, self.layout, cfg
-            )
+            plan = self.plan(name, at, step, schedule)[0]
+            self._sims[key] = self.simulate(plan, at.cp, schedule).summary()
             self.log.simulations += 1
             if self.progress is not None:
                 self.progress(name)
         return self._sims[key]
+
+    def simulate(self, plan: StepPlan, cp: int, schedule: str) -> SimResult:
+        """``plan``'s step under static CP ``cp`` and ``schedule``, timeline and memory events
+        included (:meth:`sim` keeps only their :meth:`~SimResult.summary`)."""
+        return simulate_step(plan, self.cost, self.layout, self.sim_config(cp, schedule))
+
+    def sim_config(self, cp: int, schedule: str) -> SimConfig:
+        """The simulator's settings of a configuration."""
+        return dataclasses.replace(self.config, cp=cp, schedule=schedule)
 
     def cannot_fit(self, plan: StepPlan, k: int) -> bool:
         """The largest pack alone, at the smallest stage share, is over the cap (see module)."""

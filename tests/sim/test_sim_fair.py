@@ -64,6 +64,20 @@ def test_same_work_concat_cuts_documents():
     assert cmp.speedups()["concat"][1] == pytest.approx(b.step_time / c.step_time)
 
 
+def test_the_search_keeps_summaries_and_timelines_are_asked_for():
+    # every configuration's simulated step is kept without its timeline (megabytes for a
+    # long pipeline); the first step of each strategy gets one when a Gantt chart needs it
+    docs = documents_from_lengths([100, 60, 40, 30])
+    kw = dict(strategies=["bfd"], global_batch_tokens=256)
+    lay = Layout(dp=2, context=128, memory_gib=100)
+    plain = compare_strategies(docs, lay, linear_cost(), **kw)
+    drawn = compare_strategies(docs, lay, linear_cost(), timelines=True, **kw)
+    (_p, summary), (_q, full) = plain.first["bfd"], drawn.first["bfd"]
+    assert summary.timeline == {} and summary.memory is None
+    assert len(full.timeline["start"]) > 0 and full.memory is not None
+    assert full.step_time == summary.step_time and (full.busy == summary.busy).all()
+
+
 def test_search_finds_better_cp_than_smallest():
     # bfd bins of 512: [504, 8] and [8 x 39]: at cp=1 one rank runs the 504-token document
     # (attention-bound) while the others wait; cp=4 splits both bins over all 4 devices. No K/V
