@@ -12,7 +12,8 @@ speculative ones.
 
 Workers are started with ``spawn`` (no state copied from the parent), ignore Ctrl-C (the
 parent handles it and stops them) and die with their parent, ``kill -9`` included
-(:func:`slimdata.orphans.die_with_parent`). A worker that dies (killed, out of memory) does
+(:func:`slimdata.orphans.die_with_parent`). While they run, SIGTERM ends the parent as
+Ctrl-C does (exit status 143), so it stops them and leaves nothing behind. A worker that dies (killed, out of memory) does
 not stop the search: the pool is given up and the search computes what it asks for itself.
 """
 
@@ -21,11 +22,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import Any
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
@@ -126,6 +129,11 @@ def run_task(task: Task) -> Done:
     return Done(plan, ms, None, tuple(sims), solved)
 
 
+def _exit_on_sigterm(signum: int, _frame: Any) -> None:
+    """SIGTERM while workers run: leave as Ctrl-C would, through every ``finally``."""
+    raise SystemExit(128 + signum)
+
+
 def _start_worker(parent: int) -> None:
     """A worker ignores Ctrl-C (its parent stops it) and ends with its parent."""
     from slimdata.orphans import die_with_parent
@@ -142,6 +150,8 @@ class WorkerPool:
         self.broken = False
         """A worker died: the pool is closed and used no more."""
         self._executor: ProcessPoolExecutor | None = None
+        self._on_term: Any = None
+        """SIGTERM's handler before the workers started (restored by :meth:`close`)."""
 
     def run(self, tasks: Sequence[Task]) -> list[Done] | None:
         """Every task's :class:`Done`, in order; None when a worker died (the pool is then
@@ -149,6 +159,8 @@ class WorkerPool:
         if self.broken:
             return None
         if self._executor is None:
+            if threading.current_thread() is threading.main_thread():
+                self._on_term = signal.signal(signal.SIGTERM, _exit_on_sigterm)
             self._executor = ProcessPoolExecutor(
                 self.jobs,
                 mp_context=multiprocessing.get_context("spawn"),
@@ -167,6 +179,9 @@ class WorkerPool:
         executor, self._executor = self._executor, None
         if executor is None:
             return
+        if self._on_term is not None:
+            signal.signal(signal.SIGTERM, self._on_term)
+            self._on_term = None
         # the executor has no public way to stop a running worker: its processes, by hand
         workers = list((executor._processes or {}).values())
         executor.shutdown(wait=False, cancel_futures=True)

@@ -1,5 +1,5 @@
 """``slimdata simulate --jobs``: no worker outlives the command, stopped with Ctrl-C or
-killed with ``kill -9`` (:mod:`slimdata.orphans`, shared with the build)."""
+SIGTERM or killed with ``kill -9`` (:mod:`slimdata.orphans`, shared with the build)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def _simulate(tmp_path: Path) -> subprocess.Popen:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+@pytest.mark.parametrize(
+    "how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "term", "kill-9"]
+)
 def test_no_worker_outlives_a_stopped_simulation(tmp_path, how):
     proc = _simulate(tmp_path)
     workers: list[int] = []
@@ -59,5 +61,7 @@ def test_no_worker_outlives_a_stopped_simulation(tmp_path, how):
                 os.kill(w, signal.SIGKILL)
     if how == signal.SIGKILL:
         assert code == -signal.SIGKILL
-    else:  # Ctrl-C: click's "Aborted!", no traceback
-        assert code == 1 and b"Traceback" not in err, err.decode()
+        return
+    # Ctrl-C: click's "Aborted!"; SIGTERM: 128 + 15. No traceback, nothing leaked
+    assert code == (1 if how == signal.SIGINT else 143), err.decode()
+    assert b"Traceback" not in err and b"leaked" not in err, err.decode()
