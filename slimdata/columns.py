@@ -63,6 +63,9 @@ COLUMNS: dict[str, str] = {
 }
 """MDS columns of document shards (one sample per document)."""
 
+READ_COLUMNS: tuple[str, ...] = ("tokens", "slices", "length", "doc_id")
+"""The columns a :class:`SampleReader` reads of every sample."""
+
 COST_CHECKS = 16
 """Decoded samples per reader whose cost columns are compared with the plan's cost model
 (when that model is the build's): the columns are one model's output, so a few samples show
@@ -276,7 +279,7 @@ class SampleReader:
         """Sample ``sample`` as the shard reader decodes it; what the reader raises on a
         damaged shard (an index, header or encoding it cannot read) as an InputError."""
         try:
-            return self.dataset[sample]
+            row = self.dataset[sample]
         except InputError:
             raise
         except Exception as exc:  # the reader's own error, whatever the damage
@@ -284,3 +287,11 @@ class SampleReader:
                 f"{where}: the shard reader cannot decode it ({type(exc).__name__}: {exc}): "
                 "the shard is damaged; rebuild it with `slimdata build`"
             ) from exc
+        missing = [c for c in READ_COLUMNS if c not in row]
+        if missing:
+            raise InputError(
+                f"{where}: no column {', '.join(map(repr, missing))} (the shard's index.json "
+                f"names {', '.join(map(repr, row))}): not a slimdata document shard, or its "
+                "index was edited; rebuild it with `slimdata build`"
+            )
+        return row

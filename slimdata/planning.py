@@ -8,6 +8,7 @@ plan balances the same costs that were written next to every slice.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,6 +95,7 @@ def plan_to_shards(
         raise ConfigError("give either document shards or a lengths file (exactly one)")
     out = Path(out)
     replace = _replaces(out, overwrite)
+    _check_creatable(out)
     if lengths is not None:
         size = DEFAULT_SLICE_TOKENS if slice_tokens is None else slice_tokens
         docs, tokens_of = documents_from_lengths(load_lengths(lengths), size), None
@@ -119,12 +121,33 @@ def plan_to_shards(
         _discard(out, created=False)
     created = not out.exists()
     try:
+        _make_output(out)
         if cp != "auto":
             return write_epoch_plan(docs, out, cp=cp, **common)  # type: ignore[arg-type]
         return _plan_auto_cp(docs, out, common)
     except BaseException:  # nothing half-written is left to look like a plan
         _discard(out, created)
         raise
+
+
+def _check_creatable(out: Path) -> None:
+    """``out`` is a folder or can be made as one: its nearest existing ancestor is a writable
+    folder (checked before the inputs are read and the epoch solved)."""
+    there = out
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise InputError(f"{out}: {there} is a file, not a folder")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: the folder {there} is not writable")
+
+
+def _make_output(out: Path) -> None:
+    """Make the output folder (and its parents) before the epoch is solved."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot make the folder ({exc.strerror})") from None
 
 
 def _replaces(out: Path, overwrite: bool) -> bool:

@@ -41,6 +41,7 @@ NUMERIC = {
         "--cp-overlap",
         "--steps",
         "--seed",
+        "--jobs",
     ],
 }
 ZERO_OK = {"--seed", "--cp-overlap"}
@@ -119,6 +120,41 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(
     assert f"Error: Invalid value for '{option}'" in result.output
     assert message in result.output
     assert not (tmp_path / "out").exists() and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ("lengths.txt/x", "Error: lengths.txt/x: lengths.txt is a file, not a folder"),
+        ("lengths.txt/x/y", "Error: lengths.txt/x/y: lengths.txt is a file, not a folder"),
+    ],
+)
+def test_plan_output_that_cannot_be_a_folder_is_refused_before_the_solve(
+    tmp_path, monkeypatch, output, message
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lengths.txt").write_text("100\n200\n")
+    layout = [part for item in GOOD.items() for part in item]
+    result = CliRunner().invoke(cli, ["plan", "--lengths", "lengths.txt", *layout, "-o", output])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_plan_output_the_system_refuses_to_make_is_a_clear_error(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    def refused(*_args, **_kwargs):
+        raise OSError(30, "Read-only file system")
+
+    (tmp_path / "lengths.txt").write_text("100\n200\n")
+    monkeypatch.setattr(Path, "mkdir", refused)
+    layout = [part for item in GOOD.items() for part in item]
+    out = str(tmp_path / "p")
+    result = CliRunner().invoke(
+        cli, ["plan", "--lengths", str(tmp_path / "lengths.txt"), *layout, "-o", out]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"Error: {out}: cannot make the folder (Read-only file system)" in result.output
 
 
 def test_a_write_the_disk_refuses_is_a_clear_error(tmp_path, monkeypatch):

@@ -58,3 +58,15 @@ def test_a_token_id_outside_the_vocabulary_is_refused(tmp_path):
     assert res.exit_code == 2, res.output
     assert f"token id {0xFFFFFFFF} is not below the vocabulary size {vocab}" in res.output
     assert not (tmp_path / "p").exists() or not list((tmp_path / "p").rglob("*.mds"))
+
+
+def test_an_index_whose_column_names_were_edited_is_refused(tmp_path):
+    build = _build(tmp_path)
+    index = json.loads((build / "index.json").read_text())
+    names = index["shards"][0]["column_names"]
+    names[names.index("tokens")] = "toks"
+    (build / "index.json").write_text(json.dumps(index))
+    res = _plan(build, tmp_path)
+    assert res.exit_code == 2, res.output
+    assert ": no column 'tokens' (the shard's index.json names" in res.output
+    assert "'toks'" in res.output and "Traceback" not in res.output
