@@ -15,8 +15,35 @@ from slimdata.errors import ConfigError
 __all__ = ["command"]
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
+class IntList(click.ParamType):
+    """A comma list of distinct integers from ``low`` to :data:`MAX_GRID` (a profile grid's
+    sizes, e.g. ``32,64,128``)."""
+
+    name = "list"
+
+    def __init__(self, low: int) -> None:
+        self.low = low
+
+    def convert(self, value, param, ctx) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        items = [x.strip() for x in str(value).split(",")]
+        if not all(items):
+            self.fail(f"{value!r}: an empty item (write e.g. 32,64,128)", param, ctx)
+        try:
+            out = tuple(int(x) for x in items)
+        except ValueError:
+            self.fail(f"{value!r}: not a comma list of integers (e.g. 32,64,128)", param, ctx)
+        if min(out) < self.low or max(out) > MAX_GRID:
+            self.fail(f"{value!r}: each must be from {self.low} to {MAX_GRID:,}", param, ctx)
+        if len(set(out)) < len(out):
+            self.fail(f"{value!r}: a size is listed twice", param, ctx)
+        return out
+
+
+MAX_GRID = 1 << 20
+"""The largest slice length, prefix or pack size a profile grid takes (a point of more tokens
+than a device holds ends the profile out of memory; ``--max-point-tokens`` skips points)."""
 
 
 @click.command("profile")
@@ -55,10 +82,26 @@ def _ints(text: str) -> tuple[int, ...]:
     help="Attention backend: auto (flash-attn or torch varlen on a GPU in bf16/fp16, else sdpa), sdpa, torch-varlen, flash.",
 )
 @click.option(
-    "--slice-tokens", default="32,64,128,256,512", show_default=True, help="Slice lengths to time."
+    "--slice-tokens",
+    type=IntList(1),
+    default="32,64,128,256,512",
+    show_default=True,
+    help="Slice lengths to time.",
 )
-@click.option("--prefixes", default="0,256,1024", show_default=True, help="Prefix lengths to time.")
-@click.option("--pack-sizes", default="1,4", show_default=True, help="Slices per measured pack.")
+@click.option(
+    "--prefixes",
+    type=IntList(0),
+    default="0,256,1024",
+    show_default=True,
+    help="Prefix lengths to time.",
+)
+@click.option(
+    "--pack-sizes",
+    type=IntList(1),
+    default="1,4",
+    show_default=True,
+    help="Slices per measured pack.",
+)
 @click.option("--repeats", default=3, show_default=True, help="Timed runs per point.")
 @click.option(
     "--lead-packs",
@@ -126,9 +169,9 @@ def command(
     """
     _check_torch_device(device)
     config = ProfileConfig(
-        slice_tokens=_ints(slice_tokens),
-        prefixes=_ints(prefixes),
-        pack_sizes=_ints(pack_sizes),
+        slice_tokens=slice_tokens,
+        prefixes=prefixes,
+        pack_sizes=pack_sizes,
         repeats=repeats,
         lead_packs=lead_packs,
         calibration_plans=calibration_plans,

@@ -344,3 +344,24 @@ def test_strategies_naming_none_is_said_so(tmp_path):
     result = CliRunner().invoke(cli, [*args, "--strategies", " , "])
     assert result.exit_code == 2, result.output
     assert result.output.startswith("Error: --strategies ' , ': names no strategy; use 'all' or ")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--slice-tokens", "abc", "'abc': not a comma list of integers (e.g. 32,64,128)"),
+        ("--prefixes", "abc", "'abc': not a comma list of integers"),
+        ("--pack-sizes", "1.5", "'1.5': not a comma list of integers"),
+        ("--slice-tokens", "32,", "'32,': an empty item (write e.g. 32,64,128)"),
+        ("--slice-tokens", "1000000000", "'1000000000': each must be from 1 to 1,048,576"),
+        ("--prefixes", "-1", "'-1': each must be from 0 to 1,048,576"),
+        ("--pack-sizes", "0", "'0': each must be from 1 to 1,048,576"),
+        ("--slice-tokens", "32,32", "'32,32': a size is listed twice"),
+    ],
+)
+def test_profile_grid_lists_are_checked_before_torch_loads(tmp_path, option, value, message):
+    args = ["profile", "--model", "llama-1b", "-o", str(tmp_path / "p.json"), option, value]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert f"Error: Invalid value for '{option}': {message}" in result.output
+    assert not (tmp_path / "p.json").exists() and "Traceback" not in result.output
