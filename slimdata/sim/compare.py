@@ -297,6 +297,12 @@ def compare_strategies(
     if gbt < 1:
         raise ConfigError(f"global_batch_tokens={gbt!r} must be >= 1")
     batches = _batches(docs, layout, gbt, seed, oversize, steps)
+    epoch = len({id(b) for b in batches})
+    if epoch < steps:
+        notes.append(
+            f"the documents fill {epoch} step(s) of {gbt} tokens: steps {epoch + 1} to {steps} "
+            "repeat them from the first"
+        )
     evaluator = Evaluator(
         batches,
         layout,

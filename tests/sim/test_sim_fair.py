@@ -64,6 +64,24 @@ def test_same_work_concat_cuts_documents():
     assert cmp.speedups()["concat"][1] == pytest.approx(b.step_time / c.step_time)
 
 
+def test_steps_past_the_epoch_repeat_it_with_a_warning():
+    # 400 tokens in steps of 256: two steps (256 + 144); the third repeats the first
+    docs = documents_from_lengths([100, 60, 40, 30, 90, 80])
+    lay = Layout(dp=2, context=128, memory_gib=100)
+    kw = dict(strategies=["bfd"], global_batch_tokens=256)
+    cmp = compare_strategies(docs, lay, linear_cost(), steps=3, **kw)
+    assert cmp.steps[2] == cmp.steps[0] and cmp.steps[1] != cmp.steps[0]
+    assert (
+        "the documents fill 2 step(s) of 256 tokens: steps 3 to 3 repeat them from the first"
+        in cmp.warnings
+    )
+    assert not [
+        w
+        for w in compare_strategies(docs, lay, linear_cost(), steps=2, **kw).warnings
+        if "repeat" in w
+    ]
+
+
 def test_the_search_keeps_summaries_and_timelines_are_asked_for():
     # every configuration's simulated step is kept without its timeline (megabytes for a
     # long pipeline); the first step of each strategy gets one when a Gantt chart needs it
