@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -99,15 +101,16 @@ def command(
     if budget["parallelism"] == "fsdp":
         _check_fsdp_recompute(cost, shards)
     layout["memory_gib"], how = _memory_budget(budget, device, cost, shards, layout)
-    summary = plan_to_shards(
-        out,
-        shards=shards,
-        lengths=lengths,
-        cost=cost,
-        overwrite=overwrite,
-        progress=not quiet,
-        **layout,
-    )
+    with _fsdp_advice(budget["parallelism"] == "fsdp"):
+        summary = plan_to_shards(
+            out,
+            shards=shards,
+            lengths=lengths,
+            cost=cost,
+            overwrite=overwrite,
+            progress=not quiet,
+            **layout,
+        )
     result = {**summary, "memory_gib": layout["memory_gib"], "memory_budget": how}
     echo_warnings(summary)
     if json_path == "-":
@@ -116,6 +119,22 @@ def command(
     _echo_summary(summary, layout, out, how)
     if json_path is not None:
         write_json(result, json_path)
+
+
+@contextmanager
+def _fsdp_advice(fsdp: bool) -> Iterator[None]:
+    """Under FSDP a memory refusal does not advise full recompute (FSDP runs plans without
+    recompute, :func:`_check_fsdp_recompute`); what else it advises stands."""
+    from slimdata.errors import PlanError
+    from slimdata.solver.strategies.slimpack import recompute_advice
+
+    try:
+        yield
+    except PlanError as exc:
+        advice = recompute_advice("none")
+        if not fsdp or advice not in str(exc):
+            raise
+        raise PlanError(str(exc).replace(advice, "")) from None
 
 
 def _check_fsdp_recompute(cost: CostModel | None, shards: str | None) -> None:

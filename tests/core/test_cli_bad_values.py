@@ -365,3 +365,16 @@ def test_profile_grid_lists_are_checked_before_torch_loads(tmp_path, option, val
     assert result.exit_code == 2, result.output
     assert f"Error: Invalid value for '{option}': {message}" in result.output
     assert not (tmp_path / "p.json").exists() and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_fsdp_memory_refusal_does_not_advise_the_recompute_fsdp_refuses(tmp_path, parallelism):
+    (tmp_path / "l.txt").write_text("131072\n1000\n")
+    args = ["plan", "--lengths", str(tmp_path / "l.txt"), "--nodes", "1", "--ranks-per-node", "2",
+            "--global-batch-tokens", "132072", "--context", "131072", "--memory-gib", "20",
+            "--parallelism", parallelism, "--recompute", "none", "--cp", "1", "-o", str(tmp_path / "p")]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "raise --memory-gib, or use more devices (--nodes, --ranks-per-node)" in result.output
+    advised = "or use --recompute full (this cost model assumes none recompute)" in result.output
+    assert advised == (parallelism == "ddp")

@@ -989,9 +989,12 @@ def _recompute_advice(cost: CostModel) -> Iterator[None]:
     except PlanError as exc:
         if cost.recompute == "full" or "--memory-gib" not in str(exc):
             raise
-        raise PlanError(
-            f"{exc}; or use --recompute full (this cost model assumes {cost.recompute} recompute)"
-        ) from None
+        raise PlanError(f"{exc}{recompute_advice(cost.recompute)}") from None
+
+
+def recompute_advice(policy: str) -> str:
+    """What a memory refusal adds under a cost model of recompute ``policy`` (not "full")."""
+    return f"; or use --recompute full (this cost model assumes {policy} recompute)"
 
 
 def _check_pack_cap(view: BatchView, packs: list[RankPacks], cap: int, step: int) -> None:
