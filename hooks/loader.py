@@ -226,6 +226,23 @@ class DocumentLoader:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
 
 
+def _check_ranks(sidecar: dict, rank: int, nodes: int, ranks_per_node: int) -> None:
+    """The loader's layout is the one ``plan.json`` records, and ``rank`` one of its ranks."""
+    recorded = (sidecar.get("nodes"), sidecar.get("ranks_per_node"))
+    if recorded != (nodes, ranks_per_node):
+        raise ConfigError(
+            f"nodes={nodes}, ranks_per_node={ranks_per_node}: these plan shards were written "
+            f"for nodes={recorded[0]}, ranks_per_node={recorded[1]} (plan.json); give the "
+            "loader those, or re-run `slimdata plan` for this layout"
+        )
+    ranks = nodes * ranks_per_node
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < ranks:
+        raise ConfigError(
+            f"rank={rank!r}: the plan has {ranks} ranks ({nodes} nodes x {ranks_per_node}), "
+            f"numbered 0 to {ranks - 1}"
+        )
+
+
 class PlanShardLoader:
     """This rank's payloads from plan shards, stamp-checked.
 
@@ -260,6 +277,7 @@ class PlanShardLoader:
         """The ``plan.json`` summary every payload is checked against."""
         self.dataset, self.rank, self.mode = dataset, rank, mode
         self.nodes, self.ranks_per_node = nodes, ranks_per_node
+        _check_ranks(self.sidecar, rank, nodes, ranks_per_node)
         ranks = nodes * ranks_per_node
         # static CP: process ``rank`` runs DP rank ``rank // cp`` (plan.json records cp)
         self.cp = self.sidecar.get("cp", 1)

@@ -14,7 +14,7 @@ import pytest
 from slimdata.hooks.loader import PlanShardLoader
 from streaming import LocalDataset, MDSWriter
 
-from slimdata.errors import InputError, PlanError
+from slimdata.errors import ConfigError, InputError, PlanError
 from slimdata.solver import Layout, planshards, solve
 from slimdata.solver.planshards import PLAN_COLUMNS, payload_crc32, write_plan_shards
 
@@ -150,10 +150,28 @@ def test_plan_json_is_required_and_can_be_given_apart(shards, tmp_path):
 
 
 def test_plan_json_of_other_shards_is_refused(shards):
+    # a loader given another layout than the shards were written for
+    with pytest.raises(
+        ConfigError,
+        match=r"nodes=1, ranks_per_node=1: these plan shards were written for nodes=1, "
+        r"ranks_per_node=2 \(plan\.json\)",
+    ):
+        PlanShardLoader(LocalDataset(local=str(shards)), rank=0, ranks_per_node=1)
+    # a plan.json of other shards (of 1 rank), given with its own layout
+    other = _sidecar(shards)
+    (shards / "plan.json").write_text(json.dumps({**other, "ranks_per_node": 1}))
     with pytest.raises(
         PlanError, match=r"plan\.json records 2 steps; the plan shards hold 4 steps of 1 ranks"
     ):
         PlanShardLoader(LocalDataset(local=str(shards)), rank=0, ranks_per_node=1)
+
+
+@pytest.mark.parametrize("rank", [2, -1, 7])
+def test_a_rank_outside_the_plan_is_refused(shards, rank):
+    with pytest.raises(
+        ConfigError, match=rf"rank={rank}: the plan has 2 ranks \(1 nodes x 2\), numbered 0 to 1"
+    ):
+        PlanShardLoader(LocalDataset(local=str(shards)), rank=rank, ranks_per_node=2)
 
 
 def test_plan_json_size_is_capped(shards, monkeypatch):
