@@ -413,7 +413,8 @@ def renamed_option(
     old: str, param: str, new: str, **option: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Keep ``old``, the former name of ``new`` (parameter ``param``), working: hidden from
-    ``--help``, it warns once on standard error and sets ``param`` (over ``new``'s value)."""
+    ``--help``, it warns once on standard error and sets ``param``; both given with different
+    values is a usage error."""
     import functools
 
     alias = f"_{param}_renamed"
@@ -423,11 +424,13 @@ def renamed_option(
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             value = kwargs.pop(alias)
             if value is not None:
+                ctx = click.get_current_context()
+                given = ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE
+                if given and kwargs[param] != value:
+                    raise click.UsageError(f"{old} and {new} both given; give {new} only")
                 click.echo(f"Warning: {old} is now {new}; {old} will be removed.", err=True)
                 kwargs[param] = value
-                click.get_current_context().set_parameter_source(
-                    param, click.core.ParameterSource.COMMANDLINE
-                )
+                ctx.set_parameter_source(param, click.core.ParameterSource.COMMANDLINE)
             return fn(*args, **kwargs)
 
         return click.option(old, alias, hidden=True, default=None, **option)(wrapper)

@@ -91,6 +91,9 @@ def command(
 
     if out is None:
         raise click.UsageError("Missing option '-o' / '--output'.")
+    if (shards is None) == (lengths is None):
+        what = "not both" if shards is not None else "one of them"
+        raise click.UsageError(f"give SHARDS (a `slimdata build` output) or --lengths FILE, {what}")
     cost = (
         cost_model_from_options(model, device, recompute, cost_profile, layout["context"])
         if cost_options_given(ctx) or shards is None

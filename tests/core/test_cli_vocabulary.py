@@ -68,6 +68,14 @@ def test_plan_output_and_its_former_name(lengths, tmp_path):
     assert "--out is now --output" in res.output and (tmp_path / "b" / "index.json").is_file()
     res = CliRunner().invoke(cli, ["plan", *layout])
     assert res.exit_code == 2 and "--output" in res.output
+    both = ["--out", str(tmp_path / "c"), "--output", str(tmp_path / "d")]
+    res = CliRunner().invoke(cli, ["plan", *layout, *both])
+    assert res.exit_code == 2 and "--out and --output both given; give --output only" in res.output
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+    bare = [a for a in layout if a != lengths and a != "--lengths"]
+    res = CliRunner().invoke(cli, ["plan", *bare, "-o", str(tmp_path / "e")])
+    assert res.exit_code == 2, res.output
+    assert "give SHARDS (a `slimdata build` output) or --lengths FILE, one of them" in res.output
 
 
 def test_simulate_takes_shards_as_an_argument_like_plan_and_stats(tmp_path):
