@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from slimdata.errors import SlimdataError
 from slimdata.plots import write_training_plots
 
 
@@ -20,7 +21,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="plots")
     args = ap.parse_args(argv)
     logs = dict(a.split("=", 1) if "=" in a else (a, a) for a in args.logs)
-    for path in write_training_plots(logs, args.out):
+    try:
+        paths = write_training_plots(logs, args.out)
+    except SlimdataError as exc:  # a missing or damaged log: one line, no traceback
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
         print(path)
     return 0
 

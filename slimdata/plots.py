@@ -67,6 +67,31 @@ def write_plots(directory: str | Path, out_dir: str | Path) -> list[Path]:
     return paths
 
 
+def _read_log(path: Path) -> list[dict]:
+    """The step records of a ``StepTelemetry`` log (see :func:`write_training_plots`)."""
+    import json
+
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the log ({exc.strerror})") from None
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break  # the record a killed run was writing
+            raise InputError(f"{path}:{i + 1}: not a JSON record") from None
+        if not isinstance(row, dict) or not {"step", "loss", "predicted", "measured"} <= set(row):
+            raise InputError(
+                f"{path}:{i + 1}: not a step record of StepTelemetry (needs step, loss, "
+                "predicted, measured)"
+            )
+        rows.append(row)
+    return rows
+
+
 def write_training_plots(
     logs: dict[str, str | Path] | str | Path, out_dir: str | Path
 ) -> list[Path]:
@@ -75,9 +100,10 @@ def write_training_plots(
     - ``loss.png``: loss by step, one curve per log (``logs``: one path, or label -> path);
     - ``step_time.png``: per rank and step, measured busy seconds against the plan's
       predicted seconds (the cost model's units: device seconds of its profile).
-    """
-    import json
 
+    A log's last line cut short (a run killed while writing it) is left out; a missing log
+    or any other line that is not a step's record is an :class:`~slimdata.errors.InputError`.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,10 +111,7 @@ def write_training_plots(
 
     if not isinstance(logs, dict):
         logs = {Path(logs).stem: logs}
-    runs = {
-        label: [json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
-        for label, p in logs.items()
-    }
+    runs = {label: _read_log(Path(p)) for label, p in logs.items()}
     out_dir = _plots_folder(out_dir)
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rows in runs.items():

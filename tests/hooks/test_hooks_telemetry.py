@@ -38,3 +38,25 @@ def test_single_process_log_progress_and_plots(tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
     assert tel.history == rows
     assert rows[0]["peak_mem_bytes"][0] > 0
+
+
+def test_plots_of_a_killed_run_and_refusals_of_damaged_logs(tmp_path):
+    import pytest
+
+    from slimdata.errors import InputError
+
+    good = {"step": 0, "loss": 3.0, "predicted": [0.5], "measured": [0.6]}
+    log = tmp_path / "killed.jsonl"
+    log.write_text(json.dumps(good) + "\n" + json.dumps({**good, "step": 1})[:20])
+    paths = write_training_plots({"a": log}, tmp_path / "plots")  # the cut record left out
+    assert [p.name for p in paths] == ["loss.png", "step_time.png"]
+    with pytest.raises(InputError, match=r"missing\.jsonl: cannot read the log"):
+        write_training_plots({"a": tmp_path / "missing.jsonl"}, tmp_path / "plots")
+    middle = tmp_path / "middle.jsonl"
+    middle.write_text("{not json\n" + json.dumps(good) + "\n")
+    with pytest.raises(InputError, match=r"middle\.jsonl:1: not a JSON record"):
+        write_training_plots({"a": middle}, tmp_path / "plots")
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"step": 0}) + "\n")
+    with pytest.raises(InputError, match=r"other\.jsonl:1: not a step record of StepTelemetry"):
+        write_training_plots({"a": other}, tmp_path / "plots")
