@@ -1,11 +1,16 @@
-"""Bytes as users read them: the one GiB constant and how a GiB amount is printed."""
+"""Bytes as users read them (the one GiB constant and how a GiB amount is printed), and the
+one bound on how many ranks a layout has."""
 
 from __future__ import annotations
 
-__all__ = ["GIB", "gib"]
+__all__ = ["GIB", "MAX_RANKS", "gib"]
 
 GIB = 1 << 30
 """Bytes in a GiB."""
+
+MAX_RANKS = 1 << 17
+"""The most ranks a layout has (131,072 DP ranks, nodes or ranks per node; beyond the
+largest training clusters): a larger number is a typo that would only exhaust memory."""
 
 
 def gib(amount: float, digits: int = 1) -> str:

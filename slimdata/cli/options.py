@@ -26,6 +26,7 @@ from slimdata.cost import (
     resolve_cost_model,
 )
 from slimdata.errors import ConfigError, InputError
+from slimdata.units import MAX_RANKS
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -33,6 +34,7 @@ __all__ = [
     "PLAN_LAYOUT_OPTIONS",
     "POSITIVE_FLOAT",
     "POSITIVE_INT",
+    "RANKS",
     "SEED",
     "FiniteFloatRange",
     "cost_model_from_options",
@@ -65,6 +67,8 @@ class FiniteFloatRange(click.FloatRange):
 
 
 POSITIVE_INT = click.IntRange(min=1)
+RANKS = click.IntRange(min=1, max=MAX_RANKS)
+"""A count of ranks, nodes or ranks per node (:data:`~slimdata.units.MAX_RANKS` at most)."""
 SEED = click.IntRange(min=0)
 POSITIVE_FLOAT = FiniteFloatRange(min=0.0, min_open=True)
 
@@ -237,13 +241,13 @@ def _layout_options(required: bool) -> list[Callable[..., Any]]:
     return [
         click.option(
             "--nodes",
-            type=POSITIVE_INT,
+            type=RANKS,
             required=required,
             help="Nodes (num_canonical_nodes of the reader).",
         ),
         click.option(
             "--ranks-per-node",
-            type=POSITIVE_INT,
+            type=RANKS,
             required=required,
             help="Data-parallel ranks per node.",
         ),

@@ -22,7 +22,7 @@ from slimdata.cli.options import (
     write_json,
 )
 from slimdata.errors import ConfigError
-from slimdata.units import gib
+from slimdata.units import MAX_RANKS, gib
 
 if TYPE_CHECKING:
     from slimdata.cost import CostModel
@@ -94,6 +94,12 @@ def command(
     if (shards is None) == (lengths is None):
         what = "not both" if shards is not None else "one of them"
         raise click.UsageError(f"give SHARDS (a `slimdata build` output) or --lengths FILE, {what}")
+    ranks = layout["nodes"] * layout["ranks_per_node"]
+    if ranks > MAX_RANKS:
+        raise click.UsageError(
+            f"--nodes {layout['nodes']} x --ranks-per-node {layout['ranks_per_node']} = "
+            f"{ranks:,} ranks, more than {MAX_RANKS:,}"
+        )
     cost = (
         cost_model_from_options(model, device, recompute, cost_profile, layout["context"])
         if cost_options_given(ctx) or shards is None

@@ -15,6 +15,7 @@ from click.core import ParameterSource
 
 from slimdata.cli.options import (
     POSITIVE_INT,
+    RANKS,
     SEED,
     FiniteFloatRange,
     cost_model_from_options,
@@ -56,11 +57,11 @@ __all__ = ["command"]
     show_default=True,
     help="Context length (concat row length, pack token cap).",
 )
-@click.option("--dp", type=POSITIVE_INT, default=8, show_default=True, help="Data-parallel ranks.")
+@click.option("--dp", type=RANKS, default=8, show_default=True, help="Data-parallel ranks.")
 @click.option("--pp", type=POSITIVE_INT, default=1, show_default=True, help="Pipeline stages.")
 @click.option(
     "--ranks-per-node",
-    type=POSITIVE_INT,
+    type=RANKS,
     default=8,
     show_default=True,
     help="Devices per node (intra- vs inter-node bandwidth).",

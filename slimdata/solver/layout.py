@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from slimdata.errors import ConfigError
-from slimdata.units import GIB
+from slimdata.units import GIB, MAX_RANKS
 
 __all__ = ["SCHEDULES", "Layout"]
 
@@ -55,6 +55,10 @@ class Layout:
     def __post_init__(self) -> None:
         if not isinstance(self.dp, int) or self.dp < 1:
             raise ConfigError(f"dp={self.dp!r}: need at least one data-parallel rank")
+        if self.dp > MAX_RANKS or self.ranks_per_node > MAX_RANKS:
+            raise ConfigError(
+                f"dp={self.dp}, ranks_per_node={self.ranks_per_node}: at most {MAX_RANKS:,} each"
+            )
         if not isinstance(self.pp, int) or self.pp < 1:
             raise ConfigError(f"pp={self.pp!r}: need at least one pipeline stage")
         if self.ranks_per_node < 1:

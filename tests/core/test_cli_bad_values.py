@@ -378,3 +378,32 @@ def test_fsdp_memory_refusal_does_not_advise_the_recompute_fsdp_refuses(tmp_path
     assert "raise --memory-gib, or use more devices (--nodes, --ranks-per-node)" in result.output
     advised = "or use --recompute full (this cost model assumes none recompute)" in result.output
     assert advised == (parallelism == "ddp")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["simulate", "--dp", "99999999999999999999"], "Invalid value for '--dp'"),
+        (["simulate", "--dp", "131073"], "131073 is not in the range 1<=x<=131072"),
+        (["simulate", "--ranks-per-node", "131073"], "Invalid value for '--ranks-per-node'"),
+        (["plan", "--nodes", "131073"], "Invalid value for '--nodes'"),
+        (["plan", "--nodes", "1024", "--ranks-per-node", "1024"],
+         "--nodes 1024 x --ranks-per-node 1024 = 1,048,576 ranks, more than 131,072"),
+    ],
+)  # fmt: skip
+def test_more_ranks_than_any_cluster_is_refused_at_once(tmp_path, args, message):
+    """A typo of many digits used to run until memory ran out."""
+    (tmp_path / "l.txt").write_text("100\n200\n")
+    extra = ["--lengths", str(tmp_path / "l.txt")]
+    if args[0] == "plan":
+        rest = {"--nodes": "1", "--ranks-per-node": "2", "--global-batch-tokens": "4096"}
+        rest.update(dict(zip(args[1::2], args[2::2], strict=True)))
+        args = ["plan", *[p for kv in rest.items() for p in kv], "-o", str(tmp_path / "p")]
+    result = CliRunner().invoke(cli, [*args, *extra])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_layout_of_more_ranks_than_any_cluster_is_refused():
+    with pytest.raises(ConfigError, match="dp=131073, ranks_per_node=8: at most 131,072 each"):
+        Layout(dp=131073)
