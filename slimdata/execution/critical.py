@@ -17,7 +17,9 @@ stage 0 B0 3.0, B1 4.5: ``critical_path([1, 1], [2, 2], order, 2) == [4.5]``.
 
 The op sequence of an order (every stage's ops in one order that respects the
 dependencies) depends only on ``(schedule, order, pp, v)`` and is cached; evaluating it
-costs two vector operations per op over all ranks at once.
+costs two vector operations per op over all ranks at once, or, with a pipeline, per *wave*:
+the ops whose dependencies all end in earlier waves (one op per device at most), evaluated
+together with the same two operations on each element (the same floats).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class _Sequence:
     after: tuple[tuple[int, int], ...]
     """Per op: the ops it waits for (the device's previous op, the neighbouring chunk's op of
     the same pack), as sequence indices; ``-1`` for none (a row of zeros)."""
+    waves: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
+    """Per wave (ops whose dependencies end in earlier waves): its ops' sequence indices and
+    those of the two ops each waits for (``-1``: none)."""
 
 
 def critical_path(
@@ -82,6 +87,14 @@ def critical_path(
     both = np.concatenate([np.broadcast_to(x, (len(x), ranks)) for x in (f, b)])
     dur = frac * both[np.where(seq.backward, len(f), 0) + seq.pack]
     end = np.zeros((len(dur) + 1, ranks))  # row -1: nothing to wait for
+    if len(seq.waves) * WAVE_GAIN <= len(dur):
+        for ops, first, second in seq.waves:
+            wave = np.maximum(end[first], end[second])
+            wave += dur[ops]
+            if lockstep:
+                wave[:] = wave.max(axis=1, keepdims=True)
+            end[ops] = wave
+        return end[:-1].max(axis=0)
     rows, maximum, add = list(end), np.maximum, np.add
     for row, d, (prev, dep) in zip(rows, dur, seq.after, strict=False):
         maximum(rows[prev], rows[dep], out=row)
@@ -89,6 +102,11 @@ def critical_path(
         if lockstep:
             row.fill(row.max())
     return end[:-1].max(axis=0)
+
+
+WAVE_GAIN = 4
+"""Waves are evaluated together when there are at most a quarter as many as ops (a pipeline
+runs one op per device in a wave; on one stage every op is its own wave)."""
 
 
 def plan_critical_path(
@@ -187,4 +205,19 @@ def _sequence(schedule: str, order: tuple[tuple[str, int], ...], pp: int, v: int
         chunk=np.array([c for _k, c, _i in ops], dtype=np.int64),
         pack=np.array([i for _k, _c, i in ops], dtype=np.int64),
         after=tuple(after),
+        waves=_waves(after),
     )
+
+
+def _waves(
+    after: Sequence[tuple[int, int]],
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+    """The ops of a sequence (each after its two dependencies, :attr:`_Sequence.after`) by
+    wave: an op's wave is one past the later of its dependencies' (0 without any)."""
+    wave = [0] * len(after)
+    for i, (prev, dep) in enumerate(after):
+        wave[i] = 1 + max(wave[prev] if prev >= 0 else -1, wave[dep] if dep >= 0 else -1)
+    deps = np.array(after, dtype=np.int64).reshape(len(after), 2)
+    by_wave = np.argsort(np.asarray(wave, dtype=np.int64), kind="stable")
+    cuts = np.flatnonzero(np.diff(np.asarray(wave, dtype=np.int64)[by_wave])) + 1
+    return tuple((ops, deps[ops, 0], deps[ops, 1]) for ops in np.split(by_wave, cuts) if len(ops))

@@ -71,3 +71,21 @@ def test_edge_cases():
     assert critical_path([], [], (), 4).tolist() == [0.0]
     # no backward packs: the forwards through the stages
     assert critical_path([1.0], [], (("F", 0),), 2).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_waves_give_the_same_floats_as_op_by_op(monkeypatch, lockstep):
+    """Deep pipelines are evaluated a wave of independent ops at a time; every element takes
+    the same two operations as op by op (checked by hand above), so the floats are equal."""
+    from slimdata.execution import critical
+
+    rng = np.random.default_rng(1)
+    for pp, v, schedule, m in ((8, 1, "1f1b", 24), (16, 2, "interleaved", 32), (4, 1, "1f1b", 9)):
+        f, b = rng.random((m, 3)), rng.random((m, 3))
+        order = interleave(m, [min(m, j + pp) for j in range(m)])
+        kw = dict(schedule=schedule, v=v, layers=37, lockstep=lockstep)
+        monkeypatch.setattr(critical, "WAVE_GAIN", 0)  # always by waves
+        waves = critical_path(f, b, order, pp, **kw)
+        monkeypatch.setattr(critical, "WAVE_GAIN", 10**9)  # always op by op
+        ops = critical_path(f, b, order, pp, **kw)
+        assert waves.tolist() == ops.tolist() and min(ops) > 0
