@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 PLAN_NAME = "build_plan.json"
-_OURS = (PLAN_NAME, SIDECAR_NAME, "index.json")
+_MARKERS = (PLAN_NAME, SIDECAR_NAME)
+"""Files only a slimdata build writes: ``index.json`` alone does not qualify (plan shards and
+any other MDS dataset hold one too)."""
 _log = logging.getLogger(__name__)
 
 
@@ -162,10 +164,10 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
             raise OutputExistsError(
                 f"output directory {output} exists and is not empty; pass --overwrite to replace it or --resume to continue it"
             )
-        if not any((output / name).exists() for name in _OURS):
+        if not any((output / name).is_file() for name in _MARKERS):
             raise OutputExistsError(
-                f"refusing to --overwrite {output}: it does not look like a slimdata build (no {PLAN_NAME}, "
-                f"{SIDECAR_NAME} or index.json); remove it yourself if you mean it"
+                f"refusing to --overwrite {output}: it does not look like a slimdata build (no {PLAN_NAME} "
+                f"or {SIDECAR_NAME}); remove it yourself if you mean it"
             )
         _clear(output)
     output.mkdir(parents=True, exist_ok=True)

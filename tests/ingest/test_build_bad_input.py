@@ -178,6 +178,36 @@ def test_existing_output_is_refused_unless_asked(tmp_path):
     assert (other / "slimdata.json").exists()
 
 
+def test_overwrite_needs_a_slimdata_build_not_any_index_json(tmp_path):
+    """An ``index.json`` alone (any MDS dataset, plan shards) does not make a directory a
+    slimdata build: ``--overwrite`` refuses it and deletes nothing."""
+    (tmp_path / "a.txt").write_text("hello")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "index.json").write_text('{"version":2,"shards":[]}')
+    (victim / "my_thesis.tex").write_text("precious")
+    plan = tmp_path / "plan"
+    (tmp_path / "lengths.txt").write_text("300\n40\n900\n")
+    layout = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "4096"]
+    layout += ["--memory-gib", "8", "--context", "1024"]
+    made = CliRunner().invoke(
+        cli, ["plan", "--lengths", str(tmp_path / "lengths.txt"), *layout, "-o", str(plan)]
+    )
+    assert made.exit_code == 0, made.output
+    plan_files = sorted(p.name for p in plan.iterdir())
+    assert "plan.json" in plan_files and "index.json" in plan_files
+    for out, kept in ((victim, ["index.json", "my_thesis.tex"]), (plan, plan_files)):
+        args = ["build", str(tmp_path / "a.txt"), "-o", str(out), "--tokenizer", TINY_TOKENIZER]
+        result = CliRunner().invoke(cli, [*args, "--overwrite"])
+        assert result.exit_code == 2, result.output
+        assert result.output == (
+            f"Error: refusing to --overwrite {out}: it does not look like a slimdata build "
+            "(no build_plan.json or slimdata.json); remove it yourself if you mean it\n"
+        )
+        assert sorted(p.name for p in out.iterdir()) == kept
+    assert (victim / "my_thesis.tex").read_text() == "precious"
+
+
 def test_cli_errors_are_messages_not_tracebacks(tmp_path):
     runner = CliRunner()
     cases = [
