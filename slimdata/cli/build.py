@@ -24,7 +24,7 @@ from slimdata.ingest.config import ENGINES, BuildConfig
 from slimdata.readers import FORMATS
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 from slimdata.tokenize import DEFAULT_TOKENIZER
-from slimdata.units import gib
+from slimdata.units import gib, plural
 
 if TYPE_CHECKING:
     from slimdata.ingest import BuildSummary
@@ -284,18 +284,21 @@ def _config(
 def _echo_summary(summary: BuildSummary, output: str) -> None:
     """What was written, and on standard error what was quarantined or truncated."""
     c = summary.counts
+    counts = ", ".join(plural(c[key], key[:-1]) for key in ("documents", "tokens", "slices"))
     click.echo(
-        f"wrote {c['documents']:,} documents, {c['tokens']:,} tokens, {c['slices']:,} slices to {output} "
-        f"({summary.tasks_run} tasks run, {summary.tasks_resumed} resumed, {summary.seconds:.1f}s, "
+        f"wrote {counts} to {output} ({plural(summary.tasks_run, 'task')} run, "
+        f"{summary.tasks_resumed:,} resumed, {summary.seconds:.1f}s, "
         f"{c['tokens'] / max(summary.seconds, 1e-9):,.0f} tokens/s)"
     )
     if c["quarantined"]:
         click.echo(
-            f"quarantined {c['quarantined']:,} records: see {output}/quarantine.jsonl", err=True
+            f"quarantined {plural(c['quarantined'], 'record')}: see {output}/quarantine.jsonl",
+            err=True,
         )
     if c["dropped_tokens"]:
         click.echo(
-            f"--truncate dropped {c['dropped_tokens']:,} tokens from {c['truncated_documents']:,} documents",
+            f"--truncate dropped {plural(c['dropped_tokens'], 'token')} from "
+            f"{plural(c['truncated_documents'], 'document')}",
             err=True,
         )
 
@@ -330,7 +333,7 @@ def _write_plan(
     if echo:
         click.echo(f"memory budget {gib(layout['memory_gib'])} per device: {how}")
         click.echo(
-            f"wrote plan shards for {plan['steps']} steps to {plan_dir} "
+            f"wrote plan shards for {plural(plan['steps'], 'step')} to {plan_dir} "
             f"(strategy {layout['strategy']}, mean imbalance {plan['mean_imbalance']:.4f})"
         )
         echo_cp_choice(plan)

@@ -33,6 +33,7 @@ from slimdata.errors import ConfigError, OutputExistsError
 from slimdata.ingest.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, task_dir
 from slimdata.plan.types import loss_token_count
 from slimdata.planning import SIDECAR_NAME
+from slimdata.units import plural
 
 __all__ = [
     "PLAN_NAME",
@@ -223,9 +224,10 @@ def _manifest(output: Path, count: int) -> tuple[int, str, int]:
         extra, examples = duplicate_ids(table.column("doc_id"))
         if extra:
             _log.warning(
-                "%d documents repeat an earlier document id (e.g. %s); every document is kept, "
+                "%s %s an earlier document id (e.g. %s); every document is kept, "
                 "but ids are not unique: check --id-field",
-                extra,
+                plural(extra, "document"),
+                "repeats" if extra == 1 else "repeat",
                 ", ".join(map(repr, examples)),
             )
         length = table.column("length")

@@ -379,8 +379,9 @@ def _merge(output: Path, ordered: list[TaskResult], sidecar: dict[str, Any]) -> 
         discard_failed(output)
         if not rejected:
             raise InputError("no document was written: the inputs hold no record")
+        which = "the only record was" if rejected == 1 else f"all {rejected:,} records were"
         raise InputError(
-            f"no document was written: all {rejected} records were rejected; "
+            f"no document was written: {which} rejected; "
             f"see {output / QUARANTINE_NAME} for the reasons"
         )
     assert (output / SIDECAR_NAME).is_file()

@@ -118,6 +118,31 @@ def test_a_build_that_wrote_no_document_leaves_only_its_quarantine(tmp_path):
     assert quarantine(out) == [] and (out / "index.json").is_file()
 
 
+def test_counts_of_one_are_singular(tmp_path):
+    """One document, slice, task, quarantined record and dropped token: each named in the
+    singular."""
+    src = tmp_path / "one.jsonl"
+    src.write_text('{"text": "return x"}\n{"x": 1}\n')  # 3 tokens + EOS, truncated to 3
+    out = tmp_path / "out"
+    args = ["build", str(src), "-o", str(out), "--tokenizer", TINY_TOKENIZER]
+    result = CliRunner().invoke(cli, [*args, "--truncate", "3"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(
+        f"wrote 1 document, 3 tokens, 1 slice to {out} (1 task run, 0 resumed, "
+    )
+    assert result.stderr.splitlines()[-2:] == [  # below the progress bar
+        f"quarantined 1 record: see {out}/quarantine.jsonl",
+        "--truncate dropped 1 token from 1 document",
+    ]
+    src.write_text('{"x": 1}\n')
+    result = CliRunner().invoke(cli, [*args, "--quiet", "--overwrite"])
+    assert (result.exit_code, result.output) == (
+        2,
+        "Error: no document was written: the only record was rejected; "
+        f"see {out / 'quarantine.jsonl'} for the reasons\n",
+    )
+
+
 def test_inputs_without_a_record_leave_an_empty_output(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     out = tmp_path / "out"
