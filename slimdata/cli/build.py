@@ -12,6 +12,7 @@ from slimdata.cli.options import (
     PLAN_LAYOUT_OPTIONS,
     POSITIVE_INT,
     cost_model_options_auto,
+    creatable_folder,
     json_option,
     plan_layout_options,
     resolve_memory,
@@ -86,6 +87,7 @@ def _pipeline(name: str | None) -> BuildConfig:
     "--output",
     required=True,
     type=click.Path(file_okay=False),
+    callback=creatable_folder,
     help="Output directory for the MDS shards.",
 )
 @click.option(
@@ -202,6 +204,7 @@ def _pipeline(name: str | None) -> BuildConfig:
     "plan_dir",
     default=None,
     type=click.Path(file_okay=False),
+    callback=creatable_folder,
     help="Also solve an epoch's packing plan for the layout below and write plan shards here.",
 )
 @plan_layout_options(required=False)

@@ -79,13 +79,20 @@ def _check_not_file(output: Path) -> None:
 def output_lock(output: Path) -> Iterator[None]:
     """Hold an exclusive OS lock (``flock``) on the ``output`` directory for a whole build.
 
-    Creates ``output`` if needed. A second build into the same directory fails at once with
-    :class:`OutputExistsError` instead of interleaving with the first; the kernel releases
-    the lock when the holder exits or dies (``kill -9`` included), so no stale lock is left.
-    Where ``fcntl`` is missing (Windows) builds are not locked.
+    Creates ``output`` and its parents if needed (:class:`ConfigError` where that fails: a
+    file on the way, no permission, ``/proc``). A second build into the same directory fails
+    at once with :class:`OutputExistsError` instead of interleaving with the first; the
+    kernel releases the lock when the holder exits or dies (``kill -9`` included), so no
+    stale lock is left. Where ``fcntl`` is missing (Windows) builds are not locked.
     """
     _check_not_file(output)
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the output directory {output} ({exc.strerror or exc}); "
+            "choose another --output"
+        ) from None
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not on POSIX

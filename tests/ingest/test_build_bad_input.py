@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 from tokenizers import Tokenizer
 
 from slimdata.cli import cli
-from slimdata.errors import InputError, OutputExistsError, TokenizerError
+from slimdata.errors import ConfigError, InputError, OutputExistsError, TokenizerError
 from slimdata.ingest import build
 from slimdata.tokenize import load_tokenizer
 
@@ -231,6 +232,38 @@ def test_overwrite_needs_a_slimdata_build_not_any_index_json(tmp_path):
         )
         assert sorted(p.name for p in out.iterdir()) == kept
     assert (victim / "my_thesis.tex").read_text() == "precious"
+
+
+def test_an_output_below_a_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    (tmp_path / "README.md").write_text("a file")
+    below = str(tmp_path / "README.md" / "x")
+    args = ["build", str(tmp_path / "a.txt"), "--tokenizer", TINY_TOKENIZER]
+    for name, options in (
+        ("'-o' / '--output'", ["-o", below]),
+        ("'--plan'", ["-o", str(tmp_path / "out"), "--plan", below]),
+    ):
+        result = CliRunner().invoke(cli, [*args, *options])
+        assert result.exit_code == 2, result.output
+        assert result.output.splitlines()[-1] == (
+            f"Error: Invalid value for {name}: {below}: {tmp_path / 'README.md'} is not a folder"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "a.txt"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_an_output_that_cannot_be_created_is_a_message(tmp_path):
+    """``/proc`` takes no new directory, even from root (for whom it looks writable)."""
+    (tmp_path / "a.txt").write_text("hello")
+    with pytest.raises(ConfigError) as refused:
+        build(tiny_config(tmp_path / "a.txt"), "/proc/slimdata-test")
+    assert str(refused.value).startswith("cannot create the output directory /proc/slimdata-test (")
+    assert str(refused.value).endswith("); choose another --output")
+    args = ["build", str(tmp_path / "a.txt"), "-o", "/proc/slimdata-test"]
+    result = CliRunner().invoke(cli, [*args, "--tokenizer", TINY_TOKENIZER])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
+    assert result.output.splitlines()[-1].startswith("Error: ")
+    assert "/proc/slimdata-test" in result.output.splitlines()[-1]
 
 
 def test_cli_errors_are_messages_not_tracebacks(tmp_path):
