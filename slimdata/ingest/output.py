@@ -36,6 +36,7 @@ from slimdata.planning import SIDECAR_NAME
 from slimdata.units import plural
 
 __all__ = [
+    "BUILD_PLAN_FORMAT",
     "PLAN_NAME",
     "SIDECAR_NAME",
     "discard_failed",
@@ -46,6 +47,9 @@ __all__ = [
 ]
 
 PLAN_NAME = "build_plan.json"
+BUILD_PLAN_FORMAT = 2
+"""Format of ``build_plan.json`` (its ``slimdata_build_plan`` key); 2 added ``inputs``, the
+size and modification time of every input file, which format 1 lacked."""
 _MARKERS = (PLAN_NAME, SIDECAR_NAME)
 """Files only a slimdata build writes: ``index.json`` alone does not qualify (plan shards and
 any other MDS dataset hold one too)."""
@@ -139,13 +143,46 @@ def _failed_leftover(output: Path) -> bool:
     return [child.name for child in output.iterdir()] == [QUARANTINE_NAME]
 
 
+def _check_resumable(output: Path, plan: dict[str, Any]) -> None:
+    """Refuse to resume ``output`` unless its build plan equals ``plan``: same format, no
+    input file changed in place (size or modification time), same inputs and options."""
+    path = output / PLAN_NAME
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(
+            f"cannot resume {output}: its {PLAN_NAME} is unreadable ({exc}); use --overwrite to start over"
+        ) from None
+    found = old.get("slimdata_build_plan") if isinstance(old, dict) else None
+    if found != plan["slimdata_build_plan"]:
+        raise ConfigError(
+            f"cannot resume {output}: its {PLAN_NAME} has format {found}, not {BUILD_PLAN_FORMAT} "
+            "(written by another slimdata version, which cannot tell whether the inputs changed); "
+            "use --overwrite to start over"
+        )
+    before = old.get("inputs", {})
+    for name, stamp in plan["inputs"].items():
+        if name in before and before[name] != stamp:
+            raise ConfigError(
+                f"cannot resume {output}: input {name} changed since the interrupted build "
+                "(size or modification time); use --overwrite to start over"
+            )
+    if old != plan:
+        changed = ", ".join(_diff(old, plan)[:8])
+        raise ConfigError(
+            f"cannot resume {output}: it was built with different inputs or options (changed: {changed}); "
+            "rerun with the original options, or use --overwrite to start over"
+        )
+
+
 def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resume: bool) -> None:
     """Create ``output`` or check it can be continued; write the build plan.
 
     An existing non-empty directory is refused unless ``overwrite`` (it must hold a previous
     slimdata build, so a typo cannot wipe unrelated files) or ``resume`` (its build plan must
-    equal ``plan``: same inputs, tokenizer, cost model and options). A directory holding only
-    the quarantine file of a build that wrote no document counts as empty.
+    equal ``plan``: same inputs, unchanged since, same tokenizer, cost model and options; see
+    :func:`_check_resumable`). A directory holding only the quarantine file of a build that
+    wrote no document counts as empty.
     """
     if overwrite and resume:
         raise ConfigError(
@@ -156,13 +193,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
         _clear(output)
     if output.is_dir() and any(output.iterdir()):
         if resume and (output / PLAN_NAME).is_file():
-            old = json.loads((output / PLAN_NAME).read_text())
-            if old != plan:
-                changed = ", ".join(_diff(old, plan)[:8])
-                raise ConfigError(
-                    f"cannot resume {output}: it was built with different inputs or options (changed: {changed}); "
-                    "rerun with the original options, or use --overwrite to start over"
-                )
+            _check_resumable(output, plan)
             return
         if resume:
             raise OutputExistsError(

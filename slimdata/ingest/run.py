@@ -29,6 +29,7 @@ from slimdata.cost.costmodel import Recompute
 from slimdata.errors import ConfigError, InputError, SlimdataError
 from slimdata.ingest.config import COMPRESSIONS, HASHES, BuildConfig
 from slimdata.ingest.output import (
+    BUILD_PLAN_FORMAT,
     SIDECAR_NAME,
     discard_failed,
     finalize,
@@ -47,7 +48,7 @@ from slimdata.ingest.task import (
     write_task,
 )
 from slimdata.orphans import die_with_parent
-from slimdata.readers import ReadTask, _matches, plan_inputs
+from slimdata.readers import ReadTask, _matches, input_stamps, plan_inputs
 from slimdata.tokenize import TextTokenizer
 
 __all__ = ["IN_FLIGHT_BYTES", "BuildSummary", "build", "plan_build", "require_ray"]
@@ -114,11 +115,12 @@ def plan_build(
         source=config.source,
     )
     plan = {
-        "slimdata_build_plan": 1,
+        "slimdata_build_plan": BUILD_PLAN_FORMAT,
         "config": config.output_dict(),
         "tokenizer": tokenizer.to_dict(),
         "cost_model": cost_model.to_dict(),
         "tasks": [t.to_dict() for t in tasks],
+        "inputs": input_stamps(tasks),
     }
     return config, tokenizer, cost_model, tasks, plan
 
