@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 from click.core import ParameterSource
@@ -238,26 +238,79 @@ def command(
     """
     from slimdata.ingest import build
 
-    layout = _plan_layout(options, plan_dir)
+    layout = _plan_layout(ctx, options, plan_dir)
     config = _config(ctx, pipeline, inputs, options, layout["context"])
+    how = None if plan_dir is None else _plan_budget(plan_dir, config, layout, overwrite)
     summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
     text = not quiet and json_path != "-"  # `--json` alone: standard output holds only JSON
     if json_path is not None:
         write_json(summary.sidecar, json_path)
     if text:
         _echo_summary(summary, output)
-    if plan_dir is not None:
-        _write_plan(plan_dir, output, config, layout, overwrite=overwrite, echo=text)
+    if plan_dir is not None and how is not None:
+        _write_plan(plan_dir, output, layout, how, overwrite=overwrite, echo=text)
 
 
-def _plan_layout(options: dict[str, Any], plan_dir: str | None) -> dict[str, Any]:
-    """Take the options of ``--plan`` out of ``options``; ``--plan`` needs the training layout."""
+def _plan_layout(
+    ctx: click.Context, options: dict[str, Any], plan_dir: str | None
+) -> dict[str, Any]:
+    """Take the options of ``--plan`` out of ``options``; ``--plan`` needs the training
+    layout, and without ``--plan`` they would be ignored, so giving them is an error
+    (``--context`` aside: it also resolves ``--recompute auto``)."""
     layout = {name: options.pop(name) for name in _PLAN_OPTIONS}
-    if plan_dir is not None:
-        missing = [f"--{n.replace('_', '-')}" for n in PLAN_LAYOUT_OPTIONS if layout[n] is None]
-        if missing:
-            raise ConfigError(f"--plan needs the training layout: give {', '.join(missing)}")
+    if plan_dir is None:
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in _PLAN_OPTIONS
+            if name != "context" and ctx.get_parameter_source(name) != ParameterSource.DEFAULT
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: the layout of a plan, which needs --plan DIR; "
+                "give --plan DIR to write plan shards too, or leave them out"
+            )
+        return layout
+    missing = [f"--{n.replace('_', '-')}" for n in PLAN_LAYOUT_OPTIONS if layout[n] is None]
+    if missing:
+        raise ConfigError(f"--plan needs the training layout: give {', '.join(missing)}")
     return layout
+
+
+def _plan_budget(
+    plan_dir: str, config: BuildConfig, layout: dict[str, Any], overwrite: bool
+) -> str:
+    """Check the plan's layout before the build, so that a bad one fails before the corpus
+    is tokenized, and resolve its mode and memory budget into ``layout``; returns where the
+    budget came from. The cost model is the one the build records for these options."""
+    from slimdata.cost import resolve_cost_model
+    from slimdata.cost.costmodel import Recompute
+    from slimdata.planning import check_plan_layout
+
+    budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
+    resolve_mode(layout, budget["parallelism"])
+    recompute = cast("Recompute", config.recompute)
+    cost = resolve_cost_model(config.model, config.device, recompute, config.cost_profile)
+    layout["memory_gib"], how = resolve_memory(
+        budget["memory_gib"],
+        config.device,
+        cost,
+        budget["parallelism"],
+        budget["optimizer"],
+        layout["nodes"] * layout["ranks_per_node"],
+        1,
+        pp_option=False,
+    )
+    check_plan_layout(
+        plan_dir,
+        nodes=layout["nodes"],
+        ranks_per_node=layout["ranks_per_node"],
+        memory_gib=layout["memory_gib"],
+        context=layout["context"],
+        mode=layout["mode"],
+        cp=layout["cp"],
+        overwrite=overwrite,
+    )
+    return how
 
 
 def _config(
@@ -309,28 +362,17 @@ def _echo_summary(summary: BuildSummary, output: str) -> None:
 def _write_plan(
     plan_dir: str,
     output: str,
-    config: BuildConfig,
     layout: dict[str, Any],
+    how: str,
     *,
     overwrite: bool,
     echo: bool,
 ) -> None:
-    """Solve the epoch's plan over the new shards for ``layout`` and write its plan shards."""
+    """Solve the epoch's plan over the new shards for ``layout`` (checked and completed by
+    :func:`_plan_budget`, its memory budget from ``how``) and write its plan shards."""
     from slimdata.cli.plan import echo_cp_choice, echo_warnings
-    from slimdata.planning import build_cost_model, plan_to_shards
+    from slimdata.planning import plan_to_shards
 
-    budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
-    resolve_mode(layout, budget["parallelism"])
-    layout["memory_gib"], how = resolve_memory(
-        budget["memory_gib"],
-        config.device,
-        build_cost_model(output),
-        budget["parallelism"],
-        budget["optimizer"],
-        layout["nodes"] * layout["ranks_per_node"],
-        1,
-        pp_option=False,
-    )
     plan = plan_to_shards(plan_dir, shards=output, overwrite=overwrite, progress=echo, **layout)
     echo_warnings(plan)
     if echo:
