@@ -10,6 +10,7 @@ use ``zstd`` or ``br`` for reproducible bytes).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -264,7 +265,7 @@ def build(
         require_ray()
     config, tokenizer, cost_model, tasks, plan = plan_build(config)
     output = Path(output)
-    with output_lock(output):
+    with _engine_session(config, progress), output_lock(output):
         prepare_output(output, plan, overwrite=overwrite, resume=resume)
         return _build_locked(
             config,
@@ -275,6 +276,16 @@ def build(
             progress=progress,
             start=start,
         )
+
+
+def _engine_session(config: BuildConfig, progress: bool) -> contextlib.AbstractContextManager:
+    """The Ray session of a ``ray`` build, connected before the output directory is touched
+    so that a cluster out of reach fails with nothing written; nothing for the local engine."""
+    if config.engine != "ray":
+        return contextlib.nullcontext()
+    from slimdata.ingest.ray_engine import ray_session
+
+    return ray_session(config.ray_address, quiet=not progress)
 
 
 def _finished_tasks(output: Path, count: int) -> dict[int, TaskResult]:
