@@ -255,7 +255,8 @@ def build(
     the rest; ``overwrite`` discards a previous build. Raises :class:`InputError` when no
     document survives (``output`` then holds only the quarantine file, which says why),
     :class:`OutputExistsError` while another build holds ``output`` (see
-    :func:`~slimdata.ingest.output.output_lock`).
+    :func:`~slimdata.ingest.output.output_lock`). A ``ray`` build connects to its cluster
+    before it touches ``output`` (:class:`ConfigError` when out of reach).
     """
     start = time.perf_counter()
     default_corpus = not config.inputs or config.source == DEFAULT_CORPUS_SOURCE
