@@ -407,7 +407,7 @@ def creatable_folder(_ctx: click.Context, _param: click.Parameter, value: str | 
     path = Path(value)
     existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
     if not existing.is_dir():
-        raise click.BadParameter(f"{value}: {existing} is not a folder")
+        raise click.BadParameter(f"{value}: {existing} is a file, not a folder")
     _writable_folder(existing, value)
     return value
 

@@ -246,7 +246,7 @@ def test_an_output_below_a_file_is_refused_before_any_work(tmp_path):
         result = CliRunner().invoke(cli, [*args, *options])
         assert result.exit_code == 2, result.output
         assert result.output.splitlines()[-1] == (
-            f"Error: Invalid value for {name}: {below}: {tmp_path / 'README.md'} is not a folder"
+            f"Error: Invalid value for {name}: {below}: {tmp_path / 'README.md'} is a file, not a folder"
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "a.txt"]
 
