@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from slimdata.plan import Document
     from slimdata.solver.planshards import TokenSource
 
-__all__ = ["SIDECAR_NAME", "build_cost_model", "plan_to_shards"]
+__all__ = ["SIDECAR_NAME", "build_cost_model", "check_plan_layout", "plan_to_shards"]
 
 SIDECAR_NAME = "slimdata.json"
 
@@ -128,6 +128,28 @@ def plan_to_shards(
     except BaseException:  # nothing half-written is left to look like a plan
         _discard(out, created)
         raise
+
+
+def check_plan_layout(
+    out: str | Path,
+    *,
+    nodes: int,
+    ranks_per_node: int,
+    memory_gib: float,
+    context: int,
+    mode: str,
+    cp: int | str,
+    overwrite: bool,
+) -> None:
+    """The checks of :func:`plan_to_shards` that need no document, for a caller that makes
+    the documents first (``build --plan``) and must not fail only after that: ``out`` can
+    take plan shards, and the layout is valid (a fixed ``cp`` divides the ranks)."""
+    from slimdata.solver.epoch import epoch_layout
+
+    _replaces(Path(out), overwrite)
+    _check_creatable(Path(out))
+    fixed = cp if isinstance(cp, int) else 1  # "auto" chooses among the sizes that divide
+    epoch_layout(nodes, ranks_per_node, fixed, memory_gib, context, mode)
 
 
 def _check_creatable(out: Path) -> None:

@@ -1,9 +1,9 @@
-"""Bytes as users read them (the one GiB constant and how a GiB amount is printed), and the
-one bound on how many ranks a layout has."""
+"""Amounts as users read them: the one GiB constant and how a GiB amount is printed, a count
+with its noun, and the one bound on how many ranks a layout has."""
 
 from __future__ import annotations
 
-__all__ = ["GIB", "MAX_RANKS", "gib"]
+__all__ = ["GIB", "MAX_RANKS", "gib", "plural"]
 
 GIB = 1 << 30
 """Bytes in a GiB."""
@@ -20,3 +20,9 @@ def gib(amount: float, digits: int = 1) -> str:
     if 0 < abs(amount) < 0.5 * 10.0**-digits:
         return f"{amount:.2g} GiB"
     return f"{amount:.{digits}f} GiB"
+
+
+def plural(count: int, noun: str) -> str:
+    """``count`` with thousands separators and ``noun``, singular for exactly one:
+    ``plural(1, "task") == "1 task"``, ``plural(1200, "record") == "1,200 records"``."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"

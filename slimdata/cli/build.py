@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 from click.core import ParameterSource
@@ -12,6 +12,7 @@ from slimdata.cli.options import (
     PLAN_LAYOUT_OPTIONS,
     POSITIVE_INT,
     cost_model_options_auto,
+    creatable_folder,
     json_option,
     plan_layout_options,
     resolve_memory,
@@ -24,7 +25,7 @@ from slimdata.ingest.config import ENGINES, BuildConfig
 from slimdata.readers import FORMATS
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 from slimdata.tokenize import DEFAULT_TOKENIZER
-from slimdata.units import gib
+from slimdata.units import gib, plural
 
 if TYPE_CHECKING:
     from slimdata.ingest import BuildSummary
@@ -86,6 +87,7 @@ def _pipeline(name: str | None) -> BuildConfig:
     "--output",
     required=True,
     type=click.Path(file_okay=False),
+    callback=creatable_folder,
     help="Output directory for the MDS shards.",
 )
 @click.option(
@@ -202,6 +204,7 @@ def _pipeline(name: str | None) -> BuildConfig:
     "plan_dir",
     default=None,
     type=click.Path(file_okay=False),
+    callback=creatable_folder,
     help="Also solve an epoch's packing plan for the layout below and write plan shards here.",
 )
 @plan_layout_options(required=False)
@@ -235,26 +238,79 @@ def command(
     """
     from slimdata.ingest import build
 
-    layout = _plan_layout(options, plan_dir)
+    layout = _plan_layout(ctx, options, plan_dir)
     config = _config(ctx, pipeline, inputs, options, layout["context"])
+    how = None if plan_dir is None else _plan_budget(plan_dir, config, layout, overwrite)
     summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
     text = not quiet and json_path != "-"  # `--json` alone: standard output holds only JSON
     if json_path is not None:
         write_json(summary.sidecar, json_path)
     if text:
         _echo_summary(summary, output)
-    if plan_dir is not None:
-        _write_plan(plan_dir, output, config, layout, overwrite=overwrite, echo=text)
+    if plan_dir is not None and how is not None:
+        _write_plan(plan_dir, output, layout, how, overwrite=overwrite, echo=text)
 
 
-def _plan_layout(options: dict[str, Any], plan_dir: str | None) -> dict[str, Any]:
-    """Take the options of ``--plan`` out of ``options``; ``--plan`` needs the training layout."""
+def _plan_layout(
+    ctx: click.Context, options: dict[str, Any], plan_dir: str | None
+) -> dict[str, Any]:
+    """Take the options of ``--plan`` out of ``options``; ``--plan`` needs the training
+    layout, and without ``--plan`` they would be ignored, so giving them is an error
+    (``--context`` aside: it also resolves ``--recompute auto``)."""
     layout = {name: options.pop(name) for name in _PLAN_OPTIONS}
-    if plan_dir is not None:
-        missing = [f"--{n.replace('_', '-')}" for n in PLAN_LAYOUT_OPTIONS if layout[n] is None]
-        if missing:
-            raise ConfigError(f"--plan needs the training layout: give {', '.join(missing)}")
+    if plan_dir is None:
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in _PLAN_OPTIONS
+            if name != "context" and ctx.get_parameter_source(name) != ParameterSource.DEFAULT
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: the layout of a plan, which needs --plan DIR; "
+                "give --plan DIR to write plan shards too, or leave them out"
+            )
+        return layout
+    missing = [f"--{n.replace('_', '-')}" for n in PLAN_LAYOUT_OPTIONS if layout[n] is None]
+    if missing:
+        raise ConfigError(f"--plan needs the training layout: give {', '.join(missing)}")
     return layout
+
+
+def _plan_budget(
+    plan_dir: str, config: BuildConfig, layout: dict[str, Any], overwrite: bool
+) -> str:
+    """Check the plan's layout before the build, so that a bad one fails before the corpus
+    is tokenized, and resolve its mode and memory budget into ``layout``; returns where the
+    budget came from. The cost model is the one the build records for these options."""
+    from slimdata.cost import resolve_cost_model
+    from slimdata.cost.costmodel import Recompute
+    from slimdata.planning import check_plan_layout
+
+    budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
+    resolve_mode(layout, budget["parallelism"])
+    recompute = cast("Recompute", config.recompute)
+    cost = resolve_cost_model(config.model, config.device, recompute, config.cost_profile)
+    layout["memory_gib"], how = resolve_memory(
+        budget["memory_gib"],
+        config.device,
+        cost,
+        budget["parallelism"],
+        budget["optimizer"],
+        layout["nodes"] * layout["ranks_per_node"],
+        1,
+        pp_option=False,
+    )
+    check_plan_layout(
+        plan_dir,
+        nodes=layout["nodes"],
+        ranks_per_node=layout["ranks_per_node"],
+        memory_gib=layout["memory_gib"],
+        context=layout["context"],
+        mode=layout["mode"],
+        cp=layout["cp"],
+        overwrite=overwrite,
+    )
+    return how
 
 
 def _config(
@@ -284,18 +340,21 @@ def _config(
 def _echo_summary(summary: BuildSummary, output: str) -> None:
     """What was written, and on standard error what was quarantined or truncated."""
     c = summary.counts
+    counts = ", ".join(plural(c[key], key[:-1]) for key in ("documents", "tokens", "slices"))
     click.echo(
-        f"wrote {c['documents']:,} documents, {c['tokens']:,} tokens, {c['slices']:,} slices to {output} "
-        f"({summary.tasks_run} tasks run, {summary.tasks_resumed} resumed, {summary.seconds:.1f}s, "
+        f"wrote {counts} to {output} ({plural(summary.tasks_run, 'task')} run, "
+        f"{summary.tasks_resumed:,} resumed, {summary.seconds:.1f}s, "
         f"{c['tokens'] / max(summary.seconds, 1e-9):,.0f} tokens/s)"
     )
     if c["quarantined"]:
         click.echo(
-            f"quarantined {c['quarantined']:,} records: see {output}/quarantine.jsonl", err=True
+            f"quarantined {plural(c['quarantined'], 'record')}: see {output}/quarantine.jsonl",
+            err=True,
         )
     if c["dropped_tokens"]:
         click.echo(
-            f"--truncate dropped {c['dropped_tokens']:,} tokens from {c['truncated_documents']:,} documents",
+            f"--truncate dropped {plural(c['dropped_tokens'], 'token')} from "
+            f"{plural(c['truncated_documents'], 'document')}",
             err=True,
         )
 
@@ -303,34 +362,23 @@ def _echo_summary(summary: BuildSummary, output: str) -> None:
 def _write_plan(
     plan_dir: str,
     output: str,
-    config: BuildConfig,
     layout: dict[str, Any],
+    how: str,
     *,
     overwrite: bool,
     echo: bool,
 ) -> None:
-    """Solve the epoch's plan over the new shards for ``layout`` and write its plan shards."""
+    """Solve the epoch's plan over the new shards for ``layout`` (checked and completed by
+    :func:`_plan_budget`, its memory budget from ``how``) and write its plan shards."""
     from slimdata.cli.plan import echo_cp_choice, echo_warnings
-    from slimdata.planning import build_cost_model, plan_to_shards
+    from slimdata.planning import plan_to_shards
 
-    budget = {name: layout.pop(name) for name in MEMORY_BUDGET_OPTIONS}
-    resolve_mode(layout, budget["parallelism"])
-    layout["memory_gib"], how = resolve_memory(
-        budget["memory_gib"],
-        config.device,
-        build_cost_model(output),
-        budget["parallelism"],
-        budget["optimizer"],
-        layout["nodes"] * layout["ranks_per_node"],
-        1,
-        pp_option=False,
-    )
     plan = plan_to_shards(plan_dir, shards=output, overwrite=overwrite, progress=echo, **layout)
     echo_warnings(plan)
     if echo:
         click.echo(f"memory budget {gib(layout['memory_gib'])} per device: {how}")
         click.echo(
-            f"wrote plan shards for {plan['steps']} steps to {plan_dir} "
+            f"wrote plan shards for {plural(plan['steps'], 'step')} to {plan_dir} "
             f"(strategy {layout['strategy']}, mean imbalance {plan['mean_imbalance']:.4f})"
         )
         echo_cp_choice(plan)

@@ -40,6 +40,7 @@ __all__ = [
     "cost_model_from_options",
     "cost_model_options",
     "cost_model_options_auto",
+    "creatable_folder",
     "json_option",
     "memory_budget_options",
     "plan_layout_options",
@@ -394,6 +395,20 @@ def writable_folder(_ctx: click.Context, _param: click.Parameter, value: str | N
         return value
     path = Path(value)
     _writable_folder(path if path.is_dir() else path.parent, value)
+    return value
+
+
+def creatable_folder(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Click callback of an output FOLDER option that the command creates with any missing
+    parents: the nearest path on the way up that exists is a writable folder, so that
+    ``-o README.md/x`` (a file on the way) fails here and not in a traceback later."""
+    if value is None:
+        return value
+    path = Path(value)
+    existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
+    if not existing.is_dir():
+        raise click.BadParameter(f"{value}: {existing} is a file, not a folder")
+    _writable_folder(existing, value)
     return value
 
 

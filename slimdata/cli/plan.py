@@ -22,7 +22,7 @@ from slimdata.cli.options import (
     write_json,
 )
 from slimdata.errors import ConfigError
-from slimdata.units import MAX_RANKS, gib
+from slimdata.units import MAX_RANKS, gib, plural
 
 if TYPE_CHECKING:
     from slimdata.cost import CostModel
@@ -192,7 +192,7 @@ def _echo_summary(summary: dict[str, Any], layout: dict[str, Any], out: str, how
     click.echo(f"memory budget {gib(layout['memory_gib'])} per device: {how}")
     steps, ranks = summary["steps"], layout["nodes"] * layout["ranks_per_node"]
     click.echo(
-        f"wrote {steps} step{'s' if steps != 1 else ''} x {ranks} rank{'s' if ranks != 1 else ''} to {out} "
+        f"wrote {plural(steps, 'step')} x {plural(ranks, 'rank')} to {out} "
         f"(strategy {layout['strategy']}, mean imbalance {summary['mean_imbalance']:.4f}, "
         f"solve {summary['solve_ms_total']:.0f} ms total)"
     )

@@ -33,8 +33,10 @@ from slimdata.errors import ConfigError, OutputExistsError
 from slimdata.ingest.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, task_dir
 from slimdata.plan.types import loss_token_count
 from slimdata.planning import SIDECAR_NAME
+from slimdata.units import plural
 
 __all__ = [
+    "BUILD_PLAN_FORMAT",
     "PLAN_NAME",
     "SIDECAR_NAME",
     "discard_failed",
@@ -45,7 +47,12 @@ __all__ = [
 ]
 
 PLAN_NAME = "build_plan.json"
-_OURS = (PLAN_NAME, SIDECAR_NAME, "index.json")
+BUILD_PLAN_FORMAT = 2
+"""Format of ``build_plan.json`` (its ``slimdata_build_plan`` key); 2 added ``inputs``, the
+size and modification time of every input file, which format 1 lacked."""
+_MARKERS = (PLAN_NAME, SIDECAR_NAME)
+"""Files only a slimdata build writes: ``index.json`` alone does not qualify (plan shards and
+any other MDS dataset hold one too)."""
 _log = logging.getLogger(__name__)
 
 
@@ -76,13 +83,20 @@ def _check_not_file(output: Path) -> None:
 def output_lock(output: Path) -> Iterator[None]:
     """Hold an exclusive OS lock (``flock``) on the ``output`` directory for a whole build.
 
-    Creates ``output`` if needed. A second build into the same directory fails at once with
-    :class:`OutputExistsError` instead of interleaving with the first; the kernel releases
-    the lock when the holder exits or dies (``kill -9`` included), so no stale lock is left.
-    Where ``fcntl`` is missing (Windows) builds are not locked.
+    Creates ``output`` and its parents if needed (:class:`ConfigError` where that fails: a
+    file on the way, no permission, ``/proc``). A second build into the same directory fails
+    at once with :class:`OutputExistsError` instead of interleaving with the first; the
+    kernel releases the lock when the holder exits or dies (``kill -9`` included), so no
+    stale lock is left. Where ``fcntl`` is missing (Windows) builds are not locked.
     """
     _check_not_file(output)
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the output directory {output} ({exc.strerror or exc}); "
+            "choose another --output"
+        ) from None
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not on POSIX
@@ -129,13 +143,46 @@ def _failed_leftover(output: Path) -> bool:
     return [child.name for child in output.iterdir()] == [QUARANTINE_NAME]
 
 
+def _check_resumable(output: Path, plan: dict[str, Any]) -> None:
+    """Refuse to resume ``output`` unless its build plan equals ``plan``: same format, no
+    input file changed in place (size or modification time), same inputs and options."""
+    path = output / PLAN_NAME
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(
+            f"cannot resume {output}: its {PLAN_NAME} is unreadable ({exc}); use --overwrite to start over"
+        ) from None
+    found = old.get("slimdata_build_plan") if isinstance(old, dict) else None
+    if found != plan["slimdata_build_plan"]:
+        raise ConfigError(
+            f"cannot resume {output}: its {PLAN_NAME} has format {found}, not {BUILD_PLAN_FORMAT} "
+            "(written by another slimdata version, which cannot tell whether the inputs changed); "
+            "use --overwrite to start over"
+        )
+    before = old.get("inputs", {})
+    for name, stamp in plan["inputs"].items():
+        if name in before and before[name] != stamp:
+            raise ConfigError(
+                f"cannot resume {output}: input {name} changed since the interrupted build "
+                "(size or modification time); use --overwrite to start over"
+            )
+    if old != plan:
+        changed = ", ".join(_diff(old, plan)[:8])
+        raise ConfigError(
+            f"cannot resume {output}: it was built with different inputs or options (changed: {changed}); "
+            "rerun with the original options, or use --overwrite to start over"
+        )
+
+
 def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resume: bool) -> None:
     """Create ``output`` or check it can be continued; write the build plan.
 
     An existing non-empty directory is refused unless ``overwrite`` (it must hold a previous
     slimdata build, so a typo cannot wipe unrelated files) or ``resume`` (its build plan must
-    equal ``plan``: same inputs, tokenizer, cost model and options). A directory holding only
-    the quarantine file of a build that wrote no document counts as empty.
+    equal ``plan``: same inputs, unchanged since, same tokenizer, cost model and options; see
+    :func:`_check_resumable`). A directory holding only the quarantine file of a build that
+    wrote no document counts as empty.
     """
     if overwrite and resume:
         raise ConfigError(
@@ -146,13 +193,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
         _clear(output)
     if output.is_dir() and any(output.iterdir()):
         if resume and (output / PLAN_NAME).is_file():
-            old = json.loads((output / PLAN_NAME).read_text())
-            if old != plan:
-                changed = ", ".join(_diff(old, plan)[:8])
-                raise ConfigError(
-                    f"cannot resume {output}: it was built with different inputs or options (changed: {changed}); "
-                    "rerun with the original options, or use --overwrite to start over"
-                )
+            _check_resumable(output, plan)
             return
         if resume:
             raise OutputExistsError(
@@ -162,10 +203,10 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
             raise OutputExistsError(
                 f"output directory {output} exists and is not empty; pass --overwrite to replace it or --resume to continue it"
             )
-        if not any((output / name).exists() for name in _OURS):
+        if not any((output / name).is_file() for name in _MARKERS):
             raise OutputExistsError(
-                f"refusing to --overwrite {output}: it does not look like a slimdata build (no {PLAN_NAME}, "
-                f"{SIDECAR_NAME} or index.json); remove it yourself if you mean it"
+                f"refusing to --overwrite {output}: it does not look like a slimdata build (no {PLAN_NAME} "
+                f"or {SIDECAR_NAME}); remove it yourself if you mean it"
             )
         _clear(output)
     output.mkdir(parents=True, exist_ok=True)
@@ -221,9 +262,10 @@ def _manifest(output: Path, count: int) -> tuple[int, str, int]:
         extra, examples = duplicate_ids(table.column("doc_id"))
         if extra:
             _log.warning(
-                "%d documents repeat an earlier document id (e.g. %s); every document is kept, "
+                "%s %s an earlier document id (e.g. %s); every document is kept, "
                 "but ids are not unique: check --id-field",
-                extra,
+                plural(extra, "document"),
+                "repeats" if extra == 1 else "repeat",
                 ", ".join(map(repr, examples)),
             )
         length = table.column("length")

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import pickle
+import socket
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -39,15 +40,26 @@ import ray.data
 from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor
 
+from slimdata.errors import ConfigError
 from slimdata.ingest.task import FAULT_VARIABLES, TaskJob, TaskResult, run_task
 
-__all__ = ["LOCAL_OBJECT_STORE_BYTES", "MAX_RETRIES", "TaskSink", "ray_session", "run_tasks"]
+__all__ = [
+    "CONNECT_SECONDS",
+    "LOCAL_OBJECT_STORE_BYTES",
+    "MAX_RETRIES",
+    "TaskSink",
+    "ray_session",
+    "run_tasks",
+]
 
 MAX_RETRIES = 3
 """Times Ray reruns a task whose worker process died (killed, out of memory, node lost)."""
 
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
 """Object store of a local cluster: only jobs and counts pass through it, never tokens."""
+
+CONNECT_SECONDS = 10.0
+"""How long a GCS ``host:port`` may take to accept a TCP connection before the build gives up."""
 
 
 class TaskSink(Datasink[list[dict[str, int]]]):
@@ -74,28 +86,60 @@ class TaskSink(Datasink[list[dict[str, int]]]):
 @contextlib.contextmanager
 def ray_session(address: str | None, quiet: bool = False) -> Iterator[None]:
     """Ray for one build (see the module docstring for how ``address`` resolves);
-    ``quiet``: Ray's own lines below errors (starting, connecting, notices) off."""
+    ``quiet``: Ray's own lines below errors (starting, connecting, notices) off. A cluster
+    that cannot be reached is a :class:`ConfigError`, not a traceback (or minutes of
+    retries, for a GCS ``host:port`` where nothing listens)."""
     level = logging.ERROR if quiet else logging.INFO
     if ray.is_initialized():
         yield
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        ray.init(
-            address="local",
-            num_cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            include_dashboard=False,
-            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-            _node_ip_address="127.0.0.1",
-            log_to_driver=False,
-            logging_level=level,
-        )
-    else:
-        ray.init(address=address, log_to_driver=False, logging_level=level)
+    where = address or os.environ.get("RAY_ADDRESS")
+    if where is not None:
+        _check_listening(where)
+    try:
+        if where is None:
+            ray.init(
+                address="local",
+                num_cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                include_dashboard=False,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+                logging_level=level,
+            )
+        else:
+            ray.init(address=address, log_to_driver=False, logging_level=level)
+    except (ConnectionError, ValueError) as exc:
+        raise _unreachable(where, exc) from None
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def _unreachable(address: str | None, why: BaseException | str) -> ConfigError:
+    """The error of a Ray cluster at ``address`` that cannot be used, and what to do."""
+    text = str(why).strip()
+    reason = text.splitlines()[0].rstrip(".") if text else type(why).__name__
+    return ConfigError(
+        f"--engine ray cannot connect to the Ray cluster at {address}: {reason}; start one "
+        "(`ray start --head`) and give its address, or leave --address out and RAY_ADDRESS "
+        "unset for a local cluster"
+    )
+
+
+def _check_listening(address: str) -> None:
+    """Fail at once when a GCS ``host:port`` accepts no connection (``ray.init`` would retry
+    it for about ten minutes); ``auto``, ``local`` and ``ray://`` addresses pass to Ray."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or "://" in address:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS):
+            pass
+    except OSError as exc:
+        raise _unreachable(address, exc.strerror or exc) from None
 
 
 def _remote_args() -> dict[str, Any]:

@@ -10,6 +10,7 @@ use ``zstd`` or ``br`` for reproducible bytes).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -29,6 +30,7 @@ from slimdata.cost.costmodel import Recompute
 from slimdata.errors import ConfigError, InputError, SlimdataError
 from slimdata.ingest.config import COMPRESSIONS, HASHES, BuildConfig
 from slimdata.ingest.output import (
+    BUILD_PLAN_FORMAT,
     SIDECAR_NAME,
     discard_failed,
     finalize,
@@ -47,7 +49,7 @@ from slimdata.ingest.task import (
     write_task,
 )
 from slimdata.orphans import die_with_parent
-from slimdata.readers import ReadTask, _matches, plan_inputs
+from slimdata.readers import ReadTask, _matches, input_stamps, plan_inputs
 from slimdata.tokenize import TextTokenizer
 
 __all__ = ["IN_FLIGHT_BYTES", "BuildSummary", "build", "plan_build", "require_ray"]
@@ -114,11 +116,12 @@ def plan_build(
         source=config.source,
     )
     plan = {
-        "slimdata_build_plan": 1,
+        "slimdata_build_plan": BUILD_PLAN_FORMAT,
         "config": config.output_dict(),
         "tokenizer": tokenizer.to_dict(),
         "cost_model": cost_model.to_dict(),
         "tasks": [t.to_dict() for t in tasks],
+        "inputs": input_stamps(tasks),
     }
     return config, tokenizer, cost_model, tasks, plan
 
@@ -252,7 +255,8 @@ def build(
     the rest; ``overwrite`` discards a previous build. Raises :class:`InputError` when no
     document survives (``output`` then holds only the quarantine file, which says why),
     :class:`OutputExistsError` while another build holds ``output`` (see
-    :func:`~slimdata.ingest.output.output_lock`).
+    :func:`~slimdata.ingest.output.output_lock`). A ``ray`` build connects to its cluster
+    before it touches ``output`` (:class:`ConfigError` when out of reach).
     """
     start = time.perf_counter()
     default_corpus = not config.inputs or config.source == DEFAULT_CORPUS_SOURCE
@@ -262,7 +266,7 @@ def build(
         require_ray()
     config, tokenizer, cost_model, tasks, plan = plan_build(config)
     output = Path(output)
-    with output_lock(output):
+    with _engine_session(config, progress), output_lock(output):
         prepare_output(output, plan, overwrite=overwrite, resume=resume)
         return _build_locked(
             config,
@@ -273,6 +277,16 @@ def build(
             progress=progress,
             start=start,
         )
+
+
+def _engine_session(config: BuildConfig, progress: bool) -> contextlib.AbstractContextManager:
+    """The Ray session of a ``ray`` build, connected before the output directory is touched
+    so that a cluster out of reach fails with nothing written; nothing for the local engine."""
+    if config.engine != "ray":
+        return contextlib.nullcontext()
+    from slimdata.ingest.ray_engine import ray_session
+
+    return ray_session(config.ray_address, quiet=not progress)
 
 
 def _finished_tasks(output: Path, count: int) -> dict[int, TaskResult]:
@@ -379,8 +393,9 @@ def _merge(output: Path, ordered: list[TaskResult], sidecar: dict[str, Any]) -> 
         discard_failed(output)
         if not rejected:
             raise InputError("no document was written: the inputs hold no record")
+        which = "the only record was" if rejected == 1 else f"all {rejected:,} records were"
         raise InputError(
-            f"no document was written: all {rejected} records were rejected; "
+            f"no document was written: {which} rejected; "
             f"see {output / QUARANTINE_NAME} for the reasons"
         )
     assert (output / SIDECAR_NAME).is_file()

@@ -35,6 +35,7 @@ from slimdata.readers.base import (
     Record,
     Rejected,
     auto_task_bytes,
+    input_stamps,
 )
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "Record",
     "Rejected",
     "auto_task_bytes",
+    "input_stamps",
     "plan_inputs",
     "read_task",
 ]

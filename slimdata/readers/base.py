@@ -12,6 +12,8 @@ except blank lines of JSONL files, which are not records.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ __all__ = [
     "check_text",
     "doc_id_for",
     "input_error",
+    "input_stamps",
     "unencodable",
 ]
 
@@ -89,6 +92,12 @@ class ReadTask:
     """For ``text`` tasks: the files (relative to ``path``), one document each."""
     size: int = 0
     """Input bytes of the task (for planning and progress)."""
+
+    def input_paths(self) -> list[str]:
+        """The files the task reads: ``path`` itself, or for ``text`` its ``files`` under it."""
+        if self.format == "text":
+            return [str(Path(self.path, name)) for name in self.files]
+        return [self.path]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -170,6 +179,22 @@ def check_text(doc_id: str, value: Any, field_name: str) -> ReadResult:
     if reason is not None:
         return Rejected(doc_id, reason, ascii(value[:200]))
     return Record(doc_id, value)
+
+
+def input_stamps(tasks: Sequence[ReadTask]) -> dict[str, list[int] | None]:
+    """``[size, st_mtime_ns]`` of every file ``tasks`` read, by path (None where it cannot be
+    stat'ed, as a dangling link): what tells a resumed build that an input changed in place,
+    even to the same size (``{"/data/a.txt": [1200, 1718000000123456789]}``)."""
+    stamps: dict[str, list[int] | None] = {}
+    for task in tasks:
+        for path in task.input_paths():
+            try:
+                st = os.stat(path)
+            except OSError:
+                stamps[path] = None
+                continue
+            stamps[path] = [st.st_size, st.st_mtime_ns]
+    return dict(sorted(stamps.items()))
 
 
 def input_error(path: str | Path, what: str) -> InputError:

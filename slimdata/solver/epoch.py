@@ -21,7 +21,7 @@ from slimdata.solver.layout import Layout
 from slimdata.solver.options import DEFAULT_OPTIONS, SolveOptions
 from slimdata.solver.planshards import TokenSource, write_plan_shards
 
-__all__ = ["plan_epoch", "write_epoch_plan"]
+__all__ = ["epoch_layout", "plan_epoch", "write_epoch_plan"]
 
 
 def plan_epoch(
@@ -100,7 +100,7 @@ def write_epoch_plan(
     milliseconds and ``warnings`` (:func:`~slimdata.solver.batches.batch_warnings`).
     ``progress``: a bar of the steps solved (:func:`plan_epoch`).
     """
-    layout = _epoch_layout(nodes, ranks_per_node, cp, memory_gib, context, mode)
+    layout = epoch_layout(nodes, ranks_per_node, cp, memory_gib, context, mode)
     plans = plan_epoch(
         docs,
         layout,
@@ -147,7 +147,7 @@ def _recording(plans: Iterator[StepPlan], metas: list[dict[str, Any]]) -> Iterat
         yield p
 
 
-def _epoch_layout(
+def epoch_layout(
     nodes: int, ranks_per_node: int, cp: int, memory_gib: float, context: int, mode: str
 ) -> Layout:
     """The layout an epoch is solved for: ``nodes * ranks_per_node / cp`` DP ranks."""

@@ -279,3 +279,48 @@ def test_build_plan_takes_cp_as_plan_does(tmp_path):
     assert res.exit_code == 0, res.output
     sidecar = json.loads((tmp_path / "cp2" / "plan.json").read_text())
     assert sidecar["cp"] == 2 and len(_read(tmp_path / "cp2")) == 2 * sidecar["steps"]
+
+
+def test_build_plan_layout_is_checked_before_the_build(tmp_path):
+    """A layout `plan` would refuse fails before the corpus is tokenized: no output, no
+    plan directory."""
+    out, plan = tmp_path / "shards", tmp_path / "plan"
+    build = ["build", str(_corpus(tmp_path)), "-o", str(out), "--tokenizer", TOKENIZER]
+    build += ["--quiet", "--plan", str(plan), "--nodes", "1", "--ranks-per-node", "8"]
+    build += ["--global-batch-tokens", "100000", "--memory-gib", "8"]
+    res = CliRunner().invoke(cli, [*build, "--cp", "3"])
+    assert (res.exit_code, res.output) == (
+        2,
+        "Error: cp=3 does not divide the 8 ranks (1 nodes x 8 ranks per node): choose a "
+        "static CP size that divides them\n",
+    )
+    assert not out.exists()
+    res = CliRunner().invoke(cli, [*build, "--mode", "free", "--parallelism", "fsdp"])
+    assert res.exit_code == 2 and res.output.startswith("Error: --mode free with --parallelism")
+    plan.mkdir()
+    (plan / "notes.txt").write_text("keep")
+    res = CliRunner().invoke(cli, build)
+    assert (res.exit_code, res.output) == (
+        2,
+        f"Error: {plan} exists and is not empty; pass --overwrite to replace it or choose a "
+        "new output directory\n",
+    )
+    assert not out.exists() and [p.name for p in plan.iterdir()] == ["notes.txt"]
+
+
+def test_build_layout_options_need_plan(tmp_path):
+    """Without --plan the layout options would be ignored: giving one is an error (--context
+    aside, which also picks --recompute auto's policy)."""
+    out = tmp_path / "shards"
+    build = ["build", str(_corpus(tmp_path)), "-o", str(out), "--tokenizer", TOKENIZER]
+    res = CliRunner().invoke(cli, [*build, "--nodes", "2", "--ranks-per-node", "8", "--cp", "2"])
+    assert (res.exit_code, res.output) == (
+        2,
+        "Error: --nodes, --ranks-per-node, --cp: the layout of a plan, which needs --plan DIR; "
+        "give --plan DIR to write plan shards too, or leave them out\n",
+    )
+    assert not out.exists()
+    res = CliRunner().invoke(cli, [*build, "--quiet", "--context", "4096"])
+    assert (res.exit_code, res.output) == (0, "")
+    sidecar = json.loads((out / "slimdata.json").read_text())
+    assert sidecar["recompute"] == "selective"  # --context 4096 < 32K under --recompute auto

@@ -1,4 +1,4 @@
-from slimdata.units import GIB, gib
+from slimdata.units import GIB, gib, plural
 
 
 def test_gib_prints_small_budgets_with_their_digits():
@@ -11,3 +11,10 @@ def test_gib_prints_small_budgets_with_their_digits():
     assert gib(0.0012, 2) == "0.0012 GiB"
     assert gib(0.86, 2) == "0.86 GiB"
     assert gib(0) == "0.0 GiB"
+
+
+def test_plural_is_singular_for_exactly_one():
+    assert plural(0, "task") == "0 tasks"
+    assert plural(1, "task") == "1 task"
+    assert plural(2, "document") == "2 documents"
+    assert plural(1200, "record") == "1,200 records"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 from tokenizers import Tokenizer
 
 from slimdata.cli import cli
-from slimdata.errors import InputError, OutputExistsError, TokenizerError
+from slimdata.errors import ConfigError, InputError, OutputExistsError, TokenizerError
 from slimdata.ingest import build
 from slimdata.tokenize import load_tokenizer
 
@@ -118,6 +119,31 @@ def test_a_build_that_wrote_no_document_leaves_only_its_quarantine(tmp_path):
     assert quarantine(out) == [] and (out / "index.json").is_file()
 
 
+def test_counts_of_one_are_singular(tmp_path):
+    """One document, slice, task, quarantined record and dropped token: each named in the
+    singular."""
+    src = tmp_path / "one.jsonl"
+    src.write_text('{"text": "return x"}\n{"x": 1}\n')  # 3 tokens + EOS, truncated to 3
+    out = tmp_path / "out"
+    args = ["build", str(src), "-o", str(out), "--tokenizer", TINY_TOKENIZER]
+    result = CliRunner().invoke(cli, [*args, "--truncate", "3"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(
+        f"wrote 1 document, 3 tokens, 1 slice to {out} (1 task run, 0 resumed, "
+    )
+    assert result.stderr.splitlines()[-2:] == [  # below the progress bar
+        f"quarantined 1 record: see {out}/quarantine.jsonl",
+        "--truncate dropped 1 token from 1 document",
+    ]
+    src.write_text('{"x": 1}\n')
+    result = CliRunner().invoke(cli, [*args, "--quiet", "--overwrite"])
+    assert (result.exit_code, result.output) == (
+        2,
+        "Error: no document was written: the only record was rejected; "
+        f"see {out / 'quarantine.jsonl'} for the reasons\n",
+    )
+
+
 def test_inputs_without_a_record_leave_an_empty_output(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     out = tmp_path / "out"
@@ -176,6 +202,68 @@ def test_existing_output_is_refused_unless_asked(tmp_path):
     build(tiny_config(tmp_path / "a.txt"), other)
     build(tiny_config(tmp_path / "a.txt"), other, overwrite=True)
     assert (other / "slimdata.json").exists()
+
+
+def test_overwrite_needs_a_slimdata_build_not_any_index_json(tmp_path):
+    """An ``index.json`` alone (any MDS dataset, plan shards) does not make a directory a
+    slimdata build: ``--overwrite`` refuses it and deletes nothing."""
+    (tmp_path / "a.txt").write_text("hello")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "index.json").write_text('{"version":2,"shards":[]}')
+    (victim / "my_thesis.tex").write_text("precious")
+    plan = tmp_path / "plan"
+    (tmp_path / "lengths.txt").write_text("300\n40\n900\n")
+    layout = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "4096"]
+    layout += ["--memory-gib", "8", "--context", "1024"]
+    made = CliRunner().invoke(
+        cli, ["plan", "--lengths", str(tmp_path / "lengths.txt"), *layout, "-o", str(plan)]
+    )
+    assert made.exit_code == 0, made.output
+    plan_files = sorted(p.name for p in plan.iterdir())
+    assert "plan.json" in plan_files and "index.json" in plan_files
+    for out, kept in ((victim, ["index.json", "my_thesis.tex"]), (plan, plan_files)):
+        args = ["build", str(tmp_path / "a.txt"), "-o", str(out), "--tokenizer", TINY_TOKENIZER]
+        result = CliRunner().invoke(cli, [*args, "--overwrite"])
+        assert result.exit_code == 2, result.output
+        assert result.output == (
+            f"Error: refusing to --overwrite {out}: it does not look like a slimdata build "
+            "(no build_plan.json or slimdata.json); remove it yourself if you mean it\n"
+        )
+        assert sorted(p.name for p in out.iterdir()) == kept
+    assert (victim / "my_thesis.tex").read_text() == "precious"
+
+
+def test_an_output_below_a_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    (tmp_path / "README.md").write_text("a file")
+    below = str(tmp_path / "README.md" / "x")
+    args = ["build", str(tmp_path / "a.txt"), "--tokenizer", TINY_TOKENIZER]
+    for name, options in (
+        ("'-o' / '--output'", ["-o", below]),
+        ("'--plan'", ["-o", str(tmp_path / "out"), "--plan", below]),
+    ):
+        result = CliRunner().invoke(cli, [*args, *options])
+        assert result.exit_code == 2, result.output
+        assert result.output.splitlines()[-1] == (
+            f"Error: Invalid value for {name}: {below}: {tmp_path / 'README.md'} is a file, not a folder"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "a.txt"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_an_output_that_cannot_be_created_is_a_message(tmp_path):
+    """``/proc`` takes no new directory, even from root (for whom it looks writable)."""
+    (tmp_path / "a.txt").write_text("hello")
+    with pytest.raises(ConfigError) as refused:
+        build(tiny_config(tmp_path / "a.txt"), "/proc/slimdata-test")
+    assert str(refused.value).startswith("cannot create the output directory /proc/slimdata-test (")
+    assert str(refused.value).endswith("); choose another --output")
+    args = ["build", str(tmp_path / "a.txt"), "-o", "/proc/slimdata-test"]
+    result = CliRunner().invoke(cli, [*args, "--tokenizer", TINY_TOKENIZER])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
+    assert result.output.splitlines()[-1].startswith("Error: ")
+    assert "/proc/slimdata-test" in result.output.splitlines()[-1]
 
 
 def test_cli_errors_are_messages_not_tracebacks(tmp_path):

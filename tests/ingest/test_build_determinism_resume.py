@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -77,6 +78,49 @@ def test_dead_worker_is_reported_and_resumable(tmp_path, corpus, monkeypatch):
     monkeypatch.delenv("SLIMDATA_FAULT_KILL")
     build(config(corpus, workers=2), out, resume=True)
     assert tree_bytes(out) == tree_bytes(reference)
+
+
+def test_resume_refuses_an_input_edited_in_place(tmp_path, corpus, monkeypatch):
+    """An input changed after the build started, even to the same size, would give a build
+    mixed from old and new text: resume refuses it, naming the file, and writes nothing."""
+    out = tmp_path / "out"
+    monkeypatch.setenv("SLIMDATA_FAULT_KILL", "2:1")
+    with pytest.raises(SlimdataError, match="--resume"):
+        build(config(corpus, workers=2), out)
+    monkeypatch.delenv("SLIMDATA_FAULT_KILL")
+    edited = corpus / "doc005.txt"
+    text = edited.read_text()
+    assert "end 5" in text
+    edited.write_text(text.replace("end 5", "END 5"))  # same size
+    before = tree_bytes(out)
+    with pytest.raises(ConfigError) as refused:
+        build(config(corpus, workers=2), out, resume=True)
+    assert str(refused.value) == (
+        f"cannot resume {out}: input {edited.resolve()} changed since the interrupted build "
+        "(size or modification time); use --overwrite to start over"
+    )
+    assert tree_bytes(out) == before
+
+
+def test_resume_refuses_a_build_plan_of_the_first_format(tmp_path, corpus):
+    """Format 1 recorded no input sizes and modification times: such a build cannot be
+    checked, so it is not resumed."""
+    out = tmp_path / "out"
+    build(config(corpus), out)
+    plan = json.loads((out / "build_plan.json").read_text())
+    assert plan["slimdata_build_plan"] == 2 and len(plan["inputs"]) == 24
+    del plan["inputs"]
+    (out / "build_plan.json").write_text(json.dumps({**plan, "slimdata_build_plan": 1}))
+    with pytest.raises(ConfigError) as refused:
+        build(config(corpus), out, resume=True)
+    assert str(refused.value) == (
+        f"cannot resume {out}: its build_plan.json has format 1, not 2 (written by another "
+        "slimdata version, which cannot tell whether the inputs changed); use --overwrite to "
+        "start over"
+    )
+    (out / "build_plan.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"its build_plan\.json is unreadable"):
+        build(config(corpus), out, resume=True)
 
 
 def test_resume_of_finished_build_is_a_no_op_and_options_must_match(tmp_path, corpus):

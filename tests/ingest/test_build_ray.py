@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -182,6 +183,44 @@ def test_missing_ray_is_a_clear_error(tmp_path, corpus, monkeypatch):
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "--engine ray needs Ray Data" in result.output and "slimdata[ray]" in result.output
     assert not out.exists()  # checked before anything is written
+
+
+def test_a_cluster_out_of_reach_is_an_error_before_any_output(tmp_path, corpus, monkeypatch):
+    """No cluster for ``auto``, ``ray://`` without ``ray[client]`` (ray.init's own errors,
+    raised by a stand-in: ``auto`` would find the cluster of the other tests) and a GCS
+    ``host:port`` where nothing listens (ray.init retries that for ten minutes): one
+    ``Error:`` line each, exit 2, before the output directory is made."""
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    errors = {
+        "auto": ConnectionError("Could not find any running Ray instance. Please specify one."),
+        "ray://127.0.0.1:1": ValueError("Ray Client requires pip package `ray[client]`.\nMore."),
+    }
+
+    def init(address=None, **_options):
+        raise errors[address]
+
+    monkeypatch.setattr(ray, "init", init)
+    out = tmp_path / "out"
+    with socket.socket() as bound:  # bound, never listening: connections are refused
+        bound.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{bound.getsockname()[1]}"
+        for address, reason in (
+            ("auto", "Could not find any running Ray instance. Please specify one"),
+            ("ray://127.0.0.1:1", "Ray Client requires pip package `ray[client]`"),
+            (closed, "Connection refused"),
+        ):
+            args = [*cli_build_args(corpus, out, "--engine", "ray"), "--address", address]
+            result = CliRunner().invoke(cli, args)
+            assert (result.exit_code, result.output) == (
+                2,
+                f"Error: --engine ray cannot connect to the Ray cluster at {address}: {reason}; "
+                "start one (`ray start --head`) and give its address, or leave --address out "
+                "and RAY_ADDRESS unset for a local cluster\n",
+            )
+    assert not out.exists()
 
 
 def test_address_needs_the_ray_engine(tmp_path, corpus):
