@@ -8,7 +8,6 @@ plan balances the same costs that were written next to every slice.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
 from slimdata.errors import ConfigError, InputError, OutputExistsError, PlanError
 from slimdata.gcpause import cyclic_gc_paused
+from slimdata.paths import check_creatable
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def plan_to_shards(
         raise ConfigError("give either document shards or a lengths file (exactly one)")
     out = Path(out)
     replace = _replaces(out, overwrite)
-    _check_creatable(out)
+    check_creatable(out)
     if lengths is not None:
         size = DEFAULT_SLICE_TOKENS if slice_tokens is None else slice_tokens
         docs, tokens_of = documents_from_lengths(load_lengths(lengths), size), None
@@ -147,21 +147,9 @@ def check_plan_layout(
     from slimdata.solver.epoch import epoch_layout
 
     _replaces(Path(out), overwrite)
-    _check_creatable(Path(out))
+    check_creatable(Path(out))
     fixed = cp if isinstance(cp, int) else 1  # "auto" chooses among the sizes that divide
     epoch_layout(nodes, ranks_per_node, fixed, memory_gib, context, mode)
-
-
-def _check_creatable(out: Path) -> None:
-    """``out`` is a folder or can be made as one: its nearest existing ancestor is a writable
-    folder (checked before the inputs are read and the epoch solved)."""
-    there = out
-    while not there.exists() and there != there.parent:
-        there = there.parent
-    if not there.is_dir():
-        raise InputError(f"{out}: {there} is a file, not a folder")
-    if not os.access(there, os.W_OK | os.X_OK):
-        raise InputError(f"{out}: the folder {there} is not writable")
 
 
 def _make_output(out: Path) -> None:

@@ -402,13 +402,14 @@ def creatable_folder(_ctx: click.Context, _param: click.Parameter, value: str | 
     """Click callback of an output FOLDER option that the command creates with any missing
     parents: the nearest path on the way up that exists is a writable folder, so that
     ``-o README.md/x`` (a file on the way) fails here and not in a traceback later."""
+    from slimdata.paths import check_creatable
+
     if value is None:
         return value
-    path = Path(value)
-    existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
-    if not existing.is_dir():
-        raise click.BadParameter(f"{value}: {existing} is a file, not a folder")
-    _writable_folder(existing, value)
+    try:
+        check_creatable(value)
+    except InputError as exc:
+        raise click.BadParameter(str(exc)) from None
     return value
 
 
