@@ -180,6 +180,7 @@ def _sequence(schedule: str, order: tuple[tuple[str, int], ...], pp: int, v: int
     index: dict[tuple[str, int, int], int] = {}  # (pass, chunk, pack) -> sequence index
     ops: list[tuple[str, int, int]] = []
     after: list[tuple[int, int]] = []
+    wave: list[int] = []  # per op: one past the later of its dependencies' waves
     pos, last = [0] * pp, [-1] * pp
     while len(ops) < sum(map(len, stages)):
         progressed = False
@@ -191,6 +192,9 @@ def _sequence(schedule: str, order: tuple[tuple[str, int], ...], pp: int, v: int
                 if dep < 0 and 0 <= up < n_chunks:
                     break  # the neighbouring chunk has not run this pack yet
                 after.append((last[s], dep))
+                wave.append(
+                    1 + max(wave[last[s]] if last[s] >= 0 else -1, wave[dep] if dep >= 0 else -1)
+                )
                 index[(kind, c, i)] = last[s] = len(ops)
                 ops.append((kind, c, i))
                 pos[s] += 1
@@ -205,19 +209,17 @@ def _sequence(schedule: str, order: tuple[tuple[str, int], ...], pp: int, v: int
         chunk=np.array([c for _k, c, _i in ops], dtype=np.int64),
         pack=np.array([i for _k, _c, i in ops], dtype=np.int64),
         after=tuple(after),
-        waves=_waves(after),
+        waves=_waves(after, wave),
     )
 
 
 def _waves(
-    after: Sequence[tuple[int, int]],
+    after: Sequence[tuple[int, int]], wave: Sequence[int]
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
-    """The ops of a sequence (each after its two dependencies, :attr:`_Sequence.after`) by
-    wave: an op's wave is one past the later of its dependencies' (0 without any)."""
-    wave = [0] * len(after)
-    for i, (prev, dep) in enumerate(after):
-        wave[i] = 1 + max(wave[prev] if prev >= 0 else -1, wave[dep] if dep >= 0 else -1)
+    """The ops of a sequence grouped by ``wave`` (each op's: one past the later of its two
+    dependencies', :attr:`_Sequence.after`; 0 without any), with those dependencies."""
     deps = np.array(after, dtype=np.int64).reshape(len(after), 2)
-    by_wave = np.argsort(np.asarray(wave, dtype=np.int64), kind="stable")
-    cuts = np.flatnonzero(np.diff(np.asarray(wave, dtype=np.int64)[by_wave])) + 1
+    w = np.asarray(wave, dtype=np.int64)
+    by_wave = np.argsort(w, kind="stable")
+    cuts = np.flatnonzero(np.diff(w[by_wave])) + 1
     return tuple((ops, deps[ops, 0], deps[ops, 1]) for ops in np.split(by_wave, cuts) if len(ops))
