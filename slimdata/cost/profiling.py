@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from slimdata.errors import ConfigError
 
 __all__ = ["ProfileConfig", "profile_points"]
@@ -71,6 +73,28 @@ class ProfileConfig:
             )
         if self.stat not in ("median", "min"):
             raise ConfigError(f"stat={self.stat!r}: use 'median' or 'min'")
+        _check_separable(self)
+
+
+def _check_separable(config: ProfileConfig) -> None:
+    """The grid's points can tell the fitted terms apart: the per-token, per-causal-pair and
+    per-slice seconds (and per-pack, with several pack sizes), the columns of
+    ``slimdata.hooks.profile.fit_terms``, are linearly independent over the points; else the
+    fit would return one of many equally good answers, checked before anything is timed."""
+    from slimdata.cost import causal_pairs
+
+    pts = np.array(profile_points(config), dtype=float).reshape(-1, 3)
+    s, start, k = pts[:, 0], pts[:, 1], pts[:, 2]
+    columns = [k * s, k * causal_pairs(start, start + s), k]
+    if len(set(k.tolist())) > 1:
+        columns.append(np.ones(len(k)))
+    if np.linalg.matrix_rank(np.stack(columns, axis=1)) < len(columns):
+        raise ConfigError(
+            f"the profile grid (slice_tokens={config.slice_tokens}, prefixes={config.prefixes}, "
+            f"pack_sizes={config.pack_sizes}, {len(pts)} point(s)) cannot tell the cost per "
+            "token, per causal pair and per slice apart: give at least 3 slice lengths, or 2 "
+            "slice lengths and 2 prefixes"
+        )
 
 
 def profile_points(config: ProfileConfig) -> list[tuple[int, int, int]]:

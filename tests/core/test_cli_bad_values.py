@@ -407,3 +407,27 @@ def test_more_ranks_than_any_cluster_is_refused_at_once(tmp_path, args, message)
 def test_a_layout_of_more_ranks_than_any_cluster_is_refused():
     with pytest.raises(ConfigError, match="dp=131073, ranks_per_node=8: at most 131,072 each"):
         Layout(dp=131073)
+
+
+@pytest.mark.parametrize(
+    ("grid", "refused"),
+    [
+        (["--slice-tokens", "64", "--prefixes", "0"], True),  # one point per pack size
+        (["--slice-tokens", "64", "--prefixes", "0,256,1024"], True),  # per token = per slice
+        (["--slice-tokens", "64,128", "--prefixes", "0"], True),  # pairs ~ tokens on 2 lengths
+        (["--slice-tokens", "64,128", "--prefixes", "0,256"], False),
+        (["--slice-tokens", "32,64,128", "--prefixes", "0"], False),
+    ],
+)
+def test_profile_grid_that_cannot_tell_the_terms_apart_is_refused(tmp_path, grid, refused):
+    from slimdata.cost.profiling import ProfileConfig
+
+    values = [tuple(int(x) for x in v.split(",")) for v in grid[1::2]]
+    if not refused:  # the grid is accepted (not run here: a profile takes minutes on a CPU)
+        ProfileConfig(slice_tokens=values[0], prefixes=values[1])
+        return
+    args = ["profile", "--model", "llama-1b", "-o", str(tmp_path / "p.json"), *grid]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "cannot tell the cost per token, per causal pair and per slice apart" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "p.json").exists()
