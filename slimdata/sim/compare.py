@@ -296,8 +296,7 @@ def compare_strategies(
     gbt = layout.dp * layout.context if global_batch_tokens is None else global_batch_tokens
     if gbt < 1:
         raise ConfigError(f"global_batch_tokens={gbt!r} must be >= 1")
-    batches = _batches(docs, layout, gbt, seed, oversize, steps)
-    epoch = len({id(b) for b in batches})
+    batches, epoch = _batches(docs, layout, gbt, seed, oversize, steps)
     if epoch < steps:
         notes.append(
             f"the documents fill {epoch} step(s) of {gbt} tokens: steps {epoch + 1} to {steps} "
@@ -343,16 +342,17 @@ def compare_strategies(
 
 def _batches(
     docs: Sequence[Document], layout: Layout, gbt: int, seed: int, oversize: str, steps: int
-) -> list[list[Document]]:
+) -> tuple[list[list[Document]], int]:
     """The global batches of ``steps`` steps, by the rules `slimdata plan` and the loaders
-    apply (over again from the first when the documents fill fewer batches)."""
+    apply (over again from the first when the documents fill fewer batches), and how many
+    the epoch holds."""
     from slimdata.solver import PlanConfig
 
     rules = PlanConfig(layout=layout, global_batch_tokens=gbt, seed=seed, oversize=oversize)
     batches = rules.batches(docs)
     if not batches:
         raise ConfigError("no documents to simulate")
-    return [batches[s % len(batches)] for s in range(steps)]
+    return [batches[s % len(batches)] for s in range(steps)], len(batches)
 
 
 def _strategy_results(

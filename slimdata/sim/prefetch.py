@@ -13,8 +13,9 @@ speculative ones.
 Workers are started with ``spawn`` (no state copied from the parent), ignore Ctrl-C (the
 parent handles it and stops them) and die with their parent, ``kill -9`` included
 (:func:`slimdata.orphans.die_with_parent`). While they run, SIGTERM ends the parent as
-Ctrl-C does (exit status 143), so it stops them and leaves nothing behind. A worker that dies (killed, out of memory) does
-not stop the search: the pool is given up and the search computes what it asks for itself.
+Ctrl-C does (exit status 143), so it stops them and leaves nothing behind. A worker that
+dies (killed, out of memory) does not stop the search: the pool is given up and the search
+computes what it asks for itself.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from slimdata.sim.results import SimResult
 from slimdata.sim.step import simulate_step
 from slimdata.solver.layout import Layout
 
-__all__ = ["POOL_TOKENS", "WorkerPool", "cannot_fit", "default_jobs"]
+__all__ = ["POOL_TOKENS", "WorkerPool", "cannot_fit", "default_jobs", "solve_timed"]
 
 POOL_TOKENS = 1 << 20
 """Workers are used only for batches of at least this many tokens: below it a configuration
@@ -65,6 +66,22 @@ def cannot_fit(plan: StepPlan, k: int, cost: CostModel, layout: Layout) -> bool:
     most = max((p.tokens for rs in plan.ranks for p in (*rs.forward, *rs.backward)), default=0)
     share = float(min(chunk_fractions(cost.layers, layout.pp)))
     return cost.act_bytes_per_token * most * share / k > layout.memory_bytes
+
+
+def solve_timed(
+    solve: Callable[..., StepPlan],
+    batch: Sequence[Document],
+    layout: Layout,
+    name: str,
+    seed: int,
+    cost: CostModel,
+    step: int,
+) -> tuple[StepPlan, float]:
+    """``name``'s plan of ``batch`` as the search solves it (unvalidated: the simulator reads
+    it) and the milliseconds it took."""
+    t0 = time.perf_counter()
+    plan = solve(batch, layout, name, seed, cost, step=step, validate=False)
+    return plan, (time.perf_counter() - t0) * 1e3
 
 
 @dataclass(frozen=True)
@@ -104,20 +121,18 @@ def run_task(task: Task) -> Done:
     """Solve and simulate one :class:`Task` as the search would."""
     plan, ms, solved = task.plan, 0.0, task.plan is None
     if plan is None:
-        t0 = time.perf_counter()
         try:
-            plan = task.solve(
+            plan, ms = solve_timed(
+                task.solve,
                 task.batch,
                 task.plan_layout,
                 task.name,
                 task.seed,
                 task.cost,
-                step=task.step,
-                validate=False,
+                task.step,
             )
         except PlanError as exc:
             return Done(None, 0.0, exc, (), True)
-        ms = (time.perf_counter() - t0) * 1e3
     if task.prune and cannot_fit(plan, task.prune, task.cost, task.layout):
         return Done(plan, ms, None, (None,) * len(task.configs), solved)
     sims: list[SimResult | PlanError | None] = []

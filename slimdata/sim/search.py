@@ -60,7 +60,7 @@ from slimdata.cost.states import GIVEN, budget_text
 from slimdata.errors import ConfigError, PlanError
 from slimdata.plan import Document, StepPlan
 from slimdata.sim.config import SimConfig
-from slimdata.sim.prefetch import POOL_TOKENS, Done, Task, WorkerPool, cannot_fit
+from slimdata.sim.prefetch import POOL_TOKENS, Done, Task, WorkerPool, cannot_fit, solve_timed
 from slimdata.sim.results import SimResult
 from slimdata.sim.step import simulate_step
 from slimdata.solver.layout import Layout
@@ -281,17 +281,15 @@ class Evaluator:
         if key not in self._plans and name in self._stream_kinds:
             self._advance(name, at, step)
         elif key not in self._plans:
-            t0 = time.perf_counter()
-            plan = self._solve(
+            self._plans[key] = solve_timed(
+                self._solve,
                 self.batches[step],
                 self.layout_for(at, sch),
                 name,
                 self.seed,
                 self.cost,
-                step=step,
-                validate=False,
+                step,
             )
-            self._plans[key] = (plan, (time.perf_counter() - t0) * 1e3)
             self.log.solves += 1
         return self._plans[key]
 
