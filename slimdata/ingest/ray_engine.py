@@ -59,7 +59,8 @@ LOCAL_OBJECT_STORE_BYTES = 256 << 20
 """Object store of a local cluster: only jobs and counts pass through it, never tokens."""
 
 CONNECT_SECONDS = 10.0
-"""How long a GCS ``host:port`` may take to accept a TCP connection before the build gives up."""
+"""How long a GCS ``host:port`` may take to accept a TCP connection, and then to answer
+(:func:`_check_listening`), before the build gives up."""
 
 
 class TaskSink(Datasink[list[dict[str, int]]]):
@@ -130,16 +131,39 @@ def _unreachable(address: str | None, why: BaseException | str) -> ConfigError:
 
 
 def _check_listening(address: str) -> None:
-    """Fail at once when a GCS ``host:port`` accepts no connection (``ray.init`` would retry
-    it for about ten minutes); ``auto``, ``local`` and ``ray://`` addresses pass to Ray."""
+    """Fail at once when a GCS ``host:port`` accepts no connection, or accepts it but does not
+    answer as a GCS does (``ray.init`` would retry either for about ten minutes); ``auto``,
+    ``local`` and ``ray://`` addresses pass to Ray. A GCS is a gRPC server: it answers the
+    HTTP/2 connection preface with a SETTINGS frame (:func:`_speaks_grpc`); under
+    ``RAY_USE_TLS`` it expects TLS first, so only the connection is checked."""
     host, colon, port = address.rpartition(":")
     if not colon or not port.isdigit() or "://" in address:
         return
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS):
-            pass
+        tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
+        with socket.create_connection(
+            (host.strip("[]"), int(port)), timeout=CONNECT_SECONDS
+        ) as conn:
+            if not tls and not _speaks_grpc(conn):
+                raise _unreachable(address, "it accepts connections but is not a Ray GCS")
+    except TimeoutError:
+        raise _unreachable(address, f"no answer in {CONNECT_SECONDS:g} s") from None
     except OSError as exc:
         raise _unreachable(address, exc.strerror or exc) from None
+
+
+def _speaks_grpc(conn: socket.socket) -> bool:
+    """Whether the server on ``conn`` answers the HTTP/2 connection preface with a SETTINGS
+    frame, as every gRPC server does (its first 9 bytes: a frame header of type 4)."""
+    # the preface, then an empty SETTINGS frame: length 0 (3 bytes), type 4, flags 0, stream 0
+    conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+    reply = b""
+    while len(reply) < 9:
+        chunk = conn.recv(9 - len(reply))
+        if not chunk:
+            return False
+        reply += chunk
+    return reply[3] == 4
 
 
 def _remote_args() -> dict[str, Any]:

@@ -223,6 +223,60 @@ def test_a_cluster_out_of_reach_is_an_error_before_any_output(tmp_path, corpus, 
     assert not out.exists()
 
 
+def test_a_port_that_is_not_a_gcs_is_an_error_at_once(tmp_path, corpus, monkeypatch):
+    """A ``host:port`` that accepts connections but is not a Ray GCS (a web server; a server
+    that never answers), which ``ray.init`` would retry for ten minutes: one ``Error:`` line
+    each, exit 2, before the output directory is made; ray.init is never called."""
+    import http.server
+    import threading
+
+    import ray
+
+    from slimdata.ingest import ray_engine
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **_: pytest.fail("ray.init was called"))
+    monkeypatch.setattr(ray_engine, "CONNECT_SECONDS", 0.5)
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_args):  # the runner captures stderr with the output
+            pass
+
+    web = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    out = tmp_path / "out"
+    with socket.socket() as silent:  # listening, never accepting: the kernel completes connects
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        try:
+            for address, reason in (
+                (f"127.0.0.1:{web.server_port}", "it accepts connections but is not a Ray GCS"),
+                (f"127.0.0.1:{silent.getsockname()[1]}", "no answer in 0.5 s"),
+            ):
+                args = [*cli_build_args(corpus, out, "--engine", "ray"), "--address", address]
+                result = CliRunner().invoke(cli, args)
+                assert (result.exit_code, result.output) == (
+                    2,
+                    f"Error: --engine ray cannot connect to the Ray cluster at {address}: "
+                    f"{reason}; start one (`ray start --head`) and give its address, or leave "
+                    "--address out and RAY_ADDRESS unset for a local cluster\n",
+                )
+        finally:
+            web.shutdown()
+            web.server_close()
+    assert not out.exists()
+
+
+def test_a_real_gcs_passes_the_address_check(ray_cluster):
+    """The check above lets a running cluster's GCS through (it answers the HTTP/2 preface
+    with a SETTINGS frame)."""
+    from slimdata.ingest.ray_engine import _check_listening
+
+    _check_listening(ray_cluster)  # raises ConfigError otherwise
+
+
 def test_address_needs_the_ray_engine(tmp_path, corpus):
     result = CliRunner().invoke(cli, ["build", str(corpus), "-o", "x", "--address", "auto"])
     assert result.exit_code == 2 and "needs engine='ray'" in result.output
