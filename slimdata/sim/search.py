@@ -36,8 +36,9 @@ Megatron default of the paper does); ``cp=N`` exactly that size. Costs and short
   step are run on every step, and the lowest time per step over the run wins (the first
   step alone may rank them otherwise: a stream strategy's first step is not its run); with
   one step the screen is the run and the fastest that fits wins;
-- row lengths are screened only at the three fastest ``(k, schedule)`` of the default row
-  (:data:`ROW_CANDIDATES`), longer rows in increasing order until one does not fit or is
+- row lengths are screened only at the ``(k, schedule)`` of the three fastest configurations
+  of the default row (:data:`ROW_CANDIDATES`; fewer when two of them share a ``k`` and
+  schedule, e.g. a plan and the 1F1B plan both run interleaved), longer rows in increasing order until one does not fit or is
   slower than the one before;
 - a *stream* strategy (``wlb``, which delays documents to later steps) is advanced step by
   step as the search asks for its plans (screening solves only its first step) and flushed
@@ -316,7 +317,9 @@ class Evaluator:
             sim_key = (name, at, schedule, step)
             if key in self._failed or sim_key in self._sims or sim_key in self._failed:
                 continue
-            todo.setdefault(key, []).append((sim_key, self.sim_config(at.cp, schedule)))
+            sims = todo.setdefault(key, [])
+            if all(sim_key != known for known, _config in sims):  # asked for twice: once
+                sims.append((sim_key, self.sim_config(at.cp, schedule)))
         if len(todo) < 2:
             return
         tasks = [self._task(key, sims, screen) for key, sims in todo.items()]
@@ -506,7 +509,11 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
                 if fails.startswith(OVER_MEMORY):
                     over.append((at, sch))
         if rows and choice.mode == "best":
-            bases = [(at.cp, sch) for _t, at, sch in sorted(screened)[:ROW_CANDIDATES]]
+            # a CP size and schedule once, though its own plan and the 1F1B plan run under
+            # the interleaved schedule may both be among the fastest
+            bases = list(
+                dict.fromkeys((at.cp, sch) for _t, at, sch in sorted(screened)[:ROW_CANDIDATES])
+            )
             rows_wanted = [(name, Setup(k, r), sch, 0) for k, sch in bases for r in ev.rows(k) if r]
             ev.prefetch(rows_wanted, screen=True)  # some, the search may not reach
             for k, sch in bases:

@@ -96,3 +96,41 @@ def test_a_comparison_whose_worker_died_says_so(monkeypatch):
     ]
     assert not [w for w in alone.warnings if "worker" in w]
     assert died.results["bfd"].step_time == alone.results["bfd"].step_time
+
+
+def test_a_configuration_is_screened_and_simulated_once(monkeypatch):
+    # slimpack's fastest first-pass configurations here are its interleaved plan and its 1F1B
+    # plan, both run interleaved at cp 1: one CP size and schedule, whose rows are screened
+    # once, each simulation handed to one worker once
+    from slimdata.sim import prefetch
+    from slimdata.solver import STREAMS, solve
+
+    handed: list[tuple] = []
+    run = prefetch.WorkerPool.run
+
+    def recording(self, tasks):
+        for t in tasks:
+            lay = t.plan_layout
+            for config in t.configs:
+                key = (t.name, lay.cp, lay.pack_tokens, lay.microbatches, lay.schedule)
+                handed.append((*key, t.step, config.schedule))
+        return run(self, tasks)
+
+    monkeypatch.setattr(prefetch.WorkerPool, "run", recording)
+    batch = _docs(3, 700)
+    assert sum(d.length for d in batch) >= POOL_TOKENS
+    layout = Layout(dp=8, pp=2, memory_gib=30, context=32768, mode="lockstep")
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    for jobs in (1, 2):
+        handed.clear()
+        ev = Evaluator([batch], layout, cost, SimConfig(), 0, solve, STREAMS, jobs=jobs)
+        try:
+            search(ev, "slimpack", BaselineConfig("best"), rows=True)
+        finally:
+            ev.close()
+        tried = [tuple(sorted(t.items())) for t in ev.log.tried]
+        assert len(tried) == len(set(tried)), jobs
+        assert any(t.get("row") for t in ev.log.tried)  # guard: rows were screened
+        assert len(handed) == len(set(handed)), jobs
+        assert ev.log.simulations == len(ev._sims), jobs
+    assert handed  # guard: the workers ran
