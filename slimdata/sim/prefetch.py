@@ -20,12 +20,13 @@ computes what it asks for itself.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -150,11 +151,38 @@ def _exit_on_sigterm(signum: int, _frame: Any) -> None:
 
 
 def _start_worker(parent: int) -> None:
-    """A worker ignores Ctrl-C (its parent stops it) and ends with its parent."""
+    """A worker ignores Ctrl-C (its parent stops it) and ends with its parent. It starts with
+    Ctrl-C held back (:func:`_spawning`); once ignored, a Ctrl-C held since is dropped."""
     from slimdata.orphans import die_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent(parent)
+
+
+@contextlib.contextmanager
+def _spawning() -> Iterator[None]:
+    """Ctrl-C held back while this thread may spawn workers. A terminal's Ctrl-C reaches the
+    whole process group, and a worker still importing, before :func:`_start_worker` ignores
+    it, would die of it with a traceback: the spawning thread blocks SIGINT, and a spawned
+    process inherits that (:func:`_start_worker` then drops it). Another thread of this
+    process (a BLAS pool's) may still take the signal, and Python would raise
+    KeyboardInterrupt in the middle of a spawn, leaving the worker without its start data:
+    in the main thread a Ctrl-C of that moment is only noted, and raised again after."""
+    noted: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    handler = (
+        signal.signal(signal.SIGINT, lambda signum, _f: noted.append(signum)) if main else None
+    )
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if main:
+            signal.signal(signal.SIGINT, handler)
+            if noted:
+                signal.raise_signal(signal.SIGINT)  # as the handler before would have it
 
 
 class WorkerPool:
@@ -183,7 +211,9 @@ class WorkerPool:
                 initargs=(os.getpid(),),
             )
         try:
-            return list(self._executor.map(run_task, tasks))
+            with _spawning():  # map submits every task at once: the workers start here
+                done = self._executor.map(run_task, tasks)
+            return list(done)
         except BrokenProcessPool:
             self.broken = True
             self.close()

@@ -24,8 +24,9 @@ def _children(pid: int) -> list[int]:
     )
 
 
-def _simulate(tmp_path: Path) -> subprocess.Popen:
-    """A search long enough to stop midway: 16M-token steps, DP 16 x PP 4, two workers."""
+def _simulate(tmp_path: Path, session: bool = False) -> subprocess.Popen:
+    """A search long enough to stop midway: 16M-token steps, DP 16 x PP 4, two workers;
+    ``session``: in a process group of its own, as a terminal's foreground job."""
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.lognormal(9.0, 1.4, 4000).astype(int) + 64, 131072)
     path = tmp_path / "lengths.txt"
@@ -36,6 +37,7 @@ def _simulate(tmp_path: Path) -> subprocess.Popen:
         [sys.executable, "-c", code, *args, "--global-batch-tokens", str(1 << 24)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=session,
     )
 
 
@@ -64,4 +66,26 @@ def test_no_worker_outlives_a_stopped_simulation(tmp_path, how):
         return
     # Ctrl-C: click's "Aborted!"; SIGTERM: 128 + 15. No traceback, nothing leaked
     assert code == (1 if how == signal.SIGINT else 143), err.decode()
+    assert b"Traceback" not in err and b"leaked" not in err, err.decode()
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_typed_while_workers_start_stops_them_without_a_traceback(tmp_path):
+    # a terminal's Ctrl-C reaches the whole process group: the workers too, also while they
+    # are still importing, before they could ignore it
+    proc = _simulate(tmp_path, session=True)
+    workers: list[int] = []
+    try:
+        assert wait_for(lambda: len(_children(proc.pid)) >= 2, limit=120)
+        workers = _children(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=60)
+        _out, err = proc.communicate(timeout=30)
+        assert wait_for(lambda: all(proc_stat(w) is None for w in workers), limit=30)
+    finally:
+        proc.kill()
+        for w in workers:
+            if proc_stat(w) is not None:
+                os.kill(w, signal.SIGKILL)
+    assert code == 1, err.decode()
     assert b"Traceback" not in err and b"leaked" not in err, err.decode()
