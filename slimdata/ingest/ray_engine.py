@@ -96,7 +96,9 @@ def ray_session(address: str | None, quiet: bool = False) -> Iterator[None]:
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     where = address or os.environ.get("RAY_ADDRESS")
-    if where is not None:
+    if where == "auto":  # Ray connects ``auto`` to RAY_ADDRESS when that is set
+        _check_listening(os.environ.get("RAY_ADDRESS", "auto"))
+    elif where is not None:
         _check_listening(where)
     try:
         if where is None:

@@ -269,6 +269,33 @@ def test_a_port_that_is_not_a_gcs_is_an_error_at_once(tmp_path, corpus, monkeypa
     assert not out.exists()
 
 
+def test_auto_checks_the_ray_address_it_connects_to(tmp_path, corpus, monkeypatch):
+    """``--address auto`` connects to ``RAY_ADDRESS`` when that is set: a port there that never
+    answers is an ``Error:`` line naming it, as with no ``--address``."""
+    import ray
+
+    from slimdata.ingest import ray_engine
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **_: pytest.fail("ray.init was called"))
+    monkeypatch.setattr(ray_engine, "CONNECT_SECONDS", 0.5)
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    out = tmp_path / "out"
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        where = f"127.0.0.1:{silent.getsockname()[1]}"
+        monkeypatch.setenv("RAY_ADDRESS", where)
+        for address in ((), ("--address", "auto")):
+            args = [*cli_build_args(corpus, out, "--engine", "ray"), *address]
+            result = CliRunner().invoke(cli, args)
+            assert result.exit_code == 2, result.output
+            assert result.output.startswith(
+                f"Error: --engine ray cannot connect to the Ray cluster at {where}: no answer"
+            )
+    assert not out.exists()
+
+
 def test_a_real_gcs_passes_the_address_check(ray_cluster):
     """The check above lets a running cluster's GCS through (it answers the HTTP/2 preface
     with a SETTINGS frame)."""
