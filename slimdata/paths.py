@@ -16,6 +16,8 @@ def check_creatable(out: str | Path) -> None:
     :class:`~slimdata.errors.InputError`, not a traceback once the work is done)."""
     path = Path(out)
     there = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
+    if there.is_symlink() and not there.exists():
+        raise InputError(f"{out}: {there} is a link to {os.readlink(there)}, which does not exist")
     if not there.is_dir():
         raise InputError(f"{out}: {there} is a file, not a folder")
     if not os.access(there, os.W_OK | os.X_OK):

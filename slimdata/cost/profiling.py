@@ -6,6 +6,7 @@ read the defaults without importing the runtime; the measurement itself is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -83,24 +84,41 @@ def _check_separable(config: ProfileConfig) -> None:
     fit would return one of many equally good answers, checked before anything is timed."""
     from slimdata.cost import causal_pairs
 
-    pts = np.array(profile_points(config), dtype=float).reshape(-1, 3)
-    s, start, k = pts[:, 0], pts[:, 1], pts[:, 2]
-    columns = [k * s, k * causal_pairs(start, start + s), k]
-    if len(set(k.tolist())) > 1:
-        columns.append(np.ones(len(k)))
-    if np.linalg.matrix_rank(np.stack(columns, axis=1)) < len(columns):
+    def separable(points: list[tuple[int, int, int]]) -> bool:
+        pts = np.array(points, dtype=float).reshape(-1, 3)
+        s, start, k = pts[:, 0], pts[:, 1], pts[:, 2]
+        columns = [k * s, k * causal_pairs(start, start + s), k]
+        if len(set(k.tolist())) > 1:
+            columns.append(np.ones(len(k)))
+        return bool(np.linalg.matrix_rank(np.stack(columns, axis=1)) == len(columns))
+
+    points = profile_points(config)
+    if separable(points):
+        return
+    grid = (
+        f"the profile grid (slice_tokens={config.slice_tokens}, prefixes={config.prefixes}, "
+        f"pack_sizes={config.pack_sizes}, {len(points)} point(s)"
+    )
+    whole = profile_points(config, cap=None)
+    if len(whole) > len(points) and separable(whole):
         raise ConfigError(
-            f"the profile grid (slice_tokens={config.slice_tokens}, prefixes={config.prefixes}, "
-            f"pack_sizes={config.pack_sizes}, {len(pts)} point(s)) cannot tell the cost per "
-            "token, per causal pair and per slice apart: give at least 3 slice lengths, or 2 "
-            "slice lengths and 2 prefixes"
+            f"{grid} of {len(whole)} within max_point_tokens={config.max_point_tokens}) cannot "
+            "tell the cost per token, per causal pair and per slice apart: the points above "
+            "max_point_tokens are left out; raise it, or give smaller slice lengths or prefixes"
         )
+    raise ConfigError(
+        f"{grid}) cannot tell the cost per token, per causal pair and per slice apart: give "
+        "at least 3 slice lengths, or 2 slice lengths and 2 prefixes"
+    )
 
 
-def profile_points(config: ProfileConfig) -> list[tuple[int, int, int]]:
+def profile_points(
+    config: ProfileConfig, cap: int | Literal["config"] | None = "config"
+) -> list[tuple[int, int, int]]:
     """The ``(s, start, k)`` grid of ``config``, without the points that hold more than
-    ``config.max_point_tokens`` tokens (``k * (start + s)``)."""
-    cap = config.max_point_tokens
+    ``cap`` tokens (``k * (start + s)``; by default ``config.max_point_tokens``)."""
+    if cap == "config":
+        cap = config.max_point_tokens
     return [
         (s, p, k)
         for k in config.pack_sizes

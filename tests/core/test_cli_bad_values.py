@@ -127,6 +127,8 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(
     [
         ("lengths.txt/x", "Error: lengths.txt/x: lengths.txt is a file, not a folder"),
         ("lengths.txt/x/y", "Error: lengths.txt/x/y: lengths.txt is a file, not a folder"),
+        ("gone", "Error: gone: gone is a link to missing/out, which does not exist"),
+        ("gone/x", "Error: gone/x: gone is a link to missing/out, which does not exist"),
     ],
 )
 def test_plan_output_that_cannot_be_a_folder_is_refused_before_the_solve(
@@ -134,6 +136,7 @@ def test_plan_output_that_cannot_be_a_folder_is_refused_before_the_solve(
 ):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "lengths.txt").write_text("100\n200\n")
+    (tmp_path / "gone").symlink_to("missing/out")  # a dangling link
     layout = [part for item in GOOD.items() for part in item]
     result = CliRunner().invoke(cli, ["plan", "--lengths", "lengths.txt", *layout, "-o", output])
     assert result.exit_code == 2 and message in result.output, result.output
@@ -431,3 +434,26 @@ def test_profile_grid_that_cannot_tell_the_terms_apart_is_refused(tmp_path, grid
     assert result.exit_code == 2, result.output
     assert "cannot tell the cost per token, per causal pair and per slice apart" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "p.json").exists()
+
+
+def test_profile_grid_cut_by_max_point_tokens_names_it():
+    # 3 slice lengths x 2 prefixes, one slice a pack, tell the terms apart; within
+    # max_point_tokens=1,000 only the two slices without a prefix are left (128 and 512
+    # tokens), which do not: the advice is about max_point_tokens, not the grid's lengths
+    from slimdata.cost.profiling import ProfileConfig, profile_points
+
+    with pytest.raises(ConfigError) as refused:
+        ProfileConfig(
+            slice_tokens=(128, 512, 2048),
+            prefixes=(0, 4096),
+            pack_sizes=(1,),
+            max_point_tokens=1000,
+        )
+    assert str(refused.value) == (
+        "the profile grid (slice_tokens=(128, 512, 2048), prefixes=(0, 4096), "
+        "pack_sizes=(1,), 2 point(s) of 6 within max_point_tokens=1000) cannot tell the cost "
+        "per token, per causal pair and per slice apart: the points above max_point_tokens "
+        "are left out; raise it, or give smaller slice lengths or prefixes"
+    )
+    whole = ProfileConfig(slice_tokens=(128, 512, 2048), prefixes=(0, 4096), pack_sizes=(1,))
+    assert len(profile_points(whole)) == 6  # accepted
