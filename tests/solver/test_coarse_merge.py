@@ -88,3 +88,19 @@ def test_three_slow_ranks_of_eight_each_merge_one_document():
     assert len(plan.merges) == 3 and all(len(m.ranks) == 2 for m in plan.merges)
     assert sorted(rank_tokens(plan)) == [1024, 1024] + [1536] * 6
     assert plan.meta["imbalance"] == round(12 / 11, 6)
+
+
+def test_a_document_of_one_slice_is_never_a_coarse_merge_candidate():
+    # slices of 256 tokens; documents 0-4 of 640, 256, 128, 1,024 and 768 tokens; 4 ranks.
+    # Documents 3 and 4 are merged over two ranks each to fit one pack's share; whole, the
+    # ranks hold 768 (doc 3's half, doc 1), 640 (doc 3's half, doc 2), 512 (doc 4's half)
+    # and 896 tokens (doc 4's half, doc 0): mean 704, imbalance 896 / 704. Rank 3 and rank 0
+    # are above 1.02 x the mean; rank 3's costliest whole document, 0 (three slices), can be
+    # shared, rank 0's, 1 (one slice), cannot: doc 0 alone is the candidate, merged with doc
+    # 4 over ranks 2 and 3: 768, 640, 768, 640 tokens, imbalance 768 / 704
+    layout = Layout(dp=4, memory_gib=1000, context=8192)
+    plan = solve(docs_of([640, 256, 128, 1024, 768], 256), layout, "slimpack", 0, unit_cost())
+    assert plan.meta["coarse_merge"] == [0]
+    assert [(m.ranks, m.docs) for m in plan.merges] == [((0, 1), (3,)), ((2, 3), (4, 0))]
+    assert rank_tokens(plan) == [768, 640, 768, 640]
+    assert plan.meta["imbalance"] == round(768 / 704, 6)

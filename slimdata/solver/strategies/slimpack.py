@@ -621,7 +621,8 @@ def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -
     costliest whole document of every rank above the imbalance (:func:`_too_coarse`: several
     ranks may be equally slow, and relieving one of them does not shorten the step), then,
     when that is more than one document and does not pay, the slowest rank's alone.
-    ``meta["coarse_merge"]`` lists the merged documents (their indices in the batch)."""
+    ``meta["coarse_merge"]`` lists those of them the kept plan merges (their indices in the
+    batch)."""
     plan = solve(assembly)
     if (
         not assembly.options.coarse_merge
@@ -638,7 +639,8 @@ def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -
         except PlanError:
             continue
         if assembly.estimate(merged) < assembly.estimate(plan) * (1 - COARSE_GAIN):
-            merged.meta["coarse_merge"] = list(coarse)
+            held = {d for g in merged.merges for d in g.docs}
+            merged.meta["coarse_merge"] = [d for d in coarse if d in held]
             return merged
     return plan
 
@@ -646,14 +648,16 @@ def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -
 def _too_coarse(view: BatchView, plan: StepPlan) -> list[int]:
     """Per rank whose load (its packs' predicted seconds) is above :data:`COARSE_IMBALANCE`
     times the mean, slowest first: the costliest document (forward plus backward seconds)
-    it holds whole (not merged), if any."""
+    it holds whole (not merged) that a merge can share, one of two slices or more, if any."""
     load = np.array([sum(p.cost for p in (*rs.forward, *rs.backward)) for rs in plan.ranks])
     merged = {d for g in plan.merges for d in g.docs}
     out = []
     for r in np.argsort(-load, kind="stable").tolist():
         if load[r] <= COARSE_IMBALANCE * load.mean():
             break
-        held = {s.doc for p in plan.ranks[r].forward for s in p.slices} - merged
+        held = {
+            s.doc for p in plan.ranks[r].forward for s in p.slices if len(view.ranges[s.doc]) > 1
+        } - merged
         if held:
             out.append(max(sorted(held), key=lambda d: float(view.doc_fwd[d] + view.doc_bwd[d])))
     return out
