@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimdata.cost import CostModel
-from slimdata.errors import PlanError
 from slimdata.plan import Document, StepPlan
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.sim.config import SimConfig
@@ -112,8 +111,10 @@ class Done:
 
     plan: StepPlan | None
     solve_ms: float
-    error: PlanError | None
-    sims: tuple[SimResult | PlanError | None, ...]
+    error: Exception | None
+    """Why the plan does not solve: a :class:`~slimdata.errors.PlanError`, or an unexpected error, which the
+    search does not keep (it meets it again only if it asks for that plan itself)."""
+    sims: tuple[SimResult | Exception | None, ...]
     solved: bool
     """Whether the worker solved the plan (not handed one)."""
 
@@ -132,15 +133,15 @@ def run_task(task: Task) -> Done:
                 task.cost,
                 task.step,
             )
-        except PlanError as exc:
+        except Exception as exc:  # the parent decides what it means (Done.error)
             return Done(None, 0.0, exc, (), True)
     if task.prune and cannot_fit(plan, task.prune, task.cost, task.layout):
         return Done(plan, ms, None, (None,) * len(task.configs), solved)
-    sims: list[SimResult | PlanError | None] = []
+    sims: list[SimResult | Exception | None] = []
     for cfg in task.configs:
         try:
             sims.append(simulate_step(plan, task.cost, task.layout, cfg).summary())
-        except PlanError as exc:
+        except Exception as exc:
             sims.append(exc)
     return Done(plan, ms, None, tuple(sims), solved)
 

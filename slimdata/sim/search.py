@@ -348,10 +348,13 @@ class Evaluator:
 
     def _keep(self, key: tuple, sims: list[tuple[tuple, SimConfig]], done: Done) -> None:
         """A worker's results into the caches and the log, as :meth:`plan` and :meth:`sim`
-        would have put them."""
+        would have put them. An unexpected error is not kept: the search may never ask for
+        what raised it (the workers compute ahead), and where it does, it raises it itself,
+        as without workers."""
         if done.error is not None:
-            self._failed[key] = done.error
-            self.log.solves += 1
+            if isinstance(done.error, PlanError):
+                self._failed[key] = done.error
+                self.log.solves += 1
             return
         assert done.plan is not None
         if done.solved:
@@ -360,8 +363,9 @@ class Evaluator:
         for (sim_key, _cfg), r in zip(sims, done.sims, strict=True):
             if r is None:  # pruned: the search does not simulate it
                 continue
-            if isinstance(r, PlanError):
-                self._failed[sim_key] = r
+            if isinstance(r, Exception):
+                if isinstance(r, PlanError):
+                    self._failed[sim_key] = r
                 continue
             self._sims[sim_key] = r
             self.log.simulations += 1

@@ -134,3 +134,33 @@ def test_a_configuration_is_screened_and_simulated_once(monkeypatch):
         assert len(handed) == len(set(handed)), jobs
         assert ev.log.simulations == len(ev._sims), jobs
     assert handed  # guard: the workers ran
+
+
+def _failing_solve(*args, **kwargs):
+    """The registry's solve, except that in a worker process it fails unexpectedly."""
+    from slimdata.solver.registry import solve
+
+    if os.getpid() != int(os.environ["SLIMDATA_TEST_PARENT"]):
+        raise ValueError("unexpected")
+    return solve(*args, **kwargs)
+
+
+def test_an_unexpected_error_on_a_worker_is_met_only_where_the_search_asks(monkeypatch):
+    # the workers compute ahead, some of it the search never asks for: an error there must
+    # not stop a search that runs without workers; what it does ask for it computes itself
+    from slimdata.solver import STREAMS, solve
+
+    monkeypatch.setenv("SLIMDATA_TEST_PARENT", str(os.getpid()))
+    batches = [_docs(5, 900)]
+    layout = Layout(dp=8, memory_gib=30, context=32768)
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    runs = []
+    for how, jobs in ((solve, 1), (_failing_solve, 2)):
+        ev = Evaluator(batches, layout, cost, SimConfig(), 0, how, STREAMS, jobs=jobs)
+        try:
+            runs.append(search(ev, "bfd", BaselineConfig("best"), rows=True))
+        finally:
+            ev.close()
+    alone, after = runs
+    assert isinstance(alone, Run) and isinstance(after, Run)
+    assert (after.cp, after.row, after.step_time) == (alone.cp, alone.row, alone.step_time)
