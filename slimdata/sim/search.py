@@ -126,6 +126,7 @@ class SearchLog:
     """Configurations skipped by the memory test, without simulating."""
     simulations: int = 0
     solves: int = 0
+    """Plans solved, those that do not solve included (each configuration once)."""
     seconds: float = 0.0
     workers: int = 0
     """Worker processes that solved and simulated ahead of the search (0: none,
@@ -282,16 +283,20 @@ class Evaluator:
         if key not in self._plans and name in self._stream_kinds:
             self._advance(name, at, step)
         elif key not in self._plans:
-            self._plans[key] = solve_timed(
-                self._solve,
-                self.batches[step],
-                self.layout_for(at, sch),
-                name,
-                self.seed,
-                self.cost,
-                step,
-            )
             self.log.solves += 1
+            try:
+                self._plans[key] = solve_timed(
+                    self._solve,
+                    self.batches[step],
+                    self.layout_for(at, sch),
+                    name,
+                    self.seed,
+                    self.cost,
+                    step,
+                )
+            except PlanError as exc:  # solved once: a solve is deterministic
+                self._failed[key] = exc
+                raise
         return self._plans[key]
 
     def _plan_key(

@@ -47,6 +47,7 @@ def test_workers_give_the_same_comparison():
     assert workers.search["configurations"] == alone.search["configurations"]
     # the workers solve and simulate ahead, some of it the search never asks for
     assert workers.search["simulations"] >= alone.search["simulations"]
+    assert workers.search["solves"] >= alone.search["solves"]
 
 
 def _dying_solve(*args, **kwargs):
