@@ -191,6 +191,8 @@ class _Tasks:
         self.n_chunks = len(self.frac)
         self.net, self.fsdp = config.interconnect, config.parallelism == "fsdp"
         self.fwork, self.bwork = work
+        self.offsets = {"F": self.pt.f_offset.tolist(), "B": self.pt.b_offset.tolist()}
+        """Per pass, each rank's first flat pack (Python ints: read for every pack pass)."""
         self.graph = TaskGraph(n_devices=self.dp * self.pp)
         self.ftid = np.full((self.n_chunks, len(self.pt.fwd)), -1, dtype=np.int64)
         self.btid = np.full((self.n_chunks, len(self.pt.bwd)), -1, dtype=np.int64)
@@ -232,7 +234,7 @@ class _Tasks:
         return len(rs.forward) if kind == "F" else len(rs.backward)
 
     def offset(self, r: int, kind: str) -> int:
-        return int((self.pt.f_offset if kind == "F" else self.pt.b_offset)[r])
+        return self.offsets[kind][r]
 
     def cp_comm(self, c: int, r: int, kind: str, i: int) -> float:
         """Exposed static-CP K/V exchange of a pack (:func:`slimdata.sim.cp.cp_packs`)."""
