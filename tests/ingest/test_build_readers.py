@@ -18,6 +18,7 @@ from slimdata.ingest import build
 from slimdata.readers import (
     DEFAULT_TASK_BYTES,
     ReadOptions,
+    Rejected,
     auto_task_bytes,
     plan_inputs,
     read_task,
@@ -82,6 +83,23 @@ def test_datasets_save_to_disk_dirs(tmp_path):
     assert got[-1].doc_id == "dict/test/data-00000-of-00001.arrow:0"
     with pytest.raises(InputError, match=r"no column 'text' \(columns: content\)"):
         plan_inputs([tmp_path / "single"], opts=ReadOptions())
+
+
+def test_save_to_disk_dir_inside_a_walked_directory_is_read_as_a_dataset(tmp_path):
+    # data/
+    #   a.txt
+    #   ds/   (save_to_disk: state.json, dataset_info.json, data-00000-of-00001.arrow)
+    #   z.txt
+    import datasets
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "a.txt").write_text("alpha")
+    datasets.Dataset.from_dict({"text": TEXTS}).save_to_disk(str(root / "ds"))
+    (root / "z.txt").write_text("omega")
+    got = records(plan_inputs([root], opts=DEFAULT_OPTS))
+    assert [r.text for r in got] == ["alpha", *TEXTS, "omega"]
+    assert not [r for r in got if isinstance(r, Rejected)]  # no state.json lines quarantined
 
 
 def test_big_jsonl_is_split_at_lines_without_loss(tmp_path):
