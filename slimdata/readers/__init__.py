@@ -1,8 +1,8 @@
 """Readers: turn input paths into deterministic read tasks, and tasks into records.
 
 Inputs are files, directories (walked recursively in sorted order, hidden entries skipped)
-or glob patterns (``data/**/*.jsonl``). The format of each file comes from its suffix
-(``--format auto``) or is forced:
+or glob patterns (``data/**/*.jsonl``; a matched directory is walked like a directory
+input). The format of each file comes from its suffix (``--format auto``) or is forced:
 
 =========  ==========================================================================
 ``jsonl``  ``.jsonl``, ``.ndjson``, ``.json`` (lines or one array), optionally ``.gz``/``.zst``
@@ -235,6 +235,44 @@ def _glob_root(pattern: str) -> Path:
     return Path(*fixed) if fixed else Path(".")
 
 
+def _glob_files(
+    pattern: str,
+    root: Path,
+    fmt: str,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    notes: list[str],
+) -> list[tuple[str, int]]:
+    """Files of a glob pattern, relative to its fixed ``root``, in sorted path order.
+
+    A matched file is taken as it is; a matched directory is walked as a directory input
+    is (``include``, hidden entries, ``save_to_disk`` directories), so a quoted ``'data/*'``
+    reads what the shell's expansion of it reads. A file below a matched directory comes
+    from that directory's walk only.
+    """
+    datasets = fmt in ("auto", "arrow")
+    matched_dirs: set[str] = set()
+    plain: list[tuple[str, str, int]] = []
+    walked: list[tuple[str, str, int]] = []
+    for m in sorted(glob.glob(pattern, recursive=True)):
+        path = Path(m)
+        rel = path.relative_to(root).as_posix()
+        if _matches(rel, exclude):
+            continue
+        if path.is_dir():
+            if rel in matched_dirs:
+                continue
+            matched_dirs.add(rel)
+            prefix = "" if rel == "." else rel + "/"
+            walked += _walk_keyed(path, include, exclude, notes, datasets, prefix)
+        elif path.is_file():
+            plain.append((rel, rel, path.stat().st_size))
+    parents = {rel: {p.as_posix() for p in Path(rel).parents} for rel, _, _ in plain}
+    plain = [e for e in plain if not parents[e[1]] & matched_dirs]
+    unique = {rel: (key, size) for key, rel, size in walked + plain}
+    return [(rel, size) for rel, (_key, size) in sorted(unique.items(), key=lambda e: e[1][0])]
+
+
 def _source_name(path: Path) -> str:
     name = path.resolve().name if path.name in ("", ".", "..") else path.name
     for suffix in (
@@ -338,14 +376,9 @@ def _plan_inputs(
         path = Path(spec)
         if not path.exists() and glob.has_magic(str(spec)):
             root = _glob_root(str(spec))
-            matches = sorted(
-                Path(m)
-                for m in glob.glob(str(spec), recursive=True)
-                if Path(m).is_file() and not _matches(Path(m).relative_to(root).as_posix(), exclude)
-            )
-            if not matches:
+            files = _glob_files(str(spec), root, fmt, include, exclude, notes)
+            if not files:
                 raise InputError(f"input pattern {spec!r} matches no file")
-            files = [(m.relative_to(root).as_posix(), m.stat().st_size) for m in matches]
             files = _unseen(root, files, seen, notes)
             tasks += _plan_files(root, files, source or _source_name(root), fmt, opts, task_bytes)
             continue

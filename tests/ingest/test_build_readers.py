@@ -102,6 +102,24 @@ def test_save_to_disk_dir_inside_a_walked_directory_is_read_as_a_dataset(tmp_pat
     assert not [r for r in got if isinstance(r, Rejected)]  # no state.json lines quarantined
 
 
+def test_glob_matching_directories_reads_them(tmp_path):
+    # a quoted 'data/*' must read data/sub/ and the save_to_disk dir data/ds/, as the
+    # shell's expansion of the same pattern does
+    import datasets
+
+    root = tmp_path / "data"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.jsonl").write_bytes(jsonl_bytes(TEXTS[:1]))
+    (root / "sub" / "b.txt").write_text("bravo")
+    datasets.Dataset.from_dict({"text": TEXTS[1:]}).save_to_disk(str(root / "ds"))
+    for pattern in ("*", "**"):
+        got = records(plan_inputs([str(root / pattern)], opts=DEFAULT_OPTS))
+        assert [r.text for r in got] == [TEXTS[0], *TEXTS[1:], "bravo"], pattern
+        assert not [r for r in got if isinstance(r, Rejected)], pattern
+    got = records(plan_inputs([str(root / "*")], opts=DEFAULT_OPTS, include=("*.txt",)))
+    assert [r.doc_id for r in got] == ["data/a.jsonl:1", "data/sub/b.txt"]
+
+
 def test_big_jsonl_is_split_at_lines_without_loss(tmp_path):
     texts = [f"document number {i} " * (1 + i % 5) for i in range(300)]
     path = tmp_path / "big.jsonl"
