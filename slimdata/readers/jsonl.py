@@ -114,12 +114,17 @@ def plan(path: str, rel: str, source: str, task_bytes: int) -> list[ReadTask]:
     return tasks
 
 
-def _field(obj: dict[str, Any], name: str) -> Any:
-    """Value of a (dotted) field, or None when absent: ``meta.title`` -> obj["meta"]["title"]."""
+_ABSENT = object()
+"""What :func:`_field` returns for a field the record does not have (a JSON null is None)."""
+
+
+def _field(obj: dict[str, Any], name: str, absent: Any = None) -> Any:
+    """Value of a (dotted) field, or ``absent`` when there is none: ``meta.title`` ->
+    obj["meta"]["title"]."""
     value: Any = obj
     for part in name.split("."):
         if not isinstance(value, dict) or part not in value:
-            return None
+            return absent
         value = value[part]
     return value
 
@@ -129,11 +134,14 @@ def _record(obj: Any, doc_id: str, opts: ReadOptions) -> ReadResult:
         return Rejected(
             doc_id, f"record is a JSON {type(obj).__name__}, not an object", repr(obj)[:200]
         )
-    if _field(obj, opts.text_field) is None:
+    text = _field(obj, opts.text_field, _ABSENT)
+    if text is _ABSENT:
         fields = ", ".join(sorted(obj)[:10])
         return Rejected(
             doc_id, f"missing text field {opts.text_field!r} (fields: {fields}); use --text-field"
         )
+    if text is None:
+        return Rejected(doc_id, f"text field {opts.text_field!r} is null, not a string")
     if opts.id_field:
         ident = _field(obj, opts.id_field)
         if ident is None or isinstance(ident, dict | list):
@@ -144,7 +152,7 @@ def _record(obj: Any, doc_id: str, opts: ReadOptions) -> ReadResult:
                 doc_id, f"id field {opts.id_field!r}: {reason}", ascii(str(ident)[:200])
             )
         doc_id = str(ident)
-    return check_text(doc_id, _field(obj, opts.text_field), opts.text_field)
+    return check_text(doc_id, text, opts.text_field)
 
 
 def _lines(task: ReadTask) -> Iterator[bytes]:

@@ -120,6 +120,20 @@ def test_glob_matching_directories_reads_them(tmp_path):
     assert [r.doc_id for r in got] == ["data/a.jsonl:1", "data/sub/b.txt"]
 
 
+def test_jsonl_null_text_is_named_null_not_missing(tmp_path):
+    path = tmp_path / "n.jsonl"
+    path.write_text('{"text": null}\n{"meta": {"body": null}, "text": "x"}\n{"title": "t"}\n')
+    got = records(plan_inputs([path], opts=DEFAULT_OPTS))
+    assert [r.reason for r in got[::2]] == [
+        "text field 'text' is null, not a string",
+        "missing text field 'text' (fields: title); use --text-field",
+    ]
+    opts = ReadOptions(text_field="meta.body")
+    assert records(plan_inputs([path], opts=opts), opts)[1].reason == (
+        "text field 'meta.body' is null, not a string"
+    )
+
+
 def test_big_jsonl_is_split_at_lines_without_loss(tmp_path):
     texts = [f"document number {i} " * (1 + i % 5) for i in range(300)]
     path = tmp_path / "big.jsonl"
