@@ -105,11 +105,14 @@ def _loop_error(exc: SlimdataError) -> SlimdataError:
 
 def _shards_cost(dataset: Any) -> CostModel | None:
     """The cost model the shards were built with, when ``dataset`` (or what it wraps, through
-    ``.ds``/``.dataset``) reads a local build that has its sidecar."""
+    ``.ds``/``.dataset``) reads a local build that has its sidecar: a stock
+    ``StreamingDataset(local=...)`` keeps that directory in ``streams[0].local``
+    (:func:`~slimdata.mdsindex.local_dirs`). Several streams must agree on one model."""
     for _ in range(4):
-        local = getattr(dataset, "local", None)
-        if isinstance(local, str) and (Path(local) / SIDECAR_NAME).is_file():
-            return build_cost_model(local)
+        found = [d for d in local_dirs(dataset) if (d / SIDECAR_NAME).is_file()]
+        models = [build_cost_model(d) for d in found]
+        if models and all(m == models[0] for m in models):
+            return models[0]
         dataset = getattr(dataset, "ds", None) or getattr(dataset, "dataset", None)
         if dataset is None:
             break

@@ -101,6 +101,25 @@ def test_document_loader_resumes_exactly(doc_shards):
             next(iter(resumed))
 
 
+def test_document_loader_prices_with_the_builds_cost_model(tmp_path):
+    # a stock StreamingDataset keeps its directory on streams[0].local, not on .local
+    from pathlib import Path
+
+    from slimdata.ingest import BuildConfig, build
+    from slimdata.planning import build_cost_model
+
+    src = tmp_path / "a.txt"
+    src.write_text("a few words of text " * 40)
+    out = tmp_path / "out"
+    tok = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_tokenizer.json"
+    build(BuildConfig(inputs=(str(src),), tokenizer=str(tok), model="llama-1b"), out)
+    ds = StreamingDataset(local=str(out), shuffle=False, batch_size=1)
+    loader = DocumentLoader(ds, rank=0, config=CFG)
+    assert loader.cost is not None
+    assert loader.cost == build_cost_model(out)
+    assert loader.cost.layers == 16  # llama-1b's, not the solver's default llama-8b
+
+
 @pytest.fixture(scope="module")
 def plan_shards(doc_shards, tmp_path_factory):
     path, toks = doc_shards
