@@ -91,14 +91,23 @@ _LOOP_ARGS = (
     ("raise pack_tokens", "raise Layout(pack_tokens=...)"),
     ("the DP size", "Layout(dp=...)"),
     ("cut finer slices", "rebuild the shards with a smaller --slice-tokens"),
-    ("--recompute full", "LoaderConfig(recompute='full')"),
 )
 
 
-def _loop_error(exc: SlimdataError) -> SlimdataError:
+def _recompute_arg(config: LoaderConfig) -> str:
+    """What sets the recompute policy of ``config``'s cost model: ``recompute`` applies only
+    to the model derived from ``model`` (:meth:`LoaderConfig.resolved_cost`)."""
+    if config.cost is not None:
+        return "LoaderConfig(cost=CostModel(...)) with recompute='full'"
+    if config.model is None:
+        return "LoaderConfig(model=..., recompute='full')"
+    return "LoaderConfig(recompute='full')"
+
+
+def _loop_error(exc: SlimdataError, config: LoaderConfig) -> SlimdataError:
     """The same error, its advice worded for a training loop instead of the CLI."""
     msg = str(exc)
-    for cli, loop in _LOOP_ARGS:
+    for cli, loop in (*_LOOP_ARGS, ("--recompute full", _recompute_arg(config))):
         msg = msg.replace(cli, loop)
     return type(exc)(msg)
 
@@ -181,7 +190,7 @@ class DocumentLoader:
         try:
             return self.config.batches(self.documents, epoch)
         except SlimdataError as exc:
-            raise _loop_error(exc) from None
+            raise _loop_error(exc, self.config) from None
 
     def solve(self, batch: Sequence[Document], step: int):
         """The plan of one global batch, with :attr:`cost`."""
@@ -189,7 +198,7 @@ class DocumentLoader:
         try:
             return solve(batch, cfg.layout, cfg.strategy, cfg.seed, self.cost, step=step)
         except SlimdataError as exc:
-            raise _loop_error(exc) from None
+            raise _loop_error(exc, cfg) from None
 
     def state_dict(self) -> dict[str, int]:
         """``documents``: documents of this epoch already handed out (all ranks agree)."""

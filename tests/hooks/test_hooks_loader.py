@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -10,6 +11,7 @@ from hooks_helpers import VOCAB
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from streaming import MDSWriter, StreamingDataset
 
+from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.slicing import slice_cuts
 from slimdata.solver import Layout, solve
@@ -118,6 +120,24 @@ def test_document_loader_prices_with_the_builds_cost_model(tmp_path):
     assert loader.cost is not None
     assert loader.cost == build_cost_model(out)
     assert loader.cost.layers == 16  # llama-1b's, not the solver's default llama-8b
+
+
+@pytest.mark.parametrize(
+    ("given", "advice"),
+    [
+        ({}, "LoaderConfig(model=..., recompute='full')"),  # recompute alone changes nothing
+        ({"model": "llama-1b"}, "use LoaderConfig(recompute='full')"),
+        ({"cost": CostModel.analytic("llama-1b", "h100", "none")}, "cost=CostModel(...)"),
+    ],
+)
+def test_a_memory_refusal_names_a_recompute_option_that_applies(doc_shards, given, advice):
+    path, _ = doc_shards
+    ds = StreamingDataset(local=str(path), shuffle=False, batch_size=1)
+    layout = Layout(dp=2, context=256, memory_gib=0.01)
+    cfg = dataclasses.replace(CFG, layout=layout, strategy="slimpack", **given)
+    with pytest.raises(PlanError, match="memory cap") as info:
+        next(iter(DocumentLoader(ds, rank=0, config=cfg)))
+    assert advice in str(info.value)
 
 
 @pytest.fixture(scope="module")
