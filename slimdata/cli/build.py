@@ -197,7 +197,8 @@ def _pipeline(name: str | None) -> BuildConfig:
 @click.option(
     "--resume",
     is_flag=True,
-    help="Continue an interrupted build in OUTPUT (same inputs and options).",
+    help="Continue an interrupted build in OUTPUT (same inputs and options); with --plan, "
+    "solve the plan again over earlier plan shards in its directory.",
 )
 @click.option(
     "--plan",
@@ -240,7 +241,10 @@ def command(
 
     layout = _plan_layout(ctx, options, plan_dir)
     config = _config(ctx, pipeline, inputs, options, layout["context"])
-    how = None if plan_dir is None else _plan_budget(plan_dir, config, layout, overwrite)
+    # --resume finishes the whole command: the plan is solved again over earlier plan shards
+    # (recognised by their plan.json, as --overwrite requires)
+    replace_plan = overwrite or resume
+    how = None if plan_dir is None else _plan_budget(plan_dir, config, layout, replace_plan)
     summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
     text = not quiet and json_path != "-"  # `--json` alone: standard output holds only JSON
     if json_path is not None:
@@ -248,7 +252,7 @@ def command(
     if text:
         _echo_summary(summary, output)
     if plan_dir is not None and how is not None:
-        _write_plan(plan_dir, output, layout, how, overwrite=overwrite, echo=text)
+        _write_plan(plan_dir, output, layout, how, overwrite=replace_plan, echo=text)
 
 
 def _plan_layout(
