@@ -5,7 +5,7 @@ or glob patterns (``data/**/*.jsonl``; a matched directory is walked like a dire
 input). The format of each file comes from its suffix (``--format auto``) or is forced:
 
 =========  ==========================================================================
-``jsonl``  ``.jsonl``, ``.ndjson``, ``.json`` (lines or one array), optionally ``.gz``/``.zst``
+``jsonl``  ``.jsonl``, ``.ndjson``, ``.json`` (lines, one array or object), ``.gz``/``.zst`` too
 ``parquet`` ``.parquet``, ``.pq``
 ``arrow``  ``.arrow`` files and ``datasets`` ``save_to_disk`` directories
 ``text``   anything else: one file = one document

@@ -2,7 +2,8 @@
 
 Plain files are split into byte-range tasks at line boundaries (so one big file still feeds
 several workers); compressed files cannot be seeked and are one task each. A ``.json`` file
-whose first non-blank byte is ``[`` is read as one JSON array of objects.
+whose first non-blank byte is ``[`` is read as one JSON array of objects, and one whose
+first line is an incomplete ``{`` object as that single object (one record).
 
 Document ids are ``source/file:line`` (1-based line number) or ``source/file:item`` (0-based
 list index) unless ``--id-field`` names a field holding an id.
@@ -10,6 +11,7 @@ list index) unless ``--id-field`` names a field holding an id.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -65,7 +67,10 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 
 
 def _is_array(path: str) -> bool:
-    """True when a ``.json`` file holds one JSON array (first non-blank byte is ``[``)."""
+    """True when a ``.json`` file holds one JSON value rather than JSON Lines: an array
+    (first non-blank byte ``[``), or one object spread over several lines (first non-blank
+    byte ``{`` and a first line that is no JSON value alone, as ``json.dump(obj, indent=2)``
+    writes)."""
     base = path
     kind = _compression(path)
     if kind:
@@ -75,9 +80,17 @@ def _is_array(path: str) -> bool:
     try:
         with open_binary(path) as fh:
             head = fh.read(4096).lstrip()
+            if not head.startswith(b"{"):
+                return head.startswith(b"[")
+            # its first line in full (it may run past the 4096 bytes read)
+            first = b"".join([head.split(b"\n", 1)[0], b"" if b"\n" in head else fh.readline()])
     except _read_errors() as exc:
         raise input_error(path, f"cannot read or decompress: {exc}") from exc
-    return head.startswith(b"[")
+    try:
+        json.loads(first)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return True
+    return False
 
 
 def plan(path: str, rel: str, source: str, task_bytes: int) -> list[ReadTask]:
@@ -205,26 +218,36 @@ def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
         )
 
 
+def _array_error(exc: ValueError | RecursionError) -> str:
+    """Why a whole-file JSON value does not parse."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"undecodable bytes (not UTF-8) at byte {exc.start}; whole file rejected"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"malformed JSON array: {exc.msg} at line {exc.lineno}; whole file rejected"
+    if isinstance(exc, RecursionError):
+        return "malformed JSON array: nested too deeply; whole file rejected"
+    return f"malformed JSON array: {exc}; whole file rejected"
+
+
 def _read_array(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
     file_id = doc_id_for(task.source, task.rel)
     try:
         with open_binary(task.path) as fh:
-            data = json.loads(fh.read())
-    except UnicodeDecodeError as exc:
-        yield Rejected(
-            file_id, f"undecodable bytes (not UTF-8) at byte {exc.start}; whole file rejected"
-        )
-        return
-    except json.JSONDecodeError as exc:
-        yield Rejected(
-            file_id, f"malformed JSON array: {exc.msg} at line {exc.lineno}; whole file rejected"
-        )
-        return
-    except RecursionError:
-        yield Rejected(file_id, "malformed JSON array: nested too deeply; whole file rejected")
-        return
+            raw = fh.read()
     except _read_errors() as exc:
         yield Rejected(file_id, f"unreadable, corrupt or truncated file: {exc}")
+        return
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        if raw.lstrip().startswith(b"{"):
+            # no single object after all (JSON Lines whose first line is broken): line by line
+            yield from read(dataclasses.replace(task, format="jsonl", first_index=1), opts)
+        else:
+            yield Rejected(file_id, _array_error(exc))
+        return
+    if isinstance(data, dict):  # one record: the file's single object
+        yield _record(data, doc_id_for(task.source, task.rel, 0), opts)
         return
     if not isinstance(data, list):
         yield Rejected(

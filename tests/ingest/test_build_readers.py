@@ -134,6 +134,26 @@ def test_jsonl_null_text_is_named_null_not_missing(tmp_path):
     )
 
 
+def test_json_file_holding_one_pretty_printed_object_is_one_record(tmp_path):
+    # json.dump(obj, f, indent=2): one record over several lines, not one quarantine line each
+    (tmp_path / "one.json").write_text(json.dumps({"id": "x", "text": TEXTS[2]}, indent=2))
+    (tmp_path / "meta.json").write_text(json.dumps({"citation": "", "features": {}}, indent=2))
+    (tmp_path / "lines.json").write_bytes(jsonl_bytes(TEXTS[:2]))  # JSON Lines named .json
+    got = records(plan_inputs([tmp_path / "one.json"], opts=DEFAULT_OPTS))
+    assert [(r.doc_id, r.text) for r in got] == [("one/one.json:0", TEXTS[2])]
+    got = records(plan_inputs([tmp_path / "meta.json"], opts=DEFAULT_OPTS))
+    assert [r.reason for r in got] == [
+        "missing text field 'text' (fields: citation, features); use --text-field"
+    ]
+    got = records(plan_inputs([tmp_path / "lines.json"], opts=DEFAULT_OPTS))
+    assert [r.text for r in got] == TEXTS[:2]
+    # JSON Lines named .json whose first line is broken: still read line by line
+    (tmp_path / "broken.json").write_bytes(b'{"text": "cut\n' + jsonl_bytes(TEXTS[:1]))
+    got = records(plan_inputs([tmp_path / "broken.json"], opts=DEFAULT_OPTS))
+    assert [type(r).__name__ for r in got] == ["Rejected", "Record"]
+    assert got[0].reason.startswith("malformed JSON") and got[1].text == TEXTS[0]
+
+
 def test_big_jsonl_is_split_at_lines_without_loss(tmp_path):
     texts = [f"document number {i} " * (1 + i % 5) for i in range(300)]
     path = tmp_path / "big.jsonl"
