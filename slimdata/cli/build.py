@@ -245,7 +245,15 @@ def command(
     # (recognised by their plan.json, as --overwrite requires)
     replace_plan = overwrite or resume
     how = None if plan_dir is None else _plan_budget(plan_dir, config, layout, replace_plan)
-    summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
+    try:
+        summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
+    except KeyboardInterrupt:  # Ctrl-C: click alone would print "Aborted!"
+        click.echo(
+            f"interrupted: the finished tasks in {output} are kept; rerun the same command "
+            "with --resume to continue",
+            err=True,
+        )
+        ctx.exit(130)
     text = not quiet and json_path != "-"  # `--json` alone: standard output holds only JSON
     if json_path is not None:
         write_json(summary.sidecar, json_path)
