@@ -91,25 +91,37 @@ _LOOP_ARGS = (
     ("raise pack_tokens", "raise Layout(pack_tokens=...)"),
     ("the DP size", "Layout(dp=...)"),
     ("cut finer slices", "rebuild the shards with a smaller --slice-tokens"),
-    ("--recompute full", "LoaderConfig(recompute='full')"),
 )
 
 
-def _loop_error(exc: SlimdataError) -> SlimdataError:
+def _recompute_arg(config: LoaderConfig) -> str:
+    """What sets the recompute policy of ``config``'s cost model: ``recompute`` applies only
+    to the model derived from ``model`` (:meth:`LoaderConfig.resolved_cost`)."""
+    if config.cost is not None:
+        return "LoaderConfig(cost=CostModel(...)) with recompute='full'"
+    if config.model is None:
+        return "LoaderConfig(model=..., recompute='full')"
+    return "LoaderConfig(recompute='full')"
+
+
+def _loop_error(exc: SlimdataError, config: LoaderConfig) -> SlimdataError:
     """The same error, its advice worded for a training loop instead of the CLI."""
     msg = str(exc)
-    for cli, loop in _LOOP_ARGS:
+    for cli, loop in (*_LOOP_ARGS, ("--recompute full", _recompute_arg(config))):
         msg = msg.replace(cli, loop)
     return type(exc)(msg)
 
 
 def _shards_cost(dataset: Any) -> CostModel | None:
     """The cost model the shards were built with, when ``dataset`` (or what it wraps, through
-    ``.ds``/``.dataset``) reads a local build that has its sidecar."""
+    ``.ds``/``.dataset``) reads a local build that has its sidecar: a stock
+    ``StreamingDataset(local=...)`` keeps that directory in ``streams[0].local``
+    (:func:`~slimdata.mdsindex.local_dirs`). Several streams must agree on one model."""
     for _ in range(4):
-        local = getattr(dataset, "local", None)
-        if isinstance(local, str) and (Path(local) / SIDECAR_NAME).is_file():
-            return build_cost_model(local)
+        found = [d for d in local_dirs(dataset) if (d / SIDECAR_NAME).is_file()]
+        models = [build_cost_model(d) for d in found]
+        if models and all(m == models[0] for m in models):
+            return models[0]
         dataset = getattr(dataset, "ds", None) or getattr(dataset, "dataset", None)
         if dataset is None:
             break
@@ -178,7 +190,7 @@ class DocumentLoader:
         try:
             return self.config.batches(self.documents, epoch)
         except SlimdataError as exc:
-            raise _loop_error(exc) from None
+            raise _loop_error(exc, self.config) from None
 
     def solve(self, batch: Sequence[Document], step: int):
         """The plan of one global batch, with :attr:`cost`."""
@@ -186,7 +198,7 @@ class DocumentLoader:
         try:
             return solve(batch, cfg.layout, cfg.strategy, cfg.seed, self.cost, step=step)
         except SlimdataError as exc:
-            raise _loop_error(exc) from None
+            raise _loop_error(exc, cfg) from None
 
     def state_dict(self) -> dict[str, int]:
         """``documents``: documents of this epoch already handed out (all ranks agree)."""

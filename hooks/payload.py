@@ -40,8 +40,15 @@ class StepPayload:
             raise PlanError(f"payload for rank {self.rank} but the plan has {self.plan.dp} ranks")
         want = self.plan.ranks[self.rank].tokens
         if len(self.tokens) != want:
+            why = (
+                ": plan shards of `slimdata plan --lengths` carry no tokens; to train, plan from "
+                "the build's shards (`slimdata plan SHARDS`) or use a DocumentLoader"
+                if len(self.tokens) == 0
+                else ""
+            )
             raise PlanError(
-                f"step {self.plan.step} rank {self.rank}: payload has {len(self.tokens)} tokens, plan needs {want}"
+                f"step {self.plan.step} rank {self.rank}: payload has {len(self.tokens)} tokens, "
+                f"plan needs {want}{why}"
             )
         if self.loss_mask is not None and len(self.loss_mask) != want:
             raise PlanError(

@@ -164,9 +164,31 @@ def _tokens_and_cuts(sample: Mapping[str, Any], where: str) -> tuple[np.ndarray,
     return tokens, cuts
 
 
+_DOCUMENT_COLUMNS = ("tokens", "slices", "length", "doc_id")
+"""Columns of a document shard that a reader of documents needs."""
+
+
+def _check_document_columns(sample: Mapping[str, Any], where: str) -> None:
+    """An :class:`InputError` for a sample without a column of :data:`_DOCUMENT_COLUMNS`,
+    saying what it is when it is a plan shard's payload (what ``slimdata plan`` writes)."""
+    missing = [c for c in _DOCUMENT_COLUMNS if c not in sample]
+    if not missing:
+        return
+    what = (
+        "these are plan shards of `slimdata plan`; read them with PlanShardLoader, not as "
+        "document shards"
+        if "plan" in sample
+        else "not a document shard of `slimdata build`"
+    )
+    raise InputError(
+        f"{where}: no {missing[0]!r} column (columns: {', '.join(sorted(sample))}): {what}"
+    )
+
+
 def sample_document(sample: Mapping[str, Any], index: int, where: str = "") -> Document:
     """The :class:`Document` of decoded sample ``index``, its cut points read from the
     ``slices`` column (checked against ``length`` and the tokens)."""
+    _check_document_columns(sample, f"{where}sample {index}")
     tokens, cuts = _tokens_and_cuts(sample, f"{where}sample {index}")
     return Document(
         doc_id=str(sample["doc_id"]),
@@ -181,6 +203,7 @@ def check_sample(sample: Mapping[str, Any], doc: Document, where: str) -> np.nda
     manifest row, or what the loader was given): same length, same slices. The manifest's
     cut points are checked when it is read, so equal ones need no second look; the
     diagnosis of a sample that differs is the slow path."""
+    _check_document_columns(sample, where)
     tokens = sample["tokens"]
     if len(tokens) == sample["length"] == doc.length and (
         tuple(np.asarray(sample["slices"]).tolist()) == doc.cuts

@@ -158,13 +158,19 @@ def _load_hf_file(path: Path, name: str, eos_token: str | None) -> TextTokenizer
 def _load_hf_dir(path: Path, eos_token: str | None) -> TextTokenizer:
     if (path / "tokenizer.json").is_file():
         return _load_hf_file(path / "tokenizer.json", f"{path.name}/tokenizer.json", eos_token)
+    if not any((path / name).is_file() for name in ("tokenizer_config.json", "config.json")):
+        raise TokenizerError(
+            f"cannot load a tokenizer from directory {path}: it holds no tokenizer.json, "
+            "tokenizer_config.json or config.json (a Hugging Face tokenizer directory has them)"
+        )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:
-        raise TokenizerError(f"cannot load a tokenizer from directory {path}: {exc}") from exc
+        why = str(exc) if len(str(exc)) <= 300 else str(exc)[:300] + " ..."
+        raise TokenizerError(f"cannot load a tokenizer from directory {path}: {why}") from exc
     if not getattr(tok, "is_fast", False):
         raise TokenizerError(
             f"{path}: only fast (Rust) tokenizers are supported; convert it to tokenizer.json"

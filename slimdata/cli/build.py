@@ -197,7 +197,8 @@ def _pipeline(name: str | None) -> BuildConfig:
 @click.option(
     "--resume",
     is_flag=True,
-    help="Continue an interrupted build in OUTPUT (same inputs and options).",
+    help="Continue an interrupted build in OUTPUT (same inputs and options); with --plan, "
+    "solve the plan again over earlier plan shards in its directory.",
 )
 @click.option(
     "--plan",
@@ -240,15 +241,26 @@ def command(
 
     layout = _plan_layout(ctx, options, plan_dir)
     config = _config(ctx, pipeline, inputs, options, layout["context"])
-    how = None if plan_dir is None else _plan_budget(plan_dir, config, layout, overwrite)
-    summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
+    # --resume finishes the whole command: the plan is solved again over earlier plan shards
+    # (recognised by their plan.json, as --overwrite requires)
+    replace_plan = overwrite or resume
+    how = None if plan_dir is None else _plan_budget(plan_dir, config, layout, replace_plan)
+    try:
+        summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
+    except KeyboardInterrupt:  # Ctrl-C: click alone would print "Aborted!"
+        click.echo(
+            f"interrupted: the finished tasks in {output} are kept; rerun the same command "
+            "with --resume to continue",
+            err=True,
+        )
+        ctx.exit(130)
     text = not quiet and json_path != "-"  # `--json` alone: standard output holds only JSON
     if json_path is not None:
         write_json(summary.sidecar, json_path)
     if text:
         _echo_summary(summary, output)
     if plan_dir is not None and how is not None:
-        _write_plan(plan_dir, output, layout, how, overwrite=overwrite, echo=text)
+        _write_plan(plan_dir, output, layout, how, overwrite=replace_plan, echo=text)
 
 
 def _plan_layout(

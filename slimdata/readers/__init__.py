@@ -1,11 +1,11 @@
 """Readers: turn input paths into deterministic read tasks, and tasks into records.
 
 Inputs are files, directories (walked recursively in sorted order, hidden entries skipped)
-or glob patterns (``data/**/*.jsonl``). The format of each file comes from its suffix
-(``--format auto``) or is forced:
+or glob patterns (``data/**/*.jsonl``; a matched directory is walked like a directory
+input). The format of each file comes from its suffix (``--format auto``) or is forced:
 
 =========  ==========================================================================
-``jsonl``  ``.jsonl``, ``.ndjson``, ``.json`` (lines or one array), optionally ``.gz``/``.zst``
+``jsonl``  ``.jsonl``, ``.ndjson``, ``.json`` (lines, one array or object), ``.gz``/``.zst`` too
 ``parquet`` ``.parquet``, ``.pq``
 ``arrow``  ``.arrow`` files and ``datasets`` ``save_to_disk`` directories
 ``text``   anything else: one file = one document
@@ -94,32 +94,85 @@ def _matches(rel: str, patterns: Sequence[str]) -> bool:
 
 
 def _walk(
-    root: Path, include: Sequence[str], exclude: Sequence[str], notes: list[str]
+    root: Path,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    notes: list[str],
+    datasets: bool = True,
 ) -> list[tuple[str, int]]:
-    """Sorted ``(relative posix path, size)`` of the files under ``root``.
+    """``(relative posix path, size)`` of the files under ``root``, in sorted path order.
 
     Hidden entries and ``__pycache__`` are skipped; ``exclude`` patterns prune directories
     and files (matched against the name and the relative path); ``include`` keeps files.
+    With ``datasets``, a ``save_to_disk`` directory below ``root`` contributes its Arrow
+    files in the dataset's own order (not its ``state.json``/``dataset_info.json``), as it
+    does when given as an input itself.
     """
-    found = []
+    return [(rel, size) for _key, rel, size in _walk_keyed(root, include, exclude, notes, datasets)]
+
+
+def _walk_keyed(
+    root: Path,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    notes: list[str],
+    datasets: bool,
+    prefix: str = "",
+) -> list[tuple[str, str, int]]:
+    """:func:`_walk` as sorted ``(sort key, rel, size)``; rel and key start with ``prefix``.
+
+    The key of a plain file is its path; the files of a dataset directory ``d`` sort as
+    ``d/`` followed by their position, so they keep the dataset's order where ``d``'s
+    files would sort: ``a.txt``, ``ds/<1st arrow file>``, ``ds/<2nd>``, ``z.txt``.
+    """
+    found: list[tuple[str, str, int]] = []
+
+    def keep(rel: str) -> bool:
+        return not include or _matches(rel, include)
+
+    if datasets and arrow.is_dataset_dir(root):
+        return _dataset_keyed(root, prefix.rstrip("/"), keep, notes)
     for dirpath, dirnames, filenames in os.walk(root):
         base = Path(dirpath).relative_to(root).as_posix()
-        prefix = "" if base == "." else base + "/"
-        dirnames[:] = sorted(
+        local = "" if base == "." else base + "/"
+        subdirs = sorted(
             d
             for d in dirnames
-            if not d.startswith(".") and d != "__pycache__" and not _matches(prefix + d, exclude)
+            if not d.startswith(".")
+            and d != "__pycache__"
+            and not _matches(prefix + local + d, exclude)
         )
+        dirnames[:] = []
+        for d in subdirs:
+            if datasets and arrow.is_dataset_dir(Path(dirpath, d)):
+                found += _dataset_keyed(Path(dirpath, d), prefix + local + d, keep, notes)
+            else:
+                dirnames.append(d)
         for name in filenames:
-            rel = prefix + name
-            if name.startswith(".") or _matches(rel, exclude):
-                continue
-            if include and not _matches(rel, include):
+            rel = prefix + local + name
+            if name.startswith(".") or _matches(rel, exclude) or not keep(rel):
                 continue
             size = regular_size(Path(dirpath, name), notes)
             if size is not None:
-                found.append((rel, size))
+                found.append((rel, rel, size))
     return sorted(found)
+
+
+def _dataset_keyed(
+    path: Path, rel_dir: str, keep: Callable[[str], bool], notes: list[str]
+) -> list[tuple[str, str, int]]:
+    """The Arrow files of the ``save_to_disk`` directory ``path`` (``rel_dir`` below the
+    walked root), keyed to sort together in the dataset's order."""
+    head = f"{rel_dir}/" if rel_dir and rel_dir != "." else ""
+    out = []
+    for i, f in enumerate(arrow.dataset_files(path)):
+        rel = head + f.relative_to(path).as_posix()
+        if not keep(rel):
+            continue
+        size = regular_size(f, notes)
+        if size is not None:
+            out.append((f"{head}\0{i:09d}", rel, size))
+    return out
 
 
 def regular_size(path: Path, notes: list[str]) -> int | None:
@@ -180,6 +233,44 @@ def _glob_root(pattern: str) -> Path:
     parts = Path(pattern).parts
     fixed = list(parts[: next((i for i, p in enumerate(parts) if glob.has_magic(p)), len(parts))])
     return Path(*fixed) if fixed else Path(".")
+
+
+def _glob_files(
+    pattern: str,
+    root: Path,
+    fmt: str,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    notes: list[str],
+) -> list[tuple[str, int]]:
+    """Files of a glob pattern, relative to its fixed ``root``, in sorted path order.
+
+    A matched file is taken as it is; a matched directory is walked as a directory input
+    is (``include``, hidden entries, ``save_to_disk`` directories), so a quoted ``'data/*'``
+    reads what the shell's expansion of it reads. A file below a matched directory comes
+    from that directory's walk only.
+    """
+    datasets = fmt in ("auto", "arrow")
+    matched_dirs: set[str] = set()
+    plain: list[tuple[str, str, int]] = []
+    walked: list[tuple[str, str, int]] = []
+    for m in sorted(glob.glob(pattern, recursive=True)):
+        path = Path(m)
+        rel = path.relative_to(root).as_posix()
+        if _matches(rel, exclude):
+            continue
+        if path.is_dir():
+            if rel in matched_dirs:
+                continue
+            matched_dirs.add(rel)
+            prefix = "" if rel == "." else rel + "/"
+            walked += _walk_keyed(path, include, exclude, notes, datasets, prefix)
+        elif path.is_file():
+            plain.append((rel, rel, path.stat().st_size))
+    parents = {rel: {p.as_posix() for p in Path(rel).parents} for rel, _, _ in plain}
+    plain = [e for e in plain if not parents[e[1]] & matched_dirs]
+    unique = {rel: (key, size) for key, rel, size in walked + plain}
+    return [(rel, size) for rel, (_key, size) in sorted(unique.items(), key=lambda e: e[1][0])]
 
 
 def _source_name(path: Path) -> str:
@@ -285,14 +376,9 @@ def _plan_inputs(
         path = Path(spec)
         if not path.exists() and glob.has_magic(str(spec)):
             root = _glob_root(str(spec))
-            matches = sorted(
-                Path(m)
-                for m in glob.glob(str(spec), recursive=True)
-                if Path(m).is_file() and not _matches(Path(m).relative_to(root).as_posix(), exclude)
-            )
-            if not matches:
+            files = _glob_files(str(spec), root, fmt, include, exclude, notes)
+            if not files:
                 raise InputError(f"input pattern {spec!r} matches no file")
-            files = [(m.relative_to(root).as_posix(), m.stat().st_size) for m in matches]
             files = _unseen(root, files, seen, notes)
             tasks += _plan_files(root, files, source or _source_name(root), fmt, opts, task_bytes)
             continue
@@ -304,7 +390,7 @@ def _plan_inputs(
             for rel, _ in _unseen(path, found, seen, notes):
                 tasks += arrow.plan(str(path / rel), rel, name, task_bytes, opts)
         elif path.is_dir():
-            files = _walk(path, include, exclude, notes)
+            files = _walk(path, include, exclude, notes, datasets=fmt in ("auto", "arrow"))
             if not files:
                 raise InputError(f"input directory {str(spec)!r} holds no matching file")
             tasks += _plan_files(

@@ -2,7 +2,8 @@
 
 Plain files are split into byte-range tasks at line boundaries (so one big file still feeds
 several workers); compressed files cannot be seeked and are one task each. A ``.json`` file
-whose first non-blank byte is ``[`` is read as one JSON array of objects.
+whose first non-blank byte is ``[`` is read as one JSON array of objects, and one whose
+first line is an incomplete ``{`` object as that single object (one record).
 
 Document ids are ``source/file:line`` (1-based line number) or ``source/file:item`` (0-based
 list index) unless ``--id-field`` names a field holding an id.
@@ -10,6 +11,7 @@ list index) unless ``--id-field`` names a field holding an id.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -65,7 +67,10 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 
 
 def _is_array(path: str) -> bool:
-    """True when a ``.json`` file holds one JSON array (first non-blank byte is ``[``)."""
+    """True when a ``.json`` file holds one JSON value rather than JSON Lines: an array
+    (first non-blank byte ``[``), or one object spread over several lines (first non-blank
+    byte ``{`` and a first line that is no JSON value alone, as ``json.dump(obj, indent=2)``
+    writes)."""
     base = path
     kind = _compression(path)
     if kind:
@@ -75,9 +80,17 @@ def _is_array(path: str) -> bool:
     try:
         with open_binary(path) as fh:
             head = fh.read(4096).lstrip()
+            if not head.startswith(b"{"):
+                return head.startswith(b"[")
+            # its first line in full (it may run past the 4096 bytes read)
+            first = b"".join([head.split(b"\n", 1)[0], b"" if b"\n" in head else fh.readline()])
     except _read_errors() as exc:
         raise input_error(path, f"cannot read or decompress: {exc}") from exc
-    return head.startswith(b"[")
+    try:
+        json.loads(first)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return True
+    return False
 
 
 def plan(path: str, rel: str, source: str, task_bytes: int) -> list[ReadTask]:
@@ -114,12 +127,17 @@ def plan(path: str, rel: str, source: str, task_bytes: int) -> list[ReadTask]:
     return tasks
 
 
-def _field(obj: dict[str, Any], name: str) -> Any:
-    """Value of a (dotted) field, or None when absent: ``meta.title`` -> obj["meta"]["title"]."""
+_ABSENT = object()
+"""What :func:`_field` returns for a field the record does not have (a JSON null is None)."""
+
+
+def _field(obj: dict[str, Any], name: str, absent: Any = None) -> Any:
+    """Value of a (dotted) field, or ``absent`` when there is none: ``meta.title`` ->
+    obj["meta"]["title"]."""
     value: Any = obj
     for part in name.split("."):
         if not isinstance(value, dict) or part not in value:
-            return None
+            return absent
         value = value[part]
     return value
 
@@ -129,11 +147,14 @@ def _record(obj: Any, doc_id: str, opts: ReadOptions) -> ReadResult:
         return Rejected(
             doc_id, f"record is a JSON {type(obj).__name__}, not an object", repr(obj)[:200]
         )
-    if _field(obj, opts.text_field) is None:
+    text = _field(obj, opts.text_field, _ABSENT)
+    if text is _ABSENT:
         fields = ", ".join(sorted(obj)[:10])
         return Rejected(
             doc_id, f"missing text field {opts.text_field!r} (fields: {fields}); use --text-field"
         )
+    if text is None:
+        return Rejected(doc_id, f"text field {opts.text_field!r} is null, not a string")
     if opts.id_field:
         ident = _field(obj, opts.id_field)
         if ident is None or isinstance(ident, dict | list):
@@ -144,7 +165,7 @@ def _record(obj: Any, doc_id: str, opts: ReadOptions) -> ReadResult:
                 doc_id, f"id field {opts.id_field!r}: {reason}", ascii(str(ident)[:200])
             )
         doc_id = str(ident)
-    return check_text(doc_id, _field(obj, opts.text_field), opts.text_field)
+    return check_text(doc_id, text, opts.text_field)
 
 
 def _lines(task: ReadTask) -> Iterator[bytes]:
@@ -197,26 +218,36 @@ def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
         )
 
 
+def _array_error(exc: ValueError | RecursionError) -> str:
+    """Why a whole-file JSON value does not parse."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"undecodable bytes (not UTF-8) at byte {exc.start}; whole file rejected"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"malformed JSON array: {exc.msg} at line {exc.lineno}; whole file rejected"
+    if isinstance(exc, RecursionError):
+        return "malformed JSON array: nested too deeply; whole file rejected"
+    return f"malformed JSON array: {exc}; whole file rejected"
+
+
 def _read_array(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
     file_id = doc_id_for(task.source, task.rel)
     try:
         with open_binary(task.path) as fh:
-            data = json.loads(fh.read())
-    except UnicodeDecodeError as exc:
-        yield Rejected(
-            file_id, f"undecodable bytes (not UTF-8) at byte {exc.start}; whole file rejected"
-        )
-        return
-    except json.JSONDecodeError as exc:
-        yield Rejected(
-            file_id, f"malformed JSON array: {exc.msg} at line {exc.lineno}; whole file rejected"
-        )
-        return
-    except RecursionError:
-        yield Rejected(file_id, "malformed JSON array: nested too deeply; whole file rejected")
-        return
+            raw = fh.read()
     except _read_errors() as exc:
         yield Rejected(file_id, f"unreadable, corrupt or truncated file: {exc}")
+        return
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        if raw.lstrip().startswith(b"{"):
+            # no single object after all (JSON Lines whose first line is broken): line by line
+            yield from read(dataclasses.replace(task, format="jsonl", first_index=1), opts)
+        else:
+            yield Rejected(file_id, _array_error(exc))
+        return
+    if isinstance(data, dict):  # one record: the file's single object
+        yield _record(data, doc_id_for(task.source, task.rel, 0), opts)
         return
     if not isinstance(data, list):
         yield Rejected(

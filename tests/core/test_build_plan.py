@@ -256,6 +256,27 @@ def test_build_overwrite_replaces_the_plan_shards_too(tmp_path):
     assert json.loads((tmp_path / "plan" / "plan.json").read_text())["seed"] == 0
 
 
+def test_build_resume_solves_the_plan_again(tmp_path):
+    """A `build --plan DIR` stopped in its plan stage (or finished) is finished by the same
+    command with --resume: the plan shards in DIR are solved and written again, not refused."""
+    layout = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "1024"]
+    layout += ["--memory-gib", "8", "--context", "1024", "--plan", str(tmp_path / "plan")]
+    build = ["build", str(_corpus(tmp_path)), "-o", str(tmp_path / "shards"), "--tokenizer"]
+    build += [TOKENIZER, "--slice-tokens", "128", "--quiet", "--model", "llama-1b", *layout]
+    assert CliRunner().invoke(cli, build).exit_code == 0
+    first = (tmp_path / "plan" / "plan.json").read_text()
+    (tmp_path / "plan" / "plan.json").write_text(first.replace('"steps"', '"stale"'))
+    res = CliRunner().invoke(cli, [*build, "--resume"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "plan" / "plan.json").read_text() == first
+    # a --plan directory that holds something else is still refused
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep")
+    res = CliRunner().invoke(cli, [*build, "--resume", "--plan", str(tmp_path / "other")])
+    assert res.exit_code == 2 and "notes.txt" not in res.output
+    assert (tmp_path / "other" / "notes.txt").read_text() == "keep"
+
+
 def test_build_plan_takes_cp_as_plan_does(tmp_path):
     """`build --plan` has `plan`'s layout options, `--cp` included, with the same default
     (auto): the plan shards it writes equal those `slimdata plan` writes from the same shards

@@ -303,3 +303,21 @@ def test_a_built_plan_prices_the_slices_as_the_cost_columns_do(tmp_path):
                 assert pack.cost == pytest.approx(total, rel=1e-12)
                 priced += len(pack.slices)
     assert priced >= 2 and sliced > 0  # not vacuous: slices compared, documents of several
+
+
+def test_loader_given_plan_shards_says_they_are_not_document_shards(tmp_path):
+    # DocumentLoader(StreamingDataset(local="plan/")) by mistake: no raw KeyError 'slices'
+    from slimdata.hooks.loader import documents_of
+    from streaming import LocalDataset, MDSWriter
+
+    from slimdata.solver.planshards import PLAN_COLUMNS
+
+    values = {"int": 0, "str": "{}", "ndarray:uint32": np.arange(3, dtype=np.uint32)}
+    with MDSWriter(out=str(tmp_path / "plan"), columns=PLAN_COLUMNS) as writer:
+        writer.write({name: values[kind] for name, kind in PLAN_COLUMNS.items()})
+    with pytest.raises(InputError) as info:
+        documents_of(LocalDataset(local=str(tmp_path / "plan")))
+    assert str(info.value) == (
+        f"sample 0: no 'slices' column (columns: {', '.join(sorted(PLAN_COLUMNS))}): these are "
+        "plan shards of `slimdata plan`; read them with PlanShardLoader, not as document shards"
+    )

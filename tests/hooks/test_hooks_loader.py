@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -10,6 +11,7 @@ from hooks_helpers import VOCAB
 from slimdata.hooks.loader import DocumentLoader, LoaderConfig, PlanShardLoader
 from streaming import MDSWriter, StreamingDataset
 
+from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.slicing import slice_cuts
 from slimdata.solver import Layout, solve
@@ -99,6 +101,43 @@ def test_document_loader_resumes_exactly(doc_shards):
     if len(first.batches(0)[0]) > 1:
         with pytest.raises(PlanError, match="not a batch boundary"):
             next(iter(resumed))
+
+
+def test_document_loader_prices_with_the_builds_cost_model(tmp_path):
+    # a stock StreamingDataset keeps its directory on streams[0].local, not on .local
+    from pathlib import Path
+
+    from slimdata.ingest import BuildConfig, build
+    from slimdata.planning import build_cost_model
+
+    src = tmp_path / "a.txt"
+    src.write_text("a few words of text " * 40)
+    out = tmp_path / "out"
+    tok = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_tokenizer.json"
+    build(BuildConfig(inputs=(str(src),), tokenizer=str(tok), model="llama-1b"), out)
+    ds = StreamingDataset(local=str(out), shuffle=False, batch_size=1)
+    loader = DocumentLoader(ds, rank=0, config=CFG)
+    assert loader.cost is not None
+    assert loader.cost == build_cost_model(out)
+    assert loader.cost.layers == 16  # llama-1b's, not the solver's default llama-8b
+
+
+@pytest.mark.parametrize(
+    ("given", "advice"),
+    [
+        ({}, "LoaderConfig(model=..., recompute='full')"),  # recompute alone changes nothing
+        ({"model": "llama-1b"}, "use LoaderConfig(recompute='full')"),
+        ({"cost": CostModel.analytic("llama-1b", "h100", "none")}, "cost=CostModel(...)"),
+    ],
+)
+def test_a_memory_refusal_names_a_recompute_option_that_applies(doc_shards, given, advice):
+    path, _ = doc_shards
+    ds = StreamingDataset(local=str(path), shuffle=False, batch_size=1)
+    layout = Layout(dp=2, context=256, memory_gib=0.01)
+    cfg = dataclasses.replace(CFG, layout=layout, strategy="slimpack", **given)
+    with pytest.raises(PlanError, match="memory cap") as info:
+        next(iter(DocumentLoader(ds, rank=0, config=cfg)))
+    assert advice in str(info.value)
 
 
 @pytest.fixture(scope="module")

@@ -220,6 +220,20 @@ def test_payload_with_wrong_token_count_is_rejected():
         make_payload(plan, 0, [np.zeros(10, np.uint32), np.zeros(3, np.uint32)])
 
 
+def test_payload_without_tokens_says_where_tokens_come_from():
+    # plan shards of `slimdata plan --lengths` carry plans only (no tokens)
+    from slimdata.hooks.payload import StepPayload
+
+    plan = make_plan([10, 4], [(FWD, BWD)])
+    with pytest.raises(PlanError) as info:
+        StepPayload(plan=plan, rank=0, tokens=np.zeros(0, np.uint32))
+    assert str(info.value) == (
+        "step 0 rank 0: payload has 0 tokens, plan needs 14: plan shards of `slimdata plan "
+        "--lengths` carry no tokens; to train, plan from the build's shards (`slimdata plan "
+        "SHARDS`) or use a DocumentLoader"
+    )
+
+
 def test_unknown_backend_names_the_choices():
     plan = make_plan([10, 4], [(FWD, BWD)])
     with pytest.raises(ValueError, match="use one of"):

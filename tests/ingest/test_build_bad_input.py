@@ -188,6 +188,20 @@ def test_unknown_tokenizer_and_offline_tiktoken(tmp_path, monkeypatch):
         load_tokenizer(tmp_path / "junk.json")
 
 
+def test_a_directory_without_a_tokenizer_is_named_in_one_short_line(tmp_path):
+    # --tokenizer pointed at a corpus folder (or an empty one) by mistake
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("text")
+    for d in ("empty", "corpus"):
+        with pytest.raises(TokenizerError) as info:
+            load_tokenizer(tmp_path / d)
+        assert str(info.value) == (
+            f"cannot load a tokenizer from directory {tmp_path / d}: it holds no tokenizer.json, "
+            "tokenizer_config.json or config.json (a Hugging Face tokenizer directory has them)"
+        )
+
+
 def test_existing_output_is_refused_unless_asked(tmp_path):
     (tmp_path / "a.txt").write_text("hello")
     out = tmp_path / "out"

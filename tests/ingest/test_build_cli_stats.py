@@ -151,3 +151,21 @@ def test_config_validation_names_the_fix():
         BuildConfig(truncate=1)
     with pytest.raises(ConfigError, match="64mb"):
         BuildConfig(size_limit="lots")
+
+
+def test_interrupted_build_says_how_to_resume(tmp_path, monkeypatch):
+    # Ctrl-C: click alone prints "Aborted!"; the finished tasks are kept for --resume
+    import slimdata.ingest
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(slimdata.ingest, "build", interrupted)
+    (tmp_path / "a.txt").write_text("text")
+    args = ["build", str(tmp_path / "a.txt"), "-o", str(tmp_path / "out"), "--quiet"]
+    res = CliRunner().invoke(cli, [*args, "--tokenizer", TINY_TOKENIZER])
+    assert res.exit_code == 130
+    assert res.output == (
+        f"interrupted: the finished tasks in {tmp_path / 'out'} are kept; rerun the same "
+        "command with --resume to continue\n"
+    )

@@ -18,6 +18,7 @@ from slimdata.ingest import build
 from slimdata.readers import (
     DEFAULT_TASK_BYTES,
     ReadOptions,
+    Rejected,
     auto_task_bytes,
     plan_inputs,
     read_task,
@@ -82,6 +83,75 @@ def test_datasets_save_to_disk_dirs(tmp_path):
     assert got[-1].doc_id == "dict/test/data-00000-of-00001.arrow:0"
     with pytest.raises(InputError, match=r"no column 'text' \(columns: content\)"):
         plan_inputs([tmp_path / "single"], opts=ReadOptions())
+
+
+def test_save_to_disk_dir_inside_a_walked_directory_is_read_as_a_dataset(tmp_path):
+    # data/
+    #   a.txt
+    #   ds/   (save_to_disk: state.json, dataset_info.json, data-00000-of-00001.arrow)
+    #   z.txt
+    import datasets
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "a.txt").write_text("alpha")
+    datasets.Dataset.from_dict({"text": TEXTS}).save_to_disk(str(root / "ds"))
+    (root / "z.txt").write_text("omega")
+    got = records(plan_inputs([root], opts=DEFAULT_OPTS))
+    assert [r.text for r in got] == ["alpha", *TEXTS, "omega"]
+    assert not [r for r in got if isinstance(r, Rejected)]  # no state.json lines quarantined
+
+
+def test_glob_matching_directories_reads_them(tmp_path):
+    # a quoted 'data/*' must read data/sub/ and the save_to_disk dir data/ds/, as the
+    # shell's expansion of the same pattern does
+    import datasets
+
+    root = tmp_path / "data"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.jsonl").write_bytes(jsonl_bytes(TEXTS[:1]))
+    (root / "sub" / "b.txt").write_text("bravo")
+    datasets.Dataset.from_dict({"text": TEXTS[1:]}).save_to_disk(str(root / "ds"))
+    for pattern in ("*", "**"):
+        got = records(plan_inputs([str(root / pattern)], opts=DEFAULT_OPTS))
+        assert [r.text for r in got] == [TEXTS[0], *TEXTS[1:], "bravo"], pattern
+        assert not [r for r in got if isinstance(r, Rejected)], pattern
+    got = records(plan_inputs([str(root / "*")], opts=DEFAULT_OPTS, include=("*.txt",)))
+    assert [r.doc_id for r in got] == ["data/a.jsonl:1", "data/sub/b.txt"]
+
+
+def test_jsonl_null_text_is_named_null_not_missing(tmp_path):
+    path = tmp_path / "n.jsonl"
+    path.write_text('{"text": null}\n{"meta": {"body": null}, "text": "x"}\n{"title": "t"}\n')
+    got = records(plan_inputs([path], opts=DEFAULT_OPTS))
+    assert [r.reason for r in got[::2]] == [
+        "text field 'text' is null, not a string",
+        "missing text field 'text' (fields: title); use --text-field",
+    ]
+    opts = ReadOptions(text_field="meta.body")
+    assert records(plan_inputs([path], opts=opts), opts)[1].reason == (
+        "text field 'meta.body' is null, not a string"
+    )
+
+
+def test_json_file_holding_one_pretty_printed_object_is_one_record(tmp_path):
+    # json.dump(obj, f, indent=2): one record over several lines, not one quarantine line each
+    (tmp_path / "one.json").write_text(json.dumps({"id": "x", "text": TEXTS[2]}, indent=2))
+    (tmp_path / "meta.json").write_text(json.dumps({"citation": "", "features": {}}, indent=2))
+    (tmp_path / "lines.json").write_bytes(jsonl_bytes(TEXTS[:2]))  # JSON Lines named .json
+    got = records(plan_inputs([tmp_path / "one.json"], opts=DEFAULT_OPTS))
+    assert [(r.doc_id, r.text) for r in got] == [("one/one.json:0", TEXTS[2])]
+    got = records(plan_inputs([tmp_path / "meta.json"], opts=DEFAULT_OPTS))
+    assert [r.reason for r in got] == [
+        "missing text field 'text' (fields: citation, features); use --text-field"
+    ]
+    got = records(plan_inputs([tmp_path / "lines.json"], opts=DEFAULT_OPTS))
+    assert [r.text for r in got] == TEXTS[:2]
+    # JSON Lines named .json whose first line is broken: still read line by line
+    (tmp_path / "broken.json").write_bytes(b'{"text": "cut\n' + jsonl_bytes(TEXTS[:1]))
+    got = records(plan_inputs([tmp_path / "broken.json"], opts=DEFAULT_OPTS))
+    assert [type(r).__name__ for r in got] == ["Rejected", "Record"]
+    assert got[0].reason.startswith("malformed JSON") and got[1].text == TEXTS[0]
 
 
 def test_big_jsonl_is_split_at_lines_without_loss(tmp_path):
