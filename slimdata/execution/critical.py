@@ -123,16 +123,38 @@ def plan_critical_path(
     config = config or ExecutionConfig()
     pt = pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split)
     price = pack_compute(pt, plan, config.cp)
+    fwd = _merge_passes(price.fwd, pt.f_offset, plan, "forward")
+    bwd = _merge_passes(price.bwd, pt.b_offset, plan, "backward")
     by_order: dict[tuple, list[RankStep]] = {}
     for rs in plan.ranks:
         by_order.setdefault(tuple(rs.order), []).append(rs)
     worst = 0.0
     for order, ranks in by_order.items():
-        fa = _rank_columns(price.fwd, pt.f_offset, ranks, len(ranks[0].forward))
-        ba = _rank_columns(price.bwd, pt.b_offset, ranks, len(ranks[0].backward))
+        fa = _rank_columns(fwd, pt.f_offset, ranks, len(ranks[0].forward))
+        ba = _rank_columns(bwd, pt.b_offset, ranks, len(ranks[0].backward))
         times = critical_path_under(fa, ba, order, config, cost.layers)
         worst = max(worst, float(times.max(initial=0.0)))
     return worst
+
+
+def _merge_passes(seconds: np.ndarray, offset: np.ndarray, plan: StepPlan, kind: str) -> np.ndarray:
+    """Per flat pack of pass ``kind``, its seconds where a merge group's members run their
+    merge packs together: each member's takes the slowest member's (every layer's K/V
+    exchange holds a member until all have reached it; the simulator runs the pass as one
+    task of the members' devices, as long as its longest). Shares of 40 and 17 ms: 40 ms
+    on both members."""
+    if not plan.merges:
+        return seconds
+    out = seconds.copy()
+    for g, m in enumerate(plan.merges):
+        at = [
+            int(offset[r]) + i
+            for r in m.ranks
+            for i, p in enumerate(getattr(plan.ranks[r], kind))
+            if p.merge == g
+        ]
+        out[at] = out[at].max()
+    return out
 
 
 def critical_path_under(

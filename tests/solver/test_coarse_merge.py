@@ -4,6 +4,8 @@ is lower."""
 
 from __future__ import annotations
 
+import pytest
+
 from slimdata.solver import Layout, solve
 from slimdata.solver.options import SolveOptions
 
@@ -104,3 +106,59 @@ def test_a_document_of_one_slice_is_never_a_coarse_merge_candidate():
     assert [(m.ranks, m.docs) for m in plan.merges] == [((0, 1), (3,)), ((2, 3), (4, 0))]
     assert rank_tokens(plan) == [768, 640, 768, 640]
     assert plan.meta["imbalance"] == round(768 / 704, 6)
+
+
+def _launch_bound_cost():
+    """A CPU profile of a 2-layer model (rounded): fixed costs per slice and per pack weigh as
+    much as a few hundred tokens."""
+    from slimdata.cost import CostModel
+
+    return CostModel(
+        fwd_lin=7.8e-6,
+        fwd_att=1.8e-8,
+        fwd_const=3.75e-4,
+        bwd_lin=1.58e-5,
+        bwd_att=3.7e-8,
+        bwd_const=5.65e-4,
+        act_bytes_per_token=10564.0,
+        kv_bytes_per_token=512.0,
+        fwd_pack_const=1.76e-3,
+        bwd_pack_const=1.54e-3,
+    )
+
+
+def test_a_merge_whose_members_wait_on_each_other_is_estimated_as_simulated(monkeypatch):
+    # six documents (a batch of a PostgreSQL-docs build) on 2 ranks: whole, the ranks' loads
+    # are 7% apart (0.569 s simulated). The coarse merge shares the costliest document the
+    # slower rank holds whole, 2,039 tokens, between the ranks: [0, 896) on rank 1 (which also
+    # holds the 3,796-token document) and [896, 2039) on rank 0, whose attention reads the
+    # 896-token prefix: the shares' forward passes take 17 and 44 ms. The rank totals even
+    # out, but the members run the merge packs together and rank 1 waits for rank 0 (0.621 s
+    # simulated). The estimate prices a merge pack at its slowest member's, as the simulator
+    # runs it: on a network that costs nothing the two agree with the merge (forced here) and
+    # without it, so slimpack keeps the documents whole
+    from slimdata.cost import Interconnect
+    from slimdata.execution.critical import plan_critical_path
+    from slimdata.sim import SimConfig, simulate_step
+    from slimdata.solver.strategies import slimpack
+
+    cost = _launch_bound_cost()
+    free = SimConfig(
+        interconnect=Interconnect(intra_node_gbps=1e12, inter_node_gbps=1e12, latency_s=0.0)
+    )
+    layout = Layout(dp=2, memory_gib=72, context=8192)
+    docs = docs_of([1426, 1436, 1486, 1720, 2039, 3796], 2048)
+    whole = solve(docs, layout, "slimpack", 0, cost)
+    assert whole.merges == () and "coarse_merge" not in whole.meta
+    step = simulate_step(whole, cost, layout, free).step_time
+    assert plan_critical_path(whole, cost) == pytest.approx(step, rel=1e-9)
+    assert round(step, 3) == 0.569
+
+    # keep the coarse merge, whatever it costs
+    monkeypatch.setattr(slimpack, "COARSE_GAIN", -1.0)
+    monkeypatch.setattr(slimpack, "_merges_that_pay", lambda assembly, solve: solve(assembly))
+    merged = solve(docs, layout, "slimpack", 0, cost)
+    assert [(m.ranks, m.docs) for m in merged.merges] == [((0, 1), (4,))]
+    step = simulate_step(merged, cost, layout, free).step_time
+    assert plan_critical_path(merged, cost) == pytest.approx(step, rel=1e-9)
+    assert round(step, 3) == 0.621

@@ -39,7 +39,8 @@ def test_positions_match_streaming_partition(steps, nodes, rpn, workers):
 
 def _plans(n_docs=40, dp=4):
     rng = np.random.default_rng(1)
-    docs = docs_of(rng.integers(20, 400, size=n_docs).tolist(), 128)
+    # and one document of 1,200 tokens: more than a rank's share of its batch's time, merged
+    docs = docs_of([*rng.integers(20, 400, size=n_docs).tolist(), 1200], 128)
     docs = [
         type(d)(doc_id=d.doc_id, length=d.length, cuts=d.cuts, sample=i) for i, d in enumerate(docs)
     ]
