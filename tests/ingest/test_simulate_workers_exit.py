@@ -41,18 +41,14 @@ def _simulate(tmp_path: Path, session: bool = False) -> subprocess.Popen:
     )
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "term", "kill-9"]
-)
-def test_no_worker_outlives_a_stopped_simulation(tmp_path, how):
-    proc = _simulate(tmp_path)
+def _stop(proc: subprocess.Popen, children: int, send) -> tuple[int, bytes]:
+    """Once ``proc`` has ``children`` child processes, ``send(proc.pid)`` a signal; its exit
+    code and standard error once it and every child it had are gone."""
     workers: list[int] = []
     try:
-        # two workers and multiprocessing's resource tracker
-        assert wait_for(lambda: len(_children(proc.pid)) >= 3, limit=120), "no workers"
+        assert wait_for(lambda: len(_children(proc.pid)) >= children, limit=120), "no workers"
         workers = _children(proc.pid)
-        os.kill(proc.pid, how)
+        send(proc.pid)
         code = proc.wait(timeout=60)
         _out, err = proc.communicate(timeout=30)  # EOF: no worker holds the pipes
         assert wait_for(lambda: all(proc_stat(w) is None for w in workers), limit=30)
@@ -61,6 +57,16 @@ def test_no_worker_outlives_a_stopped_simulation(tmp_path, how):
         for w in workers:
             if proc_stat(w) is not None:
                 os.kill(w, signal.SIGKILL)
+    return code, err
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "term", "kill-9"]
+)
+def test_no_worker_outlives_a_stopped_simulation(tmp_path, how):
+    # two workers and multiprocessing's resource tracker
+    code, err = _stop(_simulate(tmp_path), 3, lambda pid: os.kill(pid, how))
     if how == signal.SIGKILL:
         assert code == -signal.SIGKILL
         return
@@ -73,19 +79,8 @@ def test_no_worker_outlives_a_stopped_simulation(tmp_path, how):
 def test_ctrl_c_typed_while_workers_start_stops_them_without_a_traceback(tmp_path):
     # a terminal's Ctrl-C reaches the whole process group: the workers too, also while they
     # are still importing, before they could ignore it
-    proc = _simulate(tmp_path, session=True)
-    workers: list[int] = []
-    try:
-        assert wait_for(lambda: len(_children(proc.pid)) >= 2, limit=120)
-        workers = _children(proc.pid)
-        os.killpg(proc.pid, signal.SIGINT)
-        code = proc.wait(timeout=60)
-        _out, err = proc.communicate(timeout=30)
-        assert wait_for(lambda: all(proc_stat(w) is None for w in workers), limit=30)
-    finally:
-        proc.kill()
-        for w in workers:
-            if proc_stat(w) is not None:
-                os.kill(w, signal.SIGKILL)
+    code, err = _stop(
+        _simulate(tmp_path, session=True), 2, lambda pid: os.killpg(pid, signal.SIGINT)
+    )
     assert code == 1, err.decode()
     assert b"Traceback" not in err and b"leaked" not in err, err.decode()

@@ -60,24 +60,29 @@ def _dying_solve(*args, **kwargs):
     return solve(*args, **kwargs)
 
 
-def test_a_worker_that_dies_leaves_the_search_to_the_parent(monkeypatch):
-    from slimdata.solver import STREAMS, solve
+def _bfd_search(how, jobs: int) -> tuple[Run | str, Evaluator]:
+    """bfd's configuration search over one batch of about 1M tokens, solving with ``how``."""
+    from slimdata.solver import STREAMS
 
-    monkeypatch.setenv("SLIMDATA_TEST_PARENT", str(os.getpid()))
     batches = [_docs(5, 900)]
-    assert sum(d.length for d in batches[0]) >= POOL_TOKENS
+    assert sum(d.length for d in batches[0]) >= POOL_TOKENS  # the workers are used
     layout = Layout(dp=8, memory_gib=30, context=32768)
     cost = CostModel.analytic("llama-8b", "h100", "full")
-    runs = []
-    for how, jobs in ((solve, 1), (_dying_solve, 2)):
-        ev = Evaluator(batches, layout, cost, SimConfig(), 0, how, STREAMS, jobs=jobs)
-        try:
-            runs.append(search(ev, "bfd", BaselineConfig("best"), rows=True))
-        finally:
-            ev.close()
-        assert ev.log.workers == 0  # the pool broke before it delivered anything
+    ev = Evaluator(batches, layout, cost, SimConfig(), 0, how, STREAMS, jobs=jobs)
+    try:
+        return search(ev, "bfd", BaselineConfig("best"), rows=True), ev
+    finally:
+        ev.close()
+
+
+def test_a_worker_that_dies_leaves_the_search_to_the_parent(monkeypatch):
+    from slimdata.solver import solve
+
+    monkeypatch.setenv("SLIMDATA_TEST_PARENT", str(os.getpid()))
+    alone, _ev = _bfd_search(solve, 1)
+    after, ev = _bfd_search(_dying_solve, 2)
+    assert ev.log.workers == 0  # the pool broke before it delivered anything
     assert ev.pool is not None and ev.pool.broken
-    alone, after = runs
     assert isinstance(alone, Run) and isinstance(after, Run)
     assert (after.cp, after.row, after.step_time) == (alone.cp, alone.row, alone.step_time)
 
@@ -149,19 +154,10 @@ def _failing_solve(*args, **kwargs):
 def test_an_unexpected_error_on_a_worker_is_met_only_where_the_search_asks(monkeypatch):
     # the workers compute ahead, some of it the search never asks for: an error there must
     # not stop a search that runs without workers; what it does ask for it computes itself
-    from slimdata.solver import STREAMS, solve
+    from slimdata.solver import solve
 
     monkeypatch.setenv("SLIMDATA_TEST_PARENT", str(os.getpid()))
-    batches = [_docs(5, 900)]
-    layout = Layout(dp=8, memory_gib=30, context=32768)
-    cost = CostModel.analytic("llama-8b", "h100", "full")
-    runs = []
-    for how, jobs in ((solve, 1), (_failing_solve, 2)):
-        ev = Evaluator(batches, layout, cost, SimConfig(), 0, how, STREAMS, jobs=jobs)
-        try:
-            runs.append(search(ev, "bfd", BaselineConfig("best"), rows=True))
-        finally:
-            ev.close()
-    alone, after = runs
+    alone, _ev = _bfd_search(solve, 1)
+    after, _ev = _bfd_search(_failing_solve, 2)
     assert isinstance(alone, Run) and isinstance(after, Run)
     assert (after.cp, after.row, after.step_time) == (alone.cp, alone.row, alone.step_time)
