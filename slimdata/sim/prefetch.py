@@ -112,8 +112,9 @@ class Done:
     plan: StepPlan | None
     solve_ms: float
     error: Exception | None
-    """Why the plan does not solve: a :class:`~slimdata.errors.PlanError`, or an unexpected error, which the
-    search does not keep (it meets it again only if it asks for that plan itself)."""
+    """Why the plan does not solve: a :class:`~slimdata.errors.PlanError`, or an unexpected
+    error, which the search does not keep (it meets it again only if it asks for that plan
+    itself)."""
     sims: tuple[SimResult | Exception | None, ...]
     solved: bool
     """Whether the worker solved the plan (not handed one)."""

@@ -38,8 +38,8 @@ Megatron default of the paper does); ``cp=N`` exactly that size. Costs and short
   one step the screen is the run and the fastest that fits wins;
 - row lengths are screened only at the ``(k, schedule)`` of the three fastest configurations
   of the default row (:data:`ROW_CANDIDATES`; fewer when two of them share a ``k`` and
-  schedule, e.g. a plan and the 1F1B plan both run interleaved), longer rows in increasing order until one does not fit or is
-  slower than the one before;
+  schedule, e.g. a plan and the 1F1B plan both run interleaved), longer rows in increasing
+  order until one does not fit or is slower than the one before;
 - a *stream* strategy (``wlb``, which delays documents to later steps) is advanced step by
   step as the search asks for its plans (screening solves only its first step) and flushed
   when a configuration runs every step: its run has the flush iterations after the steps.
