@@ -231,8 +231,13 @@ class WorkerPool:
             self._on_term = None
         # the executor has no public way to stop a running worker: its processes, by hand
         workers = list((executor._processes or {}).values())
+        tasks = getattr(executor, "_call_queue", None)  # shutdown lets go of it
         executor.shutdown(wait=False, cancel_futures=True)
         for p in workers:
             p.kill()
         for p in workers:
             p.join()
+        if tasks is not None:
+            # tasks still on their way to the killed workers are dropped: the queue's feeder
+            # thread, blocked on a full pipe nobody reads, would hold the exit forever
+            tasks.cancel_join_thread()
