@@ -13,13 +13,19 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "fixtures" / "lengths"  # copies of the shared samples
 
 
-@pytest.mark.slow
-def test_strategy_study_small(tmp_path):
+def _study():
+    """The example ``examples/strategy_study.py`` as a module."""
     spec = importlib.util.spec_from_file_location(
         "strategy_study", ROOT / "examples" / "strategy_study.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_strategy_study_small(tmp_path):
+    mod = _study()
     rows = mod.run(False, tmp_path, DATA)
     assert len(rows) == 2 * 3 * 2 * len(ALL_STRATEGIES)  # datasets x contexts x pp x strategies
     for name in ("strategy_study.csv", "strategy_study.md", "strategy_study.png", "targets.md"):
@@ -31,11 +37,7 @@ def test_strategy_study_small(tmp_path):
 
 def test_strategy_study_summary_compares_slimpack_with_the_best_same_work_baseline():
     # concat cuts documents (fewer attention pairs): "vs best" is against the fastest other
-    spec = importlib.util.spec_from_file_location(
-        "strategy_study", ROOT / "examples" / "strategy_study.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _study()
     setting = {"dataset": "wlb128k", "context": "128K", "dp": 8, "pp": 4, "error": "", "cp": 1}
     rows = [
         {**setting, "strategy": name, "step_time": t, "lower_bound": 10.0, "bound": 10.0}
@@ -49,11 +51,7 @@ def test_strategy_study_summary_compares_slimpack_with_the_best_same_work_baseli
 def test_strategy_study_measures_slimpack_against_the_plan_independent_bound():
     # "lower_bound" is each plan's own bound (it moves with the plan); the gap to the bound
     # in the summary and the targets is against the batch's plan-independent "bound"
-    spec = importlib.util.spec_from_file_location(
-        "strategy_study", ROOT / "examples" / "strategy_study.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _study()
     setting = {"dataset": "wikipedia", "context": "32K", "dp": 8, "pp": 1, "error": "", "cp": 1}
     rows = [
         {**setting, "strategy": "slimpack", "step_time": 10.3, "lower_bound": 10.2, "bound": 10.0},
