@@ -8,12 +8,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from slimdata.cost import CostModel
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, split_into_pieces
 from slimdata.solver.layout import Layout
 
-__all__ = ["baseline_plan", "pieces_view"]
+__all__ = ["baseline_plan", "deal_to_ranks", "pieces_view", "shuffled"]
 
 
 def pieces_view(
@@ -67,6 +69,21 @@ def baseline_plan(
         t0=t0,
         validate=validate,
     )
+
+
+def shuffled(packs: list[list[int]], seed: int, step: int) -> list[list[int]]:
+    """``packs`` in the order of the step's seeded permutation (the baselines' packs are
+    ordinary training sequences, dealt in random order)."""
+    return [packs[p] for p in np.random.default_rng([seed, step]).permutation(len(packs)).tolist()]
+
+
+def deal_to_ranks(packs: list[list[int]], dp: int) -> list[list[list[int]]]:
+    """Pack ``j`` to rank ``j % dp`` as its ``j // dp``-th (empty ones dropped)."""
+    rank_packs: list[list[list[int]]] = [[] for _ in range(dp)]
+    for j, pack in enumerate(packs):
+        if pack:
+            rank_packs[j % dp].append(pack)
+    return rank_packs
 
 
 def now() -> float:

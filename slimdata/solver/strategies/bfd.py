@@ -19,7 +19,13 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.layout import Layout
-from slimdata.solver.strategies.base import baseline_plan, now, pieces_view
+from slimdata.solver.strategies.base import (
+    baseline_plan,
+    deal_to_ranks,
+    now,
+    pieces_view,
+    shuffled,
+)
 
 __all__ = ["best_fit_decreasing", "bfd"]
 
@@ -55,15 +61,11 @@ def bfd(
     t0 = now()
     view, cost = pieces_view(batch, layout, cost)
     bins = best_fit_decreasing(view.doc_len, layout.token_cap)
-    perm = np.random.default_rng([seed, step]).permutation(len(bins))
-    rank_packs: list[list[list[int]]] = [[] for _ in range(layout.dp)]
-    for j, b in enumerate(perm.tolist()):
-        rank_packs[j % layout.dp].append(bins[b])
     return baseline_plan(
         view,
         cost,
         layout,
-        rank_packs,
+        deal_to_ranks(shuffled(bins, seed, step), layout.dp),
         strategy="bfd",
         step=step,
         seed=seed,

@@ -20,7 +20,7 @@ from slimdata.cost import CostModel
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, cut_document, default_cost
 from slimdata.solver.layout import Layout
-from slimdata.solver.strategies.base import baseline_plan, now
+from slimdata.solver.strategies.base import baseline_plan, deal_to_ranks, now
 
 __all__ = ["concat"]
 
@@ -60,14 +60,11 @@ def concat(
     if not rows[-1]:
         rows.pop()
     view = BatchView.build(pieces, cost)
-    rank_packs: list[list[list[int]]] = [[] for _ in range(layout.dp)]
-    for j, r in enumerate(rows):
-        rank_packs[j % layout.dp].append(r)
     return baseline_plan(
         view,
         cost,
         layout,
-        rank_packs,
+        deal_to_ranks(rows, layout.dp),
         strategy="concat",
         step=step,
         seed=seed,

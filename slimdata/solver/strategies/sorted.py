@@ -16,7 +16,13 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.layout import Layout
-from slimdata.solver.strategies.base import baseline_plan, now, pieces_view
+from slimdata.solver.strategies.base import (
+    baseline_plan,
+    deal_to_ranks,
+    now,
+    pieces_view,
+    shuffled,
+)
 
 __all__ = ["sorted_batches"]
 
@@ -42,15 +48,11 @@ def sorted_batches(
             fill = 0
         packs[-1].append(i)
         fill += n
-    perm = np.random.default_rng([seed, step]).permutation(len(packs))
-    rank_packs: list[list[list[int]]] = [[] for _ in range(layout.dp)]
-    for j, p in enumerate(perm.tolist()):
-        rank_packs[j % layout.dp].append(packs[p])
     return baseline_plan(
         view,
         cost,
         layout,
-        rank_packs,
+        deal_to_ranks(shuffled(packs, seed, step), layout.dp),
         strategy="sorted",
         step=step,
         seed=seed,

@@ -24,9 +24,9 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.layout import Layout
-from slimdata.solver.strategies.base import baseline_plan, now, pieces_view
+from slimdata.solver.strategies.base import baseline_plan, deal_to_ranks, now, pieces_view
 
-__all__ = ["Bins", "deal_to_ranks", "wlb_ideal", "wlb_pack"]
+__all__ = ["Bins", "wlb_ideal", "wlb_pack"]
 
 
 class Bins:
@@ -66,15 +66,6 @@ def wlb_pack(lengths: np.ndarray, work: np.ndarray, n: int, cap: int) -> list[li
     bins = Bins(n, cap)
     deferred = bins.place(np.argsort(-lengths, kind="stable").tolist(), lengths, work)
     return None if deferred else bins.items
-
-
-def deal_to_ranks(bins: list[list[int]], dp: int) -> list[list[list[int]]]:
-    """Micro-batch ``j`` to rank ``j % dp`` as its ``j // dp``-th (empty ones dropped)."""
-    rank_packs: list[list[list[int]]] = [[] for _ in range(dp)]
-    for j, b in enumerate(bins):
-        if b:
-            rank_packs[j % dp].append(b)
-    return rank_packs
 
 
 def wlb_ideal(

@@ -49,8 +49,8 @@ from slimdata.errors import ConfigError
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.common import BatchView, default_cost, split_into_pieces
 from slimdata.solver.layout import Layout
-from slimdata.solver.strategies.base import baseline_plan, now
-from slimdata.solver.strategies.wlb import Bins, deal_to_ranks
+from slimdata.solver.strategies.base import baseline_plan, deal_to_ranks, now
+from slimdata.solver.strategies.wlb import Bins
 
 __all__ = ["OutlierQueues", "WlbStream", "tuned_thresholds"]
 
