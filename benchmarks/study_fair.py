@@ -64,7 +64,13 @@ def setting(lens: np.ndarray, context: int, dp: int, pp: int, steps: int):
     recompute = auto_recompute("auto", context)
     cost = CostModel.analytic("llama-8b", "h100", recompute)  # type: ignore[arg-type]
     memory, how = activation_budget_gib(
-        load_device("h100").memory_gib, cost.param_count, "zero1", "adam", dp, pp
+        load_device("h100").memory_gib,
+        cost.param_count,
+        "zero1",
+        "adam",
+        dp,
+        pp,
+        layers=cost.layers,
     )
     gbt = dp * context * (2 * pp if pp > 1 else 1)
     need = int(np.searchsorted(np.cumsum(lens), 1.2 * gbt * steps)) + 1

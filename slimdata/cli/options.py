@@ -209,6 +209,7 @@ def resolve_memory(
         optimizer,
         dp,
         pp,
+        layers=cost.layers,
         pp_option=pp_option,
     )
 

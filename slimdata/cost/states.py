@@ -3,12 +3,16 @@
 Model states per parameter, mixed-precision training as in the ZeRO paper (Rajbhandari et
 al., SC'20, §3.1): 2 bytes of bf16 parameters, 2 bytes of bf16 gradients and the optimizer's
 fp32 states: 12 bytes for Adam (master parameters, momentum, variance), 8 for SGD with
-momentum. A pipeline stage holds ``1 / pp`` of the parameters. Sharding over the ``dp``
-devices of a stage (DP x static CP, as Megatron's distributed optimizer):
+momentum. A pipeline stage holds its share ``S`` of the layers' parameters, the first
+(largest) stage counting: ``S = 1 / pp`` when ``pp`` divides the layers, else the first
+stage's larger share of the split every consumer uses
+(:func:`slimdata.plan.pipeline.stage_share`; 32 layers over 6 stages: ``S = 6 / 32``).
+Sharding over the ``dp`` devices of a stage (DP x static CP, as Megatron's distributed
+optimizer):
 
-    ddp   (replicated):            (2 + 2 + K) * P / pp
-    zero1 (optimizer sharded):     (2 + 2 + K / dp) * P / pp
-    fsdp  (everything sharded):    (2 + 2 + K) * P / (pp * dp)
+    ddp   (replicated):            (2 + 2 + K) * P * S
+    zero1 (optimizer sharded):     (2 + 2 + K / dp) * P * S
+    fsdp  (everything sharded):    (2 + 2 + K) * P * S / dp
 
 The budget is ``RESERVE`` (90%) of the device memory minus the states: the other 10% covers
 the CUDA context, allocator fragmentation and transient buffers (attention workspace, the
@@ -19,6 +23,7 @@ devices, pp 1: states ``(4 + 12 / 64) * 8.03e9 B = 31.3 GiB``, budget ``72 - 31.
 from __future__ import annotations
 
 from slimdata.errors import ConfigError
+from slimdata.plan.pipeline import stage_share
 from slimdata.units import GIB, gib
 
 __all__ = [
@@ -61,15 +66,19 @@ def budget_text(memory_gib: float, how: str = GIVEN) -> str:
     return f"the default {gib(memory_gib, 2)} budget ({rule})"
 
 
-def model_state_gib(params: int, parallelism: str, optimizer: str, dp: int, pp: int) -> float:
-    """GiB of parameters, gradients and optimizer states one device holds (module docstring)."""
+def model_state_gib(
+    params: int, parallelism: str, optimizer: str, dp: int, pp: int, layers: int = 0
+) -> float:
+    """GiB of parameters, gradients and optimizer states one device of the first pipeline
+    stage holds (module docstring); ``layers``: the model's, for the stage's share (``0``:
+    unknown, ``1 / pp``)."""
     if parallelism not in PARALLELISM_STATES:
         raise ConfigError(f"parallelism={parallelism!r}: use one of {PARALLELISM_STATES}")
     if optimizer not in OPTIMIZER_BYTES:
         raise ConfigError(f"optimizer={optimizer!r}: use one of {sorted(OPTIMIZER_BYTES)}")
     k = OPTIMIZER_BYTES[optimizer]
     per_param = {"ddp": 4.0 + k, "zero1": 4.0 + k / dp, "fsdp": (4.0 + k) / dp}[parallelism]
-    return per_param * params / pp / GIB
+    return per_param * params * stage_share(layers, pp) / GIB
 
 
 def activation_budget_gib(
@@ -80,12 +89,14 @@ def activation_budget_gib(
     dp: int,
     pp: int,
     *,
+    layers: int = 0,
     pp_option: bool = True,
 ) -> tuple[float, str]:
     """The default ``--memory-gib`` and a one-line account of it; raises when nothing is left,
     naming what would leave room: more sharded states than ``parallelism``, a larger
-    ``--pp`` where the command has one (``pp_option``), or ``--memory-gib``."""
-    states = model_state_gib(params, parallelism, optimizer, dp, pp)
+    ``--pp`` where the command has one (``pp_option``), or ``--memory-gib``. ``layers``: the
+    model's (:func:`model_state_gib`)."""
+    states = model_state_gib(params, parallelism, optimizer, dp, pp, layers)
     budget = RESERVE * device_gib - states
     how = (
         f"{RESERVE:.0%} of {device_gib:g} GiB minus {gib(states)} of model states "

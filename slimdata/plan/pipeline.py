@@ -23,6 +23,7 @@ __all__ = [
     "merge_exchange_tokens",
     "one_f_one_b",
     "ready_index",
+    "stage_share",
 ]
 
 Op = tuple[str, int, int]
@@ -91,6 +92,12 @@ def chunk_fractions(layers: int, chunks: int) -> np.ndarray:
     k = np.full(chunks, layers // chunks, dtype=np.float64)
     k[: layers % chunks] += 1
     return k / layers
+
+
+def stage_share(layers: int, pp: int) -> float:
+    """Share of the model's layers on the first (largest) of ``pp`` pipeline stages, by the
+    split every consumer uses (:func:`chunk_fractions`): ``stage_share(32, 6) == 6 / 32``."""
+    return float(chunk_fractions(layers, pp).max())
 
 
 def merge_exchange_tokens(shares: Sequence[int]) -> int:

@@ -26,6 +26,19 @@ def test_model_states_per_parallelism():
     assert model_state_gib(10**9, "ddp", "sgd", dp=4, pp=1) == pytest.approx(12e9 / GIB)
 
 
+def test_model_states_are_the_first_pipeline_stages_share():
+    # 32 layers over 6 stages split 6 6 5 5 5 5: the first stage holds 6 / 32 of the
+    # parameters, not 1 / 6; 3.2e9 parameters, Adam, ddp: 16 bytes each
+    assert model_state_gib(32 * 10**8, "ddp", "adam", dp=1, pp=6, layers=32) == pytest.approx(
+        16 * 6e8 / GIB
+    )
+    assert model_state_gib(32 * 10**8, "ddp", "adam", dp=1, pp=4, layers=32) == pytest.approx(
+        16 * 8e8 / GIB
+    )
+    budget, _how = activation_budget_gib(80.0, 32 * 10**8, "ddp", "adam", dp=1, pp=6, layers=32)
+    assert budget == pytest.approx(72.0 - 16 * 6e8 / GIB)
+
+
 def test_budget_is_device_minus_states_or_a_clear_error():
     budget, how = activation_budget_gib(80.0, 10**9, "ddp", "adam", dp=4, pp=1)
     assert budget == pytest.approx(72.0 - 16e9 / GIB)

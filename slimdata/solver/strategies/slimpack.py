@@ -54,7 +54,7 @@ from slimdata.errors import PlanError
 from slimdata.execution.critical import critical_path_under, plan_critical_path
 from slimdata.execution.program import ExecutionConfig
 from slimdata.gcpause import cyclic_gc_paused
-from slimdata.plan.pipeline import chunk_fractions
+from slimdata.plan.pipeline import stage_share
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.budget import MemoryBudget
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
@@ -1228,12 +1228,6 @@ def _pack_counts(view: BatchView, layout: Layout) -> list[int]:
         return [layout.microbatches]
     m0 = _packs_estimate(view, layout)
     return [m0, 2 * m0, 3 * m0] if layout.pp > 1 else [m0]
-
-
-def stage_share(layers: int, pp: int) -> float:
-    """Share of the model's layers on the first (largest) of ``pp`` pipeline stages, by the
-    simulator's split (:func:`slimdata.plan.pipeline.chunk_fractions`)."""
-    return float(chunk_fractions(layers, pp).max())
 
 
 @dataclass(frozen=True)
