@@ -27,6 +27,7 @@ from slimdata.readers.base import (
     Rejected,
     check_text,
     doc_id_for,
+    file_rejected,
     input_error,
     unencodable,
 )
@@ -212,10 +213,7 @@ def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
                 continue
             yield _record(obj, doc_id, opts)
     except _read_errors() as exc:
-        yield Rejected(
-            doc_id_for(task.source, task.rel, lineno),
-            f"unreadable, corrupt or truncated file from here on: {exc}",
-        )
+        yield file_rejected(task, exc, lineno)
 
 
 def _array_error(exc: ValueError | RecursionError) -> str:
@@ -235,7 +233,7 @@ def _read_array(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
         with open_binary(task.path) as fh:
             raw = fh.read()
     except _read_errors() as exc:
-        yield Rejected(file_id, f"unreadable, corrupt or truncated file: {exc}")
+        yield file_rejected(task, exc)
         return
     try:
         data = json.loads(raw)
