@@ -67,11 +67,16 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return (OSError, EOFError, zlib.error, zstandard.ZstdError)
 
 
-def _is_array(path: str) -> bool:
-    """True when a ``.json`` file holds one JSON value rather than JSON Lines: an array
-    (first non-blank byte ``[``), or one object spread over several lines (first non-blank
-    byte ``{`` and a first line that is no JSON value alone, as ``json.dump(obj, indent=2)``
-    writes)."""
+def _is_one_json_value(path: str) -> bool:
+    """Whether ``path`` is read whole as one JSON value (a ``json`` task) rather than as JSON
+    Lines. Only a ``.json`` file (plain or compressed) can be: one whose first non-blank
+    byte is ``[`` (an array, one record per item), or ``{`` with a first line that is no
+    JSON value alone (one object over several lines, as ``json.dump(obj, indent=2)``
+    writes: one record). A ``.json`` file whose first line is a whole object is JSON Lines.
+
+    Reads the first 4 KiB (and the rest of the first line); raises :class:`InputError` when
+    they cannot be read or decompressed.
+    """
     base = path
     kind = _compression(path)
     if kind:
@@ -97,7 +102,7 @@ def _is_array(path: str) -> bool:
 def plan(path: str, rel: str, source: str, task_bytes: int) -> list[ReadTask]:
     """Tasks of one JSON/JSONL file: byte ranges ending at newlines for plain JSONL."""
     size = Path(path).stat().st_size
-    if _is_array(path):
+    if _is_one_json_value(path):
         return [ReadTask(format="json", path=path, rel=rel, source=source, size=size)]
     if _compression(path) or size <= task_bytes:
         return [
