@@ -34,6 +34,7 @@ __all__ = [
     "doc_id_for",
     "error_text",
     "file_rejected",
+    "file_size",
     "input_error",
     "input_stamps",
     "unencodable",
@@ -232,8 +233,14 @@ def unreadable_task(fmt: str, path: str, rel: str, source: str) -> ReadTask:
     """The one task of a file that cannot be planned (its rows cannot be counted): reading
     it quarantines the file with the reason (:func:`file_rejected`) instead of stopping the
     build. ``stop=-1``: all of its rows, should it read after all."""
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        size = 0
+    size = file_size(path)
     return ReadTask(format=fmt, path=path, rel=rel, source=source, start=0, stop=-1, size=size)
+
+
+def file_size(path: str) -> int:
+    """Size of ``path`` in bytes; 0 when it cannot be stat'ed (a dangling link), for its
+    reader to quarantine it with the reason."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

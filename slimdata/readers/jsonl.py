@@ -17,7 +17,6 @@ import io
 import json
 import mmap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO, Any, cast
 
 from slimdata.readers.base import (
@@ -28,7 +27,7 @@ from slimdata.readers.base import (
     check_text,
     doc_id_for,
     file_rejected,
-    input_error,
+    file_size,
     unencodable,
 )
 
@@ -74,8 +73,9 @@ def _is_one_json_value(path: str) -> bool:
     JSON value alone (one object over several lines, as ``json.dump(obj, indent=2)``
     writes: one record). A ``.json`` file whose first line is a whole object is JSON Lines.
 
-    Reads the first 4 KiB (and the rest of the first line); raises :class:`InputError` when
-    they cannot be read or decompressed.
+    Reads the first 4 KiB (and the rest of the first line). A file they cannot be read or
+    decompressed from is JSON Lines too: read line by line, it keeps the lines before the
+    damage and quarantines the rest, as a damaged ``.jsonl.gz`` does.
     """
     base = path
     kind = _compression(path)
@@ -90,8 +90,8 @@ def _is_one_json_value(path: str) -> bool:
                 return head.startswith(b"[")
             # its first line in full (it may run past the 4096 bytes read)
             first = b"".join([head.split(b"\n", 1)[0], b"" if b"\n" in head else fh.readline()])
-    except _read_errors() as exc:
-        raise input_error(path, f"cannot read or decompress: {exc}") from exc
+    except _read_errors():
+        return False
     try:
         json.loads(first)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -100,8 +100,9 @@ def _is_one_json_value(path: str) -> bool:
 
 
 def plan(path: str, rel: str, source: str, task_bytes: int) -> list[ReadTask]:
-    """Tasks of one JSON/JSONL file: byte ranges ending at newlines for plain JSONL."""
-    size = Path(path).stat().st_size
+    """Tasks of one JSON/JSONL file: byte ranges ending at newlines for plain JSONL; one
+    task for a file that cannot be read (its read quarantines it)."""
+    size = file_size(path)
     if _is_one_json_value(path):
         return [ReadTask(format="json", path=path, rel=rel, source=source, size=size)]
     if _compression(path) or size <= task_bytes:

@@ -1,9 +1,10 @@
-"""A damaged Parquet or Arrow input is quarantined with the reason, like a corrupt ``.gz``
+"""A damaged Parquet, Arrow or JSON input is quarantined with the reason, like a corrupt ``.gz``
 JSONL file: the build goes on, every readable row of it is kept, and a resumed build neither
 loses nor repeats a document."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -218,3 +219,51 @@ def test_a_file_that_cannot_be_opened_is_quarantined_whole(tmp_path, name, data)
         }
     ]
     assert doc_ids(out) == ["ok/ok.jsonl:1"]
+
+
+def test_a_json_gz_damaged_in_its_first_lines_keeps_them_and_goes_on(tmp_path):
+    """A ``.json`` file's first 4 KiB tell an array from JSON Lines; when they cannot be
+    decompressed the file is read as lines, like a ``.jsonl.gz``: what decompresses is kept."""
+    lines = b"".join(b'{"text": "doc %d %s"}\n' % (i, b"%x" % (i * 7919) * 9) for i in range(60))
+    data = gzip.compress(lines)
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(data[: len(data) // 2])
+    kept = []
+    with pytest.raises(EOFError) as info, gzip.open(path) as fh:
+        kept.extend(fh)  # the lines gzip gives before the damage
+    assert 1 <= len(kept) < 60 and sum(map(len, kept)) < 4096
+    (tmp_path / "ok.jsonl").write_text('{"text": "fine"}\n')
+    out = tmp_path / "out"
+    build(tiny_config(path, tmp_path / "ok.jsonl"), out)
+    assert quarantine(out) == [
+        {
+            "doc_id": f"cut/cut.json.gz:{len(kept) + 1}",
+            "source": "cut",
+            "reason": f"unreadable, corrupt or truncated file from here on: {info.value}",
+            "excerpt": "",
+        }
+    ]
+    assert doc_ids(out) == [f"cut/cut.json.gz:{i}" for i in range(1, len(kept) + 1)] + [
+        "ok/ok.jsonl:1"
+    ]
+
+
+def test_dangling_json_lines_links_are_quarantined_not_a_crash(tmp_path):
+    corpus = tmp_path / "dl"
+    corpus.mkdir()
+    for name in ("x.jsonl", "y.json", "z.json.gz"):
+        (corpus / name).symlink_to(tmp_path / "gone")
+    (corpus / "ok.jsonl").write_text('{"text": "fine"}\n')
+    out = tmp_path / "out"
+    build(tiny_config(corpus), out)
+    assert quarantine(out) == [
+        {
+            "doc_id": f"dl/{name}:1",
+            "source": "dl",
+            "reason": "unreadable, corrupt or truncated file from here on: [Errno 2] No such "
+            f"file or directory: '{corpus.resolve() / name}'",
+            "excerpt": "",
+        }
+        for name in ("x.jsonl", "y.json", "z.json.gz")
+    ]
+    assert doc_ids(out) == ["dl/ok.jsonl:1"]
