@@ -155,14 +155,52 @@ def _load_hf_file(path: Path, name: str, eos_token: str | None) -> TextTokenizer
     return _hf(backend, name, _sha256(path), path.parent, eos_token)
 
 
-def _load_hf_dir(path: Path, eos_token: str | None) -> TextTokenizer:
-    if (path / "tokenizer.json").is_file():
-        return _load_hf_file(path / "tokenizer.json", f"{path.name}/tokenizer.json", eos_token)
+VOCABULARY_FILES = (
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "spm.model",
+    "sentencepiece.model",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+)
+"""Files holding a slow tokenizer's vocabulary, which ``transformers`` converts to a fast
+tokenizer: the ``vocab_files_names`` of its fast tokenizer classes (4.57) but
+``tokenizer.json``."""
+
+
+def _file_names(path: Path, limit: int = 8) -> str:
+    """The files of a directory, sorted, hidden ones left out: ``a.json, b.bin and 3 more``."""
+    names = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _check_tokenizer_dir(path: Path) -> None:
+    """Refuse, before ``transformers`` is imported, a directory without ``tokenizer.json``
+    that cannot hold a tokenizer: no configuration at all (a corpus folder given by
+    mistake), or configuration without any vocabulary (a model's ``config.json`` alone,
+    where ``transformers`` fails with ``'NoneType' object has no attribute 'endswith'``)."""
     if not any((path / name).is_file() for name in ("tokenizer_config.json", "config.json")):
         raise TokenizerError(
             f"cannot load a tokenizer from directory {path}: it holds no tokenizer.json, "
             "tokenizer_config.json or config.json (a Hugging Face tokenizer directory has them)"
         )
+    if not any((path / name).is_file() for name in VOCABULARY_FILES):
+        raise TokenizerError(
+            f"cannot load a tokenizer from directory {path}: it holds {_file_names(path)} but "
+            "no tokenizer file; a tokenizer directory needs tokenizer.json, or a slow "
+            "tokenizer's vocabulary for transformers to convert (tokenizer.model, "
+            "spiece.model, sentencepiece.bpe.model, spm.model, sentencepiece.model, "
+            "vocab.json with merges.txt, or vocab.txt)"
+        )
+
+
+def _load_hf_dir(path: Path, eos_token: str | None) -> TextTokenizer:
+    if (path / "tokenizer.json").is_file():
+        return _load_hf_file(path / "tokenizer.json", f"{path.name}/tokenizer.json", eos_token)
+    _check_tokenizer_dir(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from transformers import AutoTokenizer

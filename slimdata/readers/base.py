@@ -32,9 +32,13 @@ __all__ = [
     "auto_task_bytes",
     "check_text",
     "doc_id_for",
+    "error_text",
+    "file_rejected",
+    "file_size",
     "input_error",
     "input_stamps",
     "unencodable",
+    "unreadable_task",
 ]
 
 DEFAULT_TASK_BYTES = 4 << 20
@@ -199,3 +203,44 @@ def input_stamps(tasks: Sequence[ReadTask]) -> dict[str, list[int] | None]:
 
 def input_error(path: str | Path, what: str) -> InputError:
     return InputError(f"{path}: {what}")
+
+
+def error_text(exc: BaseException) -> str:
+    """An error's message on one line (pyarrow's span several), or its type when empty."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def file_rejected(task: ReadTask, exc: BaseException, index: int | None = None) -> Rejected:
+    """The quarantine entry of a file that cannot be read (truncated, corrupt, not its
+    format): the whole file (id ``source/file``), or, with ``index``, the file from that
+    record on (id ``source/file:index``), the records before it having been yielded.
+
+    Used by every reader, so a damaged ``.gz``, Parquet or Arrow file reads the same in
+    ``quarantine.jsonl``.
+    """
+    why = error_text(exc)
+    if index is None:
+        return Rejected(
+            doc_id_for(task.source, task.rel), f"unreadable, corrupt or truncated file: {why}"
+        )
+    return Rejected(
+        doc_id_for(task.source, task.rel, index),
+        f"unreadable, corrupt or truncated file from here on: {why}",
+    )
+
+
+def unreadable_task(fmt: str, path: str, rel: str, source: str) -> ReadTask:
+    """The one task of a file that cannot be planned (its rows cannot be counted): reading
+    it quarantines the file with the reason (:func:`file_rejected`) instead of stopping the
+    build. ``stop=-1``: all of its rows, should it read after all."""
+    size = file_size(path)
+    return ReadTask(format=fmt, path=path, rel=rel, source=source, start=0, stop=-1, size=size)
+
+
+def file_size(path: str) -> int:
+    """Size of ``path`` in bytes; 0 when it cannot be stat'ed (a dangling link), for its
+    reader to quarantine it with the reason."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

@@ -17,7 +17,6 @@ import io
 import json
 import mmap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO, Any, cast
 
 from slimdata.readers.base import (
@@ -27,7 +26,8 @@ from slimdata.readers.base import (
     Rejected,
     check_text,
     doc_id_for,
-    input_error,
+    file_rejected,
+    file_size,
     unencodable,
 )
 
@@ -66,11 +66,17 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return (OSError, EOFError, zlib.error, zstandard.ZstdError)
 
 
-def _is_array(path: str) -> bool:
-    """True when a ``.json`` file holds one JSON value rather than JSON Lines: an array
-    (first non-blank byte ``[``), or one object spread over several lines (first non-blank
-    byte ``{`` and a first line that is no JSON value alone, as ``json.dump(obj, indent=2)``
-    writes)."""
+def _is_one_json_value(path: str) -> bool:
+    """Whether ``path`` is read whole as one JSON value (a ``json`` task) rather than as JSON
+    Lines. Only a ``.json`` file (plain or compressed) can be: one whose first non-blank
+    byte is ``[`` (an array, one record per item), or ``{`` with a first line that is no
+    JSON value alone (one object over several lines, as ``json.dump(obj, indent=2)``
+    writes: one record). A ``.json`` file whose first line is a whole object is JSON Lines.
+
+    Reads the first 4 KiB (and the rest of the first line). A file they cannot be read or
+    decompressed from is JSON Lines too: read line by line, it keeps the lines before the
+    damage and quarantines the rest, as a damaged ``.jsonl.gz`` does.
+    """
     base = path
     kind = _compression(path)
     if kind:
@@ -84,8 +90,8 @@ def _is_array(path: str) -> bool:
                 return head.startswith(b"[")
             # its first line in full (it may run past the 4096 bytes read)
             first = b"".join([head.split(b"\n", 1)[0], b"" if b"\n" in head else fh.readline()])
-    except _read_errors() as exc:
-        raise input_error(path, f"cannot read or decompress: {exc}") from exc
+    except _read_errors():
+        return False
     try:
         json.loads(first)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -94,9 +100,10 @@ def _is_array(path: str) -> bool:
 
 
 def plan(path: str, rel: str, source: str, task_bytes: int) -> list[ReadTask]:
-    """Tasks of one JSON/JSONL file: byte ranges ending at newlines for plain JSONL."""
-    size = Path(path).stat().st_size
-    if _is_array(path):
+    """Tasks of one JSON/JSONL file: byte ranges ending at newlines for plain JSONL; one
+    task for a file that cannot be read (its read quarantines it)."""
+    size = file_size(path)
+    if _is_one_json_value(path):
         return [ReadTask(format="json", path=path, rel=rel, source=source, size=size)]
     if _compression(path) or size <= task_bytes:
         return [
@@ -212,10 +219,7 @@ def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
                 continue
             yield _record(obj, doc_id, opts)
     except _read_errors() as exc:
-        yield Rejected(
-            doc_id_for(task.source, task.rel, lineno),
-            f"unreadable, corrupt or truncated file from here on: {exc}",
-        )
+        yield file_rejected(task, exc, lineno)
 
 
 def _array_error(exc: ValueError | RecursionError) -> str:
@@ -235,7 +239,7 @@ def _read_array(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
         with open_binary(task.path) as fh:
             raw = fh.read()
     except _read_errors() as exc:
-        yield Rejected(file_id, f"unreadable, corrupt or truncated file: {exc}")
+        yield file_rejected(task, exc)
         return
     try:
         data = json.loads(raw)

@@ -5,6 +5,11 @@ file feeds several workers. Only the text (and id) columns are read. A missing o
 non-string text column is a schema problem of the whole file and raises
 :class:`~slimdata.errors.InputError` naming the available columns; a null value rejects
 that row only. Document ids are ``source/file:row`` (0-based row number).
+
+A damaged file never stops a build: one whose footer cannot be read (truncated, not
+Parquet, unreadable) is quarantined whole (id ``source/file``), and a row group that cannot
+be read is quarantined as one entry (id of its first row) while the other row groups are
+kept. Row groups are read whole, so no row of a rejected group is yielded.
 """
 
 from __future__ import annotations
@@ -16,17 +21,29 @@ from slimdata.readers.base import (
     ReadOptions,
     ReadResult,
     ReadTask,
+    Rejected,
     check_text,
     doc_id_for,
+    error_text,
+    file_rejected,
     input_error,
+    unreadable_task,
 )
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
-__all__ = ["SUFFIXES", "check_schema", "plan", "read"]
+__all__ = ["SUFFIXES", "check_schema", "plan", "read", "read_errors"]
 
 SUFFIXES = (".parquet", ".pq")
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """Errors of reading a damaged Parquet or Arrow file (pyarrow's, or the system's)."""
+    import pyarrow as pa
+
+    return (OSError, pa.ArrowException)
 
 
 def check_schema(path: str, schema: pa.Schema, opts: ReadOptions) -> None:
@@ -50,14 +67,14 @@ def check_schema(path: str, schema: pa.Schema, opts: ReadOptions) -> None:
 
 
 def plan(path: str, rel: str, source: str, task_bytes: int, opts: ReadOptions) -> list[ReadTask]:
-    """Row ranges made of whole row groups, ~``task_bytes`` each."""
-    import pyarrow as pa
+    """Row ranges made of whole row groups, ~``task_bytes`` each; one task that quarantines
+    the file when its footer cannot be read."""
     import pyarrow.parquet as pq
 
     try:
         meta = pq.ParquetFile(path).metadata
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise input_error(path, f"not a readable Parquet file: {exc}") from exc
+    except read_errors():
+        return [unreadable_task("parquet", path, rel, source)]
     check_schema(path, meta.schema.to_arrow_schema(), opts)
     tasks: list[ReadTask] = []
     start = row = size = 0
@@ -110,11 +127,34 @@ def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
     """Records of the task's row range, read row group by row group."""
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(task.path)
+    try:
+        pf = pq.ParquetFile(task.path)
+    except read_errors() as exc:
+        yield file_rejected(task, exc)
+        return
     columns = [opts.text_field] + ([opts.id_field] if opts.id_field else [])
+    stop = pf.metadata.num_rows if task.stop < 0 else task.stop
     row = 0
     for g in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(g).num_rows
-        if task.start <= row < task.stop:
-            yield from iter_table(task, pf.read_row_group(g, columns=columns), opts, row)
+        if n and task.start <= row < stop:
+            yield from _read_group(task, pf, g, row, columns, opts)
         row += n
+
+
+def _read_group(
+    task: ReadTask, pf: pq.ParquetFile, group: int, row: int, columns: list[str], opts: ReadOptions
+) -> Iterator[ReadResult]:
+    """Records of row group ``group`` (first row ``row``), or one rejection for all its rows
+    when it cannot be read: ``source/file:2``, "... row group 1 (rows 2-3): ..."."""
+    try:
+        table = pf.read_row_group(group, columns=columns)
+    except read_errors() as exc:
+        last = row + pf.metadata.row_group(group).num_rows - 1
+        why = error_text(exc)
+        yield Rejected(
+            doc_id_for(task.source, task.rel, row),
+            f"unreadable, corrupt or truncated row group {group} (rows {row}-{last}): {why}",
+        )
+        return
+    yield from iter_table(task, table, opts, row)

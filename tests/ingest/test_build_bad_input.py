@@ -202,6 +202,66 @@ def test_a_directory_without_a_tokenizer_is_named_in_one_short_line(tmp_path):
         )
 
 
+@pytest.mark.parametrize(
+    ("files", "found"),
+    [
+        (["config.json"], "config.json"),  # a model's config.json alone
+        (["model.safetensors", "config.json"], "config.json, model.safetensors"),
+        (
+            ["tokenizer_config.json", "special_tokens_map.json"],
+            "special_tokens_map.json, tokenizer_config.json",
+        ),
+        (
+            [f"shard-{i}.bin" for i in range(10)] + ["config.json"],
+            "config.json, "
+            "shard-0.bin, shard-1.bin, shard-2.bin, shard-3.bin, shard-4.bin, shard-5.bin, "
+            "shard-6.bin and 3 more",
+        ),
+    ],
+)
+def test_a_directory_with_config_but_no_vocabulary_says_what_a_tokenizer_needs(
+    tmp_path, files, found
+):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / ".hidden").write_text("")
+    (tok / "sub").mkdir()
+    for name in files:
+        (tok / name).write_text('{"model_type": "llama"}' if name == "config.json" else "{}")
+    message = (
+        f"cannot load a tokenizer from directory {tok}: it holds {found} but no tokenizer "
+        "file; a tokenizer directory needs tokenizer.json, or a slow tokenizer's vocabulary "
+        "for transformers to convert (tokenizer.model, spiece.model, sentencepiece.bpe.model, "
+        "spm.model, sentencepiece.model, vocab.json with merges.txt, or vocab.txt)"
+    )
+    with pytest.raises(TokenizerError) as info:
+        load_tokenizer(tok)
+    assert str(info.value) == message
+    (tmp_path / "a.txt").write_text("text")
+    args = ["build", str(tmp_path / "a.txt"), "-o", str(tmp_path / "out"), "--tokenizer"]
+    result = CliRunner().invoke(cli, [*args, str(tok)])
+    assert (result.exit_code, result.output) == (2, f"Error: {message}\n")
+
+
+def test_a_directory_with_a_slow_tokenizers_vocabulary_still_loads(tmp_path):
+    """The check above refuses no directory that transformers converts: vocab.json and
+    merges.txt of the tiny tokenizer give its tokens."""
+    tiny = Tokenizer.from_file(TINY_TOKENIZER)
+    tiny.model.save(str(tmp_path))
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>"}'
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "merges.txt",
+        "tokenizer_config.json",
+        "vocab.json",
+    ]
+    tok = load_tokenizer(tmp_path)
+    assert (tok.vocab_size, tok.eos_id) == (512, 0)
+    text = "def f(): return 1"
+    assert tok.encode_batch([text])[0].tolist() == tiny.encode(text).ids
+
+
 def test_existing_output_is_refused_unless_asked(tmp_path):
     (tmp_path / "a.txt").write_text("hello")
     out = tmp_path / "out"
