@@ -7,6 +7,7 @@ plan balances the same costs that were written next to every slice.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -17,16 +18,35 @@ from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths, load_shard_documents
 from slimdata.errors import ConfigError, InputError, OutputExistsError, PlanError
 from slimdata.gcpause import cyclic_gc_paused
-from slimdata.paths import check_creatable
+from slimdata.paths import (
+    check_creatable,
+    check_same_record,
+    holds_any,
+    read_record,
+    write_atomic,
+)
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 
 if TYPE_CHECKING:
     from slimdata.plan import Document
     from slimdata.solver.planshards import TokenSource
 
-__all__ = ["SIDECAR_NAME", "build_cost_model", "check_plan_layout", "plan_to_shards"]
+__all__ = [
+    "REQUEST_NAME",
+    "SIDECAR_NAME",
+    "build_cost_model",
+    "check_plan_layout",
+    "plan_to_shards",
+]
 
 SIDECAR_NAME = "slimdata.json"
+REQUEST_NAME = "plan_request.json"
+"""The record of a plan (:func:`_plan_request`), written into its output folder before the
+first shard: a folder a killed plan left holds it (``--overwrite`` replaces such a folder,
+``--resume`` checks it is finishing the same plan), and a finished one keeps it."""
+REQUEST_KEY = "slimdata_plan_request"
+REQUEST_FORMAT = 1
+"""Format of :data:`REQUEST_NAME` (its ``slimdata_plan_request`` key)."""
 
 
 def build_vocab_size(shards: str | Path) -> int | None:
@@ -75,6 +95,7 @@ def plan_to_shards(
     cost: CostModel | None = None,
     cp: int | str = 1,
     overwrite: bool = False,
+    resume: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Solve every step of one epoch and write one MDS sample per (step, rank) to ``out``.
@@ -85,38 +106,38 @@ def plan_to_shards(
     the slices they were built with. ``cp``: static context parallelism
     (:func:`slimdata.solver.epoch.write_epoch_plan`); ``"auto"`` chooses it
     (:mod:`slimdata.autocp`) and the summary's ``cp_choice`` says how. An existing non-empty
-    ``out`` is refused unless ``overwrite``, which replaces earlier plan shards there
-    (:func:`_replaces`). ``progress``: a bar of the steps solved on standard error, when it
-    is a terminal. Returns the summary that is also written to ``out/plan.json``.
+    ``out`` is refused unless ``overwrite``, which replaces earlier plan shards there, whole or
+    left by a killed run, or ``resume``, which solves again the plan a killed run was writing
+    there (same inputs and options: its :data:`REQUEST_NAME`; :func:`_replaces`). The plan
+    shards are the same bytes either way. ``progress``: a bar of the steps solved on standard
+    error, when it is a terminal. Returns the summary that is also written to
+    ``out/plan.json``.
     """
     from slimdata.solver.epoch import write_epoch_plan
 
     if (shards is None) == (lengths is None):
         raise ConfigError("give either document shards or a lengths file (exactly one)")
-    out = Path(out)
-    replace = _replaces(out, overwrite)
-    check_creatable(out)
-    if lengths is not None:
-        size = DEFAULT_SLICE_TOKENS if slice_tokens is None else slice_tokens
-        docs, tokens_of = documents_from_lengths(load_lengths(lengths), size), None
-    else:
-        assert shards is not None  # exactly one of shards/lengths, checked above
-        docs, tokens_of, cost = _shard_source(shards, slice_tokens, cost)
-    common = dict(
+    settings = dict(
         nodes=nodes,
         ranks_per_node=ranks_per_node,
         global_batch_tokens=global_batch_tokens,
         memory_gib=memory_gib,
         strategy=strategy,
         seed=seed,
-        cost=cost,
         context=context,
         mode=mode,
         oversize=oversize,
-        tokens_of=tokens_of,
         workers_per_rank=workers_per_rank,
-        progress=progress,
     )
+    out = Path(out)
+    request = _plan_request(
+        shards, lengths, cost, {**settings, "cp": cp, "slice_tokens": slice_tokens}
+    )
+    replace = _replaces(out, overwrite, resume, request)
+    check_creatable(out)
+    docs, tokens_of, cost = _documents(shards, lengths, slice_tokens, cost)
+    common = dict(settings, cost=cost, tokens_of=tokens_of, progress=progress)
+    common["opened"] = functools.partial(_write_request, out, request)
     if replace:  # the inputs are read: only now is the earlier plan removed
         _discard(out, created=False)
     created = not out.exists()
@@ -128,6 +149,46 @@ def plan_to_shards(
     except BaseException:  # nothing half-written is left to look like a plan
         _discard(out, created)
         raise
+
+
+def _plan_request(
+    shards: str | Path | None,
+    lengths: str | Path | None,
+    cost: CostModel | None,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """What :data:`REQUEST_NAME` records of a plan: its input (the folder or file, resolved),
+    the cost model it was given (None: the build's, or the default for a lengths file) and
+    its options; ``--resume`` continues only a plan whose record is equal."""
+    kind, path = ("shards", shards) if shards is not None else ("lengths", lengths)
+    assert path is not None  # exactly one of shards/lengths, checked by the caller
+    return {
+        REQUEST_KEY: REQUEST_FORMAT,
+        "input": {kind: str(Path(path).resolve())},
+        "cost_model": None if cost is None else cost.to_dict(),
+        "options": options,
+    }
+
+
+def _write_request(out: Path, request: dict[str, Any]) -> None:
+    """Record the plan's request in ``out``, atomically, once the shard writer holds ``out``
+    and before its first shard (the writer takes only an empty folder)."""
+    write_atomic(out / REQUEST_NAME, json.dumps(request, indent=1, sort_keys=True))
+
+
+def _documents(
+    shards: str | Path | None,
+    lengths: str | Path | None,
+    slice_tokens: int | None,
+    cost: CostModel | None,
+) -> tuple[list[Document], TokenSource | None, CostModel | None]:
+    """The documents to plan, a reader of their tokens (None for a lengths file) and the
+    cost model (the build's for shards, unless ``cost`` is given)."""
+    if lengths is not None:
+        size = DEFAULT_SLICE_TOKENS if slice_tokens is None else slice_tokens
+        return documents_from_lengths(load_lengths(lengths), size), None, cost
+    assert shards is not None  # exactly one of shards/lengths, checked by the caller
+    return _shard_source(shards, slice_tokens, cost)
 
 
 def check_plan_layout(
@@ -160,25 +221,61 @@ def _make_output(out: Path) -> None:
         raise InputError(f"{out}: cannot make the folder ({exc.strerror})") from None
 
 
-def _replaces(out: Path, overwrite: bool) -> bool:
-    """Whether ``out`` holds plan shards to replace: a non-empty ``out`` is refused without
-    ``overwrite``, and with it unless it holds a ``plan.json`` (a typo must not wipe a build
-    or unrelated files)."""
+def _replaces(
+    out: Path, overwrite: bool, resume: bool = False, request: dict[str, Any] | None = None
+) -> bool:
+    """Whether ``out`` holds plan shards to replace. A non-empty ``out`` is refused without
+    ``overwrite`` or ``resume``, and with them unless it holds a ``plan.json`` or a
+    :data:`REQUEST_NAME` (the plan shards of a finished or a killed run: a typo must not
+    wipe a build or unrelated files); ``resume`` also needs a :data:`REQUEST_NAME` equal to
+    ``request``."""
     from slimdata.solver.planshards import PLAN_SIDECAR
 
+    if overwrite and resume:
+        raise ConfigError(
+            "--overwrite and --resume exclude each other: resume finishes an interrupted plan "
+            "with the same options, overwrite replaces it"
+        )
     if not (out.is_dir() and any(out.iterdir())):
         return False
-    if not overwrite:
+    if not (overwrite or resume):
+        raise OutputExistsError(_not_empty(out))
+    if not holds_any(out, (PLAN_SIDECAR, REQUEST_NAME)):
         raise OutputExistsError(
-            f"{out} exists and is not empty; pass --overwrite to replace it or choose a new "
-            "output directory"
+            f"refusing to {'--resume' if resume else '--overwrite'} {out}: it does not look "
+            f"like plan shards (no {PLAN_SIDECAR} or {REQUEST_NAME}); remove it yourself if "
+            "you mean it"
         )
-    if not (out / PLAN_SIDECAR).is_file():
-        raise OutputExistsError(
-            f"refusing to --overwrite {out}: it does not look like plan shards (no "
-            f"{PLAN_SIDECAR}); remove it yourself if you mean it"
-        )
+    if resume:
+        assert request is not None
+        _check_resumable(out, request)
     return True
+
+
+def _not_empty(out: Path) -> str:
+    """Why a non-empty ``out`` is refused without ``--overwrite`` or ``--resume``."""
+    from slimdata.solver.planshards import PLAN_SIDECAR
+
+    if (out / REQUEST_NAME).is_file() and not (out / PLAN_SIDECAR).is_file():
+        return (
+            f"{out} holds the plan shards of an interrupted run (no {PLAN_SIDECAR}); pass "
+            "--resume to finish them or --overwrite to replace them"
+        )
+    return (
+        f"{out} exists and is not empty; pass --overwrite to replace it or choose a new "
+        "output directory"
+    )
+
+
+def _check_resumable(out: Path, request: dict[str, Any]) -> None:
+    """Refuse to resume ``out`` unless its :data:`REQUEST_NAME` records ``request``."""
+    if not (out / REQUEST_NAME).is_file():
+        raise ConfigError(
+            f"cannot resume {out}: it holds no {REQUEST_NAME} (plan shards of an earlier "
+            "slimdata, or a run killed while it wrote that file); use --overwrite to start over"
+        )
+    old = read_record(out, REQUEST_NAME, REQUEST_KEY, REQUEST_FORMAT)
+    check_same_record(out, old, request, "planned")
 
 
 def _discard(out: Path, created: bool) -> None:

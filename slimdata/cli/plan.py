@@ -55,7 +55,17 @@ __all__ = ["command", "echo_cp_choice", "echo_warnings"]
     help="Output directory for plan shards.  [required]",
 )
 @renamed_option("--out", "out", "--output", type=click.Path(file_okay=False))
-@click.option("--overwrite", is_flag=True, help="Replace earlier plan shards in OUTPUT.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace earlier plan shards in OUTPUT (also those a killed run left).",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Finish the plan a killed run was writing in OUTPUT (same inputs and options): it is "
+    "solved again, and the plan shards equal an uninterrupted run's.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar (shown only on a terminal).")
 @json_option("the summary (steps, imbalance, solve time, memory budget)")
 @cost_model_options_auto
@@ -66,6 +76,7 @@ def command(
     lengths,
     out,
     overwrite,
+    resume,
     quiet,
     json_path,
     model,
@@ -85,7 +96,8 @@ def command(
 
     The memory budget defaults to what the --cost-device leaves after the model states
     (--parallelism, --optimizer), as in `slimdata simulate`; --memory-gib sets it. An
-    OUTPUT that is not empty is refused unless --overwrite (then it must hold plan shards).
+    OUTPUT that is not empty is refused unless --overwrite or --resume (then it must hold
+    plan shards, finished or left by a killed run).
     """
     from slimdata.planning import plan_to_shards
 
@@ -117,6 +129,7 @@ def command(
             lengths=lengths,
             cost=cost,
             overwrite=overwrite,
+            resume=resume,
             progress=not quiet,
             **layout,
         )

@@ -31,6 +31,7 @@ from typing import Any
 from slimdata.docsource import MANIFEST_NAME
 from slimdata.errors import ConfigError, OutputExistsError
 from slimdata.ingest.task import DOCUMENTS_NAME, QUARANTINE_NAME, TaskResult, task_dir
+from slimdata.paths import check_same_record, holds_any, read_record, write_atomic
 from slimdata.plan.types import loss_token_count
 from slimdata.planning import SIDECAR_NAME
 from slimdata.units import plural
@@ -54,24 +55,6 @@ _MARKERS = (PLAN_NAME, SIDECAR_NAME)
 """Files only a slimdata build writes: ``index.json`` alone does not qualify (plan shards and
 any other MDS dataset hold one too)."""
 _log = logging.getLogger(__name__)
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-    os.replace(tmp, path)
-
-
-def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = sorted(set(old) | set(new))
-    out = []
-    for k in keys:
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _diff(a, b, f"{prefix}{k}.")
-        elif a != b:
-            out.append(f"{prefix}{k}")
-    return out
 
 
 def _check_not_file(output: Path) -> None:
@@ -146,20 +129,13 @@ def _failed_leftover(output: Path) -> bool:
 def _check_resumable(output: Path, plan: dict[str, Any]) -> None:
     """Refuse to resume ``output`` unless its build plan equals ``plan``: same format, no
     input file changed in place (size or modification time), same inputs and options."""
-    path = output / PLAN_NAME
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(
-            f"cannot resume {output}: its {PLAN_NAME} is unreadable ({exc}); use --overwrite to start over"
-        ) from None
-    found = old.get("slimdata_build_plan") if isinstance(old, dict) else None
-    if found != plan["slimdata_build_plan"]:
-        raise ConfigError(
-            f"cannot resume {output}: its {PLAN_NAME} has format {found}, not {BUILD_PLAN_FORMAT} "
-            "(written by another slimdata version, which cannot tell whether the inputs changed); "
-            "use --overwrite to start over"
-        )
+    old = read_record(
+        output,
+        PLAN_NAME,
+        "slimdata_build_plan",
+        plan["slimdata_build_plan"],
+        " (written by another slimdata version, which cannot tell whether the inputs changed)",
+    )
     before = old.get("inputs", {})
     for name, stamp in plan["inputs"].items():
         if name in before and before[name] != stamp:
@@ -167,12 +143,7 @@ def _check_resumable(output: Path, plan: dict[str, Any]) -> None:
                 f"cannot resume {output}: input {name} changed since the interrupted build "
                 "(size or modification time); use --overwrite to start over"
             )
-    if old != plan:
-        changed = ", ".join(_diff(old, plan)[:8])
-        raise ConfigError(
-            f"cannot resume {output}: it was built with different inputs or options (changed: {changed}); "
-            "rerun with the original options, or use --overwrite to start over"
-        )
+    check_same_record(output, old, plan, "built")
 
 
 def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resume: bool) -> None:
@@ -192,7 +163,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
     if output.is_dir() and _failed_leftover(output):
         _clear(output)
     if output.is_dir() and any(output.iterdir()):
-        if resume and (output / PLAN_NAME).is_file():
+        if resume and holds_any(output, (PLAN_NAME,)):
             _check_resumable(output, plan)
             return
         if resume:
@@ -203,7 +174,7 @@ def prepare_output(output: Path, plan: dict[str, Any], *, overwrite: bool, resum
             raise OutputExistsError(
                 f"output directory {output} exists and is not empty; pass --overwrite to replace it or --resume to continue it"
             )
-        if not any((output / name).is_file() for name in _MARKERS):
+        if not holds_any(output, _MARKERS):
             raise OutputExistsError(
                 f"refusing to --overwrite {output}: it does not look like a slimdata build (no {PLAN_NAME} "
                 f"or {SIDECAR_NAME}); remove it yourself if you mean it"

@@ -6,7 +6,7 @@ This is what ``slimdata plan`` and ``slimdata build --plan`` call.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,7 @@ def write_epoch_plan(
     cp: int = 1,
     options: SolveOptions = DEFAULT_OPTIONS,
     progress: bool = False,
+    opened: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Solve an epoch for ``nodes x ranks_per_node`` ranks and write plan shards to ``out``.
 
@@ -98,7 +99,9 @@ def write_epoch_plan(
     its DP rank's payload. Returns the summary written to ``out/plan.json`` (steps, layout,
     strategy, mean imbalance, per-step loss tokens), plus what it leaves out: the total solve
     milliseconds and ``warnings`` (:func:`~slimdata.solver.batches.batch_warnings`).
-    ``progress``: a bar of the steps solved (:func:`plan_epoch`).
+    ``progress``: a bar of the steps solved (:func:`plan_epoch`). ``opened``: called once the
+    epoch is solved and the shard writer holds ``out``, before its first shard
+    (:func:`~slimdata.solver.planshards.write_plan_shards`).
     """
     layout = epoch_layout(nodes, ranks_per_node, cp, memory_gib, context, mode)
     plans = plan_epoch(
@@ -132,6 +135,7 @@ def write_epoch_plan(
         workers_per_rank=workers_per_rank,
         extra=lambda: {**settings, **_epoch_stats(metas)},
         cp=cp,
+        opened=opened,
     )
     steps = [m["tokens"] for m in metas]
     corpus = sum(d.length for d in docs)

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from slimdata.errors import ConfigError, PlanError, PlanFormatError
+from slimdata.paths import write_atomic
 from slimdata.plan.load import parse_rank_plan
 from slimdata.plan.rankplan import RankPlan, rank_views
 from slimdata.plan.types import StepPlan
@@ -158,6 +159,7 @@ def write_plan_shards(
     size_limit: int | str = 1 << 26,
     extra: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
     cp: int = 1,
+    opened: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Write plan shards to ``out`` (must be empty or absent); returns the sidecar summary.
 
@@ -171,13 +173,18 @@ def write_plan_shards(
     never held whole: a step's objects are still in the CPU caches, and its plan is dropped
     unless ``tokens_of`` needs it); nothing is written before the last. Static CP (``cp >
     1``): the payload of process ``r`` (stamped ``rank = r``) is DP rank ``r // cp``'s view
-    and tokens, so each member of a CP group reads its DP rank's payload.
+    and tokens, so each member of a CP group reads its DP rank's payload. ``opened``: called
+    once the shard writer holds ``out`` (which it takes only empty), before its first shard.
+
+    Write order: the shards (the writer writes each as it fills), ``index.json`` (when the
+    writer closes), then ``plan.json`` (atomically: :func:`~slimdata.paths.write_atomic`), so
+    a folder without a ``plan.json`` holds the plan shards of a run that did not finish.
     """
     if workers_per_rank < 1:
         raise ConfigError(f"workers_per_rank={workers_per_rank!r} must be >= 1")
     steps = _EncodedSteps.of(plans, nodes * ranks_per_node // cp, keep=tokens_of is not None)
     order = _sample_order(len(steps.texts), nodes, ranks_per_node, workers_per_rank)
-    _write_payloads(steps, order, out, tokens_of, compression, size_limit, cp)
+    _write_payloads(steps, order, out, tokens_of, compression, size_limit, cp, opened)
     summary = {
         "slimdata_plan_shards": PLAN_SHARDS_FORMAT,
         "steps": len(steps.texts),
@@ -193,7 +200,7 @@ def write_plan_shards(
         "step_loss_tokens": steps.loss_tokens,
         "step_digests": steps.digests,
     }
-    (Path(out) / PLAN_SIDECAR).write_text(json.dumps(without_timings(summary), indent=2))
+    write_atomic(Path(out) / PLAN_SIDECAR, json.dumps(without_timings(summary), indent=2))
     return summary
 
 
@@ -252,9 +259,11 @@ def _write_payloads(
     compression: str | None,
     size_limit: int | str,
     cp: int = 1,
+    opened: Callable[[], None] | None = None,
 ) -> None:
     """One MDS sample per (step, process rank) in ``order``: stamp, rank view, tokens (under
-    static CP, process ``r`` gets DP rank ``r // cp``'s)."""
+    static CP, process ``r`` gets DP rank ``r // cp``'s); ``opened``: called once the writer
+    holds ``out``."""
     from slimdata.ingest.mds import writer_class
 
     writer = writer_class()  # streaming.MDSWriter, imported without all of streaming
@@ -263,6 +272,8 @@ def _write_payloads(
     with writer(
         out=str(out), columns=PLAN_COLUMNS, compression=compression, size_limit=size_limit
     ) as w:
+        if opened is not None:
+            opened()
         for flat in order:
             step, rank = divmod(flat, ranks)
             toks = rank_tokens(steps.plans[step], rank // cp, tokens_of) if tokens_of else empty[:0]

@@ -277,6 +277,27 @@ def test_build_resume_solves_the_plan_again(tmp_path):
     assert (tmp_path / "other" / "notes.txt").read_text() == "keep"
 
 
+def test_build_resume_finishes_a_plan_killed_while_it_wrote_its_shards(tmp_path):
+    """What a `build --plan DIR` killed in its plan's writing leaves in DIR (the request and a
+    shard cut short: tests/core/test_plan_interrupted.py) is written again, to the same
+    bytes, by the same command with --resume or --overwrite."""
+    layout = ["--nodes", "1", "--ranks-per-node", "2", "--global-batch-tokens", "1024"]
+    layout += ["--memory-gib", "8", "--context", "1024", "--plan", str(tmp_path / "plan")]
+    build = ["build", str(_corpus(tmp_path)), "-o", str(tmp_path / "shards"), "--tokenizer"]
+    build += [TOKENIZER, "--slice-tokens", "128", "--quiet", "--model", "llama-1b", *layout]
+    assert CliRunner().invoke(cli, build).exit_code == 0
+    plan = tmp_path / "plan"
+    whole = {p.name: p.read_bytes() for p in sorted(plan.iterdir())}
+    assert sorted(whole) == ["index.json", "plan.json", "plan_request.json", "shard.00000.mds"]
+    for flag in ("--resume", "--overwrite"):
+        for name in ("index.json", "plan.json"):
+            (plan / name).unlink()
+        (plan / "shard.00000.mds").write_bytes(whole["shard.00000.mds"][:100])
+        res = CliRunner().invoke(cli, [*build, flag])
+        assert res.exit_code == 0, res.output
+        assert {p.name: p.read_bytes() for p in sorted(plan.iterdir())} == whole
+
+
 def test_build_plan_takes_cp_as_plan_does(tmp_path):
     """`build --plan` has `plan`'s layout options, `--cp` included, with the same default
     (auto): the plan shards it writes equal those `slimdata plan` writes from the same shards

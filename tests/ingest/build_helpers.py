@@ -105,6 +105,15 @@ def proc_stat(pid: int) -> tuple[str, int] | None:
     return None if fields[0] in ("Z", "X") else (fields[0], int(fields[1]))
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live child processes of ``pid``, sorted."""
+    return sorted(
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and (st := proc_stat(int(p.name))) is not None and st[1] == pid
+    )
+
+
 def wait_for(predicate, limit: float = 60.0) -> bool:
     """Poll ``predicate`` until true or ``limit`` seconds pass (a bound, not a timing check)."""
     import time

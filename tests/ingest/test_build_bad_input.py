@@ -278,6 +278,30 @@ def test_existing_output_is_refused_unless_asked(tmp_path):
     assert (other / "slimdata.json").exists()
 
 
+def test_a_build_killed_while_it_wrote_its_build_plan_is_replaced_by_overwrite(tmp_path):
+    """Killed inside ``write_atomic`` of ``build_plan.json``, a build leaves only its
+    ``.tmp``: ``--overwrite`` replaces that, ``--resume`` says to use ``--overwrite``."""
+    (tmp_path / "a.txt").write_text("hello")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "build_plan.json.tmp").write_text('{"slimdata_build_pl')
+    with pytest.raises(ConfigError) as info:
+        build(tiny_config(tmp_path / "a.txt"), out, resume=True)
+    assert str(info.value) == (
+        f"cannot resume {out}: its build_plan.json is unreadable ([Errno 2] No such file or "
+        f"directory: '{out / 'build_plan.json'}'); use --overwrite to start over"
+    )
+    build(tiny_config(tmp_path / "a.txt"), out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "build_plan.json",
+        "index.json",
+        "manifest.parquet",
+        "quarantine.jsonl",
+        "slimdata.json",
+        "task-00000",
+    ]
+
+
 def test_overwrite_needs_a_slimdata_build_not_any_index_json(tmp_path):
     """An ``index.json`` alone (any MDS dataset, plan shards) does not make a directory a
     slimdata build: ``--overwrite`` refuses it and deletes nothing."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from build_helpers import (
+    child_pids,
     cli_build_cmd,
     make_text_corpus,
     proc_stat,
@@ -23,16 +24,6 @@ from slimdata.errors import OutputExistsError
 from slimdata.ingest import build
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            st = proc_stat(int(entry.name))
-            if st is not None and st[1] == pid:
-                out.append(int(entry.name))
-    return sorted(out)
 
 
 def config(corpus, **changes):
@@ -50,8 +41,8 @@ def test_kill_9_of_main_process_kills_workers_then_resume_is_identical(tmp_path)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     workers: list[int] = []
     try:
-        assert wait_for(lambda: len(_children(proc.pid)) == 2), "workers never started"
-        workers = _children(proc.pid)
+        assert wait_for(lambda: len(child_pids(proc.pid)) == 2), "workers never started"
+        workers = child_pids(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL
         assert wait_for(lambda: all(proc_stat(w) is None for w in workers), limit=30)

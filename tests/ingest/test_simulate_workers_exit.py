@@ -11,17 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from build_helpers import proc_stat, wait_for
+from build_helpers import child_pids, proc_stat, wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-
-
-def _children(pid: int) -> list[int]:
-    return sorted(
-        int(p.name)
-        for p in Path("/proc").iterdir()
-        if p.name.isdigit() and (st := proc_stat(int(p.name))) is not None and st[1] == pid
-    )
 
 
 def _simulate(tmp_path: Path, session: bool = False) -> subprocess.Popen:
@@ -46,8 +38,8 @@ def _stop(proc: subprocess.Popen, children: int, send) -> tuple[int, bytes]:
     code and standard error once it and every child it had are gone."""
     workers: list[int] = []
     try:
-        assert wait_for(lambda: len(_children(proc.pid)) >= children, limit=120), "no workers"
-        workers = _children(proc.pid)
+        assert wait_for(lambda: len(child_pids(proc.pid)) >= children, limit=120), "no workers"
+        workers = child_pids(proc.pid)
         send(proc.pid)
         code = proc.wait(timeout=60)
         _out, err = proc.communicate(timeout=30)  # EOF: no worker holds the pipes

@@ -194,6 +194,6 @@ def test_an_existing_output_is_replaced_only_with_overwrite_and_only_if_it_holds
     assert (result.exit_code, result.output) == (
         2,
         f"Error: refusing to --overwrite {other}: it does not look like plan shards (no "
-        "plan.json); remove it yourself if you mean it\n",
+        "plan.json or plan_request.json); remove it yourself if you mean it\n",
     )
     assert [p.name for p in other.iterdir()] == ["precious.txt"]
