@@ -311,6 +311,8 @@ def _plan_auto_cp(docs: list[Document], out: Path, common: dict[str, Any]) -> di
         try:
             summary = write_epoch_plan(docs, out, cp=k, **common)
         except PlanError as exc:
+            if holds_any(out, (REQUEST_NAME,)):
+                raise  # failed while writing its shards, every step solved: not a matter of CP
             failed.append(f"cp={k}: {exc}")
             errors.append(exc)
             continue

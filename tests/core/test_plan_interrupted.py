@@ -163,3 +163,33 @@ def test_a_run_killed_while_it_solved_leaves_an_empty_folder_any_rerun_takes(tmp
         res = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / name), *flags])
         assert res.exit_code == 0, res.output
         assert _tree(tmp_path / name) == whole
+
+
+def test_cp_auto_stops_at_an_error_raised_while_writing_shards(tmp_path, monkeypatch):
+    # a size whose every step solved and that then fails while writing (the writer holds the
+    # folder) is no matter of CP: --cp auto raises that error, it does not try the next size
+    # in the folder the first one began (FileExistsError from the shard writer)
+    import slimdata.autocp as autocp
+    import slimdata.solver.epoch as epoch
+    from slimdata.errors import PlanError
+
+    real, sizes = epoch.write_epoch_plan, []
+
+    def failing_once(docs, out, *, cp, opened=None, **kw):
+        sizes.append(cp)
+        if len(sizes) == 1:
+            opened()
+            (Path(out) / SHARD).write_bytes(b"partial")
+            raise PlanError("document doc_id 3 has no sample index")
+        return real(docs, out, cp=cp, opened=opened, **kw)
+
+    monkeypatch.setattr(epoch, "write_epoch_plan", failing_once)
+    monkeypatch.setattr(autocp, "cp_preference", lambda *a, **k: autocp.CpChoice([1, 2], "test"))
+    args = _args(tmp_path)
+    args[args.index("--cp") + 1] = "auto"
+    args[args.index("--ranks-per-node") + 1] = "4"
+    res = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "p")])
+    assert res.exit_code == 2, res.output
+    assert "Error: document doc_id 3 has no sample index" in res.output
+    assert len(sizes) == 1
+    assert not (tmp_path / "p").exists()  # nothing half-written is left
