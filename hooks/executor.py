@@ -44,6 +44,7 @@ from slimdata.hooks.continuation import PackContext
 from slimdata.hooks.cp import CpRuntime, cp_runtime, plan_cp
 from slimdata.hooks.hf import hf_hidden_forward
 from slimdata.hooks.kvstore import KVStore
+from slimdata.hooks.launcher import die_with_launcher
 from slimdata.hooks.loss import IGNORE, HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.merge import MergeRuntime, ensure_groups
 from slimdata.hooks.payload import StepPayload
@@ -576,6 +577,7 @@ def run_step(
     """
     # long only by its docstring (one paragraph per option); the body is the step's stages
     t_step = time.perf_counter()
+    die_with_launcher()  # a killed torchrun leaves no rank behind
     opts = _resolve_options(
         model, payload, forward, reduce_grads, group, fsdp_grad_sync, asymmetric, recompute
     )
