@@ -299,6 +299,7 @@ def _resolve_options(
     device = next(module.parameters()).device
     if forward is None:
         forward = hf_forward if kind is not None else hf_hidden_forward
+    _check_vocabulary(module, payload)
     policy = resolve_policy(recompute, payload.plan)
     _check_fsdp_recompute(kind, module, policy)
     return _Options(
@@ -313,6 +314,36 @@ def _resolve_options(
         fsdp_grad_sync=fsdp_grad_sync,
         asymmetric=asymmetric,
     )
+
+
+def _input_rows(module: nn.Module) -> int | None:
+    """Rows of the model's input embeddings (Hugging Face ``get_input_embeddings``), or None
+    for a model that does not say (a custom model's tokens are not checked)."""
+    get = getattr(module, "get_input_embeddings", None)
+    try:
+        emb = get() if callable(get) else None
+    except NotImplementedError:
+        return None
+    rows = getattr(emb, "num_embeddings", None)
+    return rows if isinstance(rows, int) else None
+
+
+def _check_vocabulary(module: nn.Module, payload: StepPayload) -> None:
+    """Every token id of the payload names a row of the model's input embeddings: tokens of
+    another tokenizer (plan shards or shards of another build) fail here, before any pack,
+    instead of inside the embedding lookup."""
+    rows = _input_rows(module)
+    if rows is None or len(payload.tokens) == 0:
+        return
+    top = int(payload.tokens.max())
+    if top >= rows:
+        raise ConfigError(
+            f"step {payload.plan.step} rank {payload.rank}: token id {top} is outside the "
+            f"model's vocabulary of {rows} input embeddings: the tokens come from a tokenizer "
+            "with more ids (plan shards or shards of another build?); build the model with "
+            "the vocabulary of the build that wrote them (tokenizer.vocab_size in its "
+            "slimdata.json)"
+        )
 
 
 def _check_arguments(
