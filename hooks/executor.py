@@ -346,6 +346,29 @@ def _check_vocabulary(module: nn.Module, payload: StepPayload) -> None:
         )
 
 
+def _check_processes(opts: _Options, payload: StepPayload, cp: int) -> None:
+    """The processes that sum the gradients (DDP's process group, or ``group``/the world under
+    ``reduce_grads``) are the plan's ``dp * cp``, and this one is in the CP group of its
+    payload's DP rank: a plan for another world size (or a rank's payload on another rank)
+    would otherwise train on part of the batch, or fail inside a collective."""
+    if not (opts.reduce_grads and dist.is_initialized()):
+        return
+    size, me = dist.get_world_size(opts.group), dist.get_rank(opts.group)
+    dp, want = payload.plan.dp, payload.plan.dp * cp
+    if size != want:
+        raise ConfigError(
+            f"step {payload.plan.step}: the plan is for {want} processes ({dp} DP ranks x "
+            f"cp={cp}) but the gradients are summed over {size}: launch {want} processes, or "
+            f"plan for {size} (`slimdata plan --nodes/--ranks-per-node`, Layout(dp=...))"
+        )
+    if me // cp != payload.rank:
+        raise ConfigError(
+            f"step {payload.plan.step}: process {me} runs DP rank {me // cp} of the plan but "
+            f"got the payload of DP rank {payload.rank}: hand process r the payload of DP rank "
+            f"r // {cp} (PlanShardLoader(rank=r), DocumentLoader(rank=r // {cp}))"
+        )
+
+
 def _check_arguments(
     kind: str | None, fsdp_grad_sync: str, asymmetric: str, reduce_grads: bool | None
 ) -> None:
@@ -612,6 +635,8 @@ def run_step(
     opts = _resolve_options(
         model, payload, forward, reduce_grads, group, fsdp_grad_sync, asymmetric, recompute
     )
+    cp = plan_cp(payload.plan, cp)
+    _check_processes(opts, payload, cp)
     with step_recompute(opts.module, opts.policy) as rc:
         st = _Step(
             opts.module,
@@ -621,7 +646,7 @@ def run_step(
             opts.device,
             loss_chunk_tokens,
             rc,
-            plan_cp(payload.plan, cp),
+            cp,
         )
         for cb in callbacks:
             cb.on_step_start(st.plan, st.rank)
