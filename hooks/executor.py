@@ -44,6 +44,7 @@ from slimdata.hooks.continuation import PackContext
 from slimdata.hooks.cp import CpRuntime, cp_runtime, plan_cp
 from slimdata.hooks.hf import hf_hidden_forward
 from slimdata.hooks.kvstore import KVStore
+from slimdata.hooks.launcher import die_with_launcher
 from slimdata.hooks.loss import IGNORE, HiddenStates, packed_loss, slice_labels
 from slimdata.hooks.merge import MergeRuntime, ensure_groups
 from slimdata.hooks.payload import StepPayload
@@ -298,6 +299,7 @@ def _resolve_options(
     device = next(module.parameters()).device
     if forward is None:
         forward = hf_forward if kind is not None else hf_hidden_forward
+    _check_vocabulary(module, payload)
     policy = resolve_policy(recompute, payload.plan)
     _check_fsdp_recompute(kind, module, policy)
     return _Options(
@@ -312,6 +314,59 @@ def _resolve_options(
         fsdp_grad_sync=fsdp_grad_sync,
         asymmetric=asymmetric,
     )
+
+
+def _input_rows(module: nn.Module) -> int | None:
+    """Rows of the model's input embeddings (Hugging Face ``get_input_embeddings``), or None
+    for a model that does not say (a custom model's tokens are not checked)."""
+    get = getattr(module, "get_input_embeddings", None)
+    try:
+        emb = get() if callable(get) else None
+    except NotImplementedError:
+        return None
+    rows = getattr(emb, "num_embeddings", None)
+    return rows if isinstance(rows, int) else None
+
+
+def _check_vocabulary(module: nn.Module, payload: StepPayload) -> None:
+    """Every token id of the payload names a row of the model's input embeddings: tokens of
+    another tokenizer (plan shards or shards of another build) fail here, before any pack,
+    instead of inside the embedding lookup."""
+    rows = _input_rows(module)
+    if rows is None or len(payload.tokens) == 0:
+        return
+    top = int(payload.tokens.max())
+    if top >= rows:
+        raise ConfigError(
+            f"step {payload.plan.step} rank {payload.rank}: token id {top} is outside the "
+            f"model's vocabulary of {rows} input embeddings: the tokens come from a tokenizer "
+            "with more ids (plan shards or shards of another build?); build the model with "
+            "the vocabulary of the build that wrote them (tokenizer.vocab_size in its "
+            "slimdata.json)"
+        )
+
+
+def _check_processes(opts: _Options, payload: StepPayload, cp: int) -> None:
+    """The processes that sum the gradients (DDP's process group, or ``group``/the world under
+    ``reduce_grads``) are the plan's ``dp * cp``, and this one is in the CP group of its
+    payload's DP rank: a plan for another world size (or a rank's payload on another rank)
+    would otherwise train on part of the batch, or fail inside a collective."""
+    if not (opts.reduce_grads and dist.is_initialized()):
+        return
+    size, me = dist.get_world_size(opts.group), dist.get_rank(opts.group)
+    dp, want = payload.plan.dp, payload.plan.dp * cp
+    if size != want:
+        raise ConfigError(
+            f"step {payload.plan.step}: the plan is for {want} processes ({dp} DP ranks x "
+            f"cp={cp}) but the gradients are summed over {size}: launch {want} processes, or "
+            f"plan for {size} (`slimdata plan --nodes/--ranks-per-node`, Layout(dp=...))"
+        )
+    if me // cp != payload.rank:
+        raise ConfigError(
+            f"step {payload.plan.step}: process {me} runs DP rank {me // cp} of the plan but "
+            f"got the payload of DP rank {payload.rank}: hand process r the payload of DP rank "
+            f"r // {cp} (PlanShardLoader(rank=r), DocumentLoader(rank=r // {cp}))"
+        )
 
 
 def _check_arguments(
@@ -576,9 +631,12 @@ def run_step(
     """
     # long only by its docstring (one paragraph per option); the body is the step's stages
     t_step = time.perf_counter()
+    die_with_launcher()  # a killed torchrun leaves no rank behind
     opts = _resolve_options(
         model, payload, forward, reduce_grads, group, fsdp_grad_sync, asymmetric, recompute
     )
+    cp = plan_cp(payload.plan, cp)
+    _check_processes(opts, payload, cp)
     with step_recompute(opts.module, opts.policy) as rc:
         st = _Step(
             opts.module,
@@ -588,7 +646,7 @@ def run_step(
             opts.device,
             loss_chunk_tokens,
             rc,
-            plan_cp(payload.plan, cp),
+            cp,
         )
         for cb in callbacks:
             cb.on_step_start(st.plan, st.rank)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from slimdata.hooks.launcher import die_with_launcher
 from slimdata.hooks.payload import StepPayload
 
 from slimdata.columns import SampleReader, sample_document
@@ -168,6 +169,7 @@ class DocumentLoader:
         config: LoaderConfig,
         documents: Sequence[Document] | None = None,
     ) -> None:
+        die_with_launcher()  # a killed torchrun leaves no rank behind
         if not 0 <= rank < config.layout.dp:
             raise ConfigError(f"rank={rank} is outside the layout's {config.layout.dp} ranks")
         check_dataset(dataset)  # no shard outside the dataset directory is ever read
@@ -282,6 +284,7 @@ class PlanShardLoader:
         mode: str = "index",
         plan_json: str | Path | None = None,
     ) -> None:
+        die_with_launcher()  # a killed torchrun leaves no rank behind
         if mode not in ("index", "iterate"):
             raise ConfigError(f"mode={mode!r}: use 'index' or 'iterate'")
         check_dataset(dataset)

@@ -136,3 +136,27 @@ def merge_collective_bytes(rank: int, world: int) -> list[tuple[str, int]]:
     finally:
         dist.all_gather, dist.reduce_scatter_tensor = gather, scatter
     return seen
+
+
+def wrong_processes(rank: int, world: int) -> list[str]:
+    """``run_step`` under DDP on a plan for another world size and on another rank's payload:
+    the message of each ``ConfigError`` (or ``"ran"``), after one correct step."""
+    from slimdata.errors import ConfigError
+
+    lengths = [6, 4, 5, 3]
+    per_rank = [([[(d, 0, n)]], [[(d, 0, n)]]) for d, n in enumerate(lengths)]
+    cases = [
+        (make_plan(lengths[:world], per_rank[:world]), rank),  # correct: runs
+        (make_plan(lengths, per_rank), rank),  # a plan for 4 processes
+        (make_plan(lengths[:world], per_rank[:world]), world - 1 - rank),  # swapped payloads
+    ]
+    model = DistributedDataParallel(TinyLM())
+    out = []
+    for plan, r in cases:
+        tokens = doc_tokens(lengths[: len(plan.docs)])
+        try:
+            run_step(model, make_payload(plan, r, tokens), forward=tiny_forward)
+            out.append("ran")
+        except ConfigError as exc:
+            out.append(str(exc))
+    return out

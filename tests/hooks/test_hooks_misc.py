@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from hooks_helpers import TinyLM, doc_tokens, make_plan, tiny_forward
+from hooks_helpers import VOCAB, TinyLM, doc_tokens, make_plan, tiny_forward, tiny_llama
 from slimdata.hooks import BalanceMeter, Callback, PackTimeRecorder, make_payload, run_step
 from slimdata.hooks.profile import (
     calibrate,
@@ -19,7 +19,7 @@ from slimdata.hooks.profile import (
 )
 
 from slimdata.cost import CostModel, causal_pairs
-from slimdata.errors import PlanError
+from slimdata.errors import ConfigError, PlanError
 from slimdata.plan import execution
 
 pytestmark = pytest.mark.timeout(120)
@@ -243,6 +243,27 @@ def test_unknown_backend_names_the_choices():
             forward=tiny_forward,
             backend="nope",
         )
+
+
+def test_tokens_outside_the_models_vocabulary_are_one_clear_error():
+    # tokens of another build's tokenizer: id 61 on a model of 61 embeddings (VOCAB)
+    from slimdata.hooks import hf
+
+    model = tiny_llama(hf.register())
+    plan = make_plan([10, 4], [(FWD, BWD)], step=3)
+    tokens = doc_tokens([10, 4])
+    tokens[1][2] = VOCAB
+    with pytest.raises(ConfigError) as info:
+        run_step(model, make_payload(plan, 0, tokens))
+    assert str(info.value) == (
+        "step 3 rank 0: token id 61 is outside the model's vocabulary of 61 input "
+        "embeddings: the tokens come from a tokenizer with more ids (plan shards or shards of "
+        "another build?); build the model with the vocabulary of the build that wrote them "
+        "(tokenizer.vocab_size in its slimdata.json)"
+    )
+    assert all(p.grad is None for p in model.parameters())  # refused before any pack
+    tokens[1][2] = VOCAB - 1  # the largest id the model has runs
+    assert run_step(model, make_payload(plan, 0, tokens)).loss > 0
 
 
 def test_auto_backend_is_sdpa_on_cpu_and_unknown_names_list_auto():

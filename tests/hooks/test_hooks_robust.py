@@ -30,3 +30,20 @@ def test_idle_rank_no_loss_token_and_member_only_two_ranks():
 @pytest.mark.slow
 def test_idle_ranks_four_ranks():
     _check(run_distributed(W.robust, 4, ["idle4"]), 2)
+
+
+def test_a_plan_for_other_processes_is_one_clear_error_on_every_rank():
+    # 2 DDP processes: a plan for 4, then each process handed the other's payload
+    results = run_distributed(W.wrong_processes, 2)
+    assert [r[0] for r in results] == ["ran", "ran"]  # the same plans run on their ranks
+    assert [r[1] for r in results] == [
+        "step 0: the plan is for 4 processes (4 DP ranks x cp=1) but the gradients are summed "
+        "over 2: launch 4 processes, or plan for 2 (`slimdata plan --nodes/--ranks-per-node`, "
+        "Layout(dp=...))"
+    ] * 2
+    assert [r[2] for r in results] == [
+        f"step 0: process {me} runs DP rank {me} of the plan but got the payload of DP rank "
+        f"{1 - me}: hand process r the payload of DP rank r // 1 (PlanShardLoader(rank=r), "
+        "DocumentLoader(rank=r // 1))"
+        for me in (0, 1)
+    ]
