@@ -1,10 +1,12 @@
 """Pack durations recomputed from the cost model, so every strategy is judged alike.
 
-``MicroPack.cost`` is whatever the producer of a plan predicted; the simulator ignores it
-and sums the per-slice costs of :class:`~slimdata.cost.CostModel` over the pack's slices,
-plus the per-pack constant (``fwd_pack_const``/``bwd_pack_const``) for every pack that holds
-slices (``MicroPack.cost`` stays available for a cross-check). Times are seconds of the full
-model (all layers); a pipeline chunk holding ``k`` of ``L`` layers takes ``k / L`` of them.
+The one pack price: the per-slice costs of :class:`~slimdata.cost.CostModel` summed over the
+pack's slices, plus the per-pack constant (``fwd_pack_const``/``bwd_pack_const``) for every
+model call. The simulator, the planner's estimate and the solvers' ``MicroPack.cost`` (one
+device's share, :func:`slimdata.execution.pack_prices`) take it from here; the simulator
+never reads ``MicroPack.cost``, which a plan from elsewhere may set to anything. Times are
+seconds of the full model (all layers); a pipeline chunk holding ``k`` of ``L`` layers takes
+``k / L`` of them.
 
 Packs run the way the step executor runs them (:func:`slimdata.plan.execution`), and the
 pack constant is paid once per model call. With ``split=True`` (``run_step``'s default outside

@@ -52,12 +52,19 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.execution.critical import critical_path_under, plan_critical_path
-from slimdata.execution.program import ExecutionConfig
+from slimdata.execution.program import ExecutionConfig, pack_prices
 from slimdata.gcpause import cyclic_gc_paused
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.budget import MemoryBudget
-from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
+from slimdata.solver.common import (
+    BatchView,
+    Prices,
+    assemble_priced,
+    default_cost,
+    interleaved_order,
+    rank_seconds,
+)
 from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
 from slimdata.solver.layout import GIB, Layout
 from slimdata.solver.memory import device_peak_memory
@@ -630,7 +637,7 @@ def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -
         or plan.meta["imbalance"] <= COARSE_IMBALANCE
     ):
         return plan
-    every = _too_coarse(assembly.view, plan)
+    every = _too_coarse(assembly.view, plan, assembly.prices(plan))
     for coarse in dict.fromkeys([tuple(every), tuple(every[:1])]):
         if not coarse:
             continue
@@ -645,11 +652,13 @@ def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -
     return plan
 
 
-def _too_coarse(view: BatchView, plan: StepPlan) -> list[int]:
-    """Per rank whose load (its packs' predicted seconds) is above :data:`COARSE_IMBALANCE`
-    times the mean, slowest first: the costliest document (forward plus backward seconds)
-    it holds whole (not merged) that a merge can share, one of two slices or more, if any."""
-    load = np.array([sum(p.cost for p in (*rs.forward, *rs.backward)) for rs in plan.ranks])
+def _too_coarse(view: BatchView, plan: StepPlan, prices: Prices) -> list[int]:
+    """Per rank whose load (its packs' seconds at the execution model's ``prices``) is above
+    :data:`COARSE_IMBALANCE` times the mean, slowest first: the costliest document (forward
+    plus backward seconds) it holds whole (not merged) that a merge can share, one of two
+    slices or more, if any."""
+    f, b = rank_seconds(plan, prices)
+    load = f + b
     merged = {d for g in plan.merges for d in g.docs}
     out = []
     for r in np.argsort(-load, kind="stable").tolist():
@@ -756,12 +765,27 @@ class _Assembly:
     estimates: dict[int, tuple[StepPlan, float]] = field(default_factory=dict, compare=False)
     """:meth:`estimate` of the plans of this solve, by ``id`` (shared by the assemblies
     ``dataclasses.replace`` makes of this one)."""
+    priced: dict[int, tuple[StepPlan, Prices]] = field(default_factory=dict, compare=False)
+    """:meth:`prices` of the plans of this solve, by ``id`` (kept from their assembly)."""
+
+    @cached_property
+    def stages(self) -> _Stages:
+        return _Stages.of(self.layout, self.cost)
+
+    def prices(self, plan: StepPlan) -> Prices:
+        """The execution model's price of every pack of ``plan`` as it will run
+        (:attr:`_Stages.config`), computed once per plan of the solve."""
+        known = self.priced.get(id(plan))
+        if known is None or known[0] is not plan:
+            known = (plan, pack_prices(plan, self.cost, self.stages.config))
+            self.priced[id(plan)] = known
+        return known[1]
 
     def estimate(self, plan: StepPlan) -> float:
         """:meth:`_Stages.plan_estimate` of ``plan``, computed once per plan of the solve."""
         known = self.estimates.get(id(plan))
         if known is None or known[0] is not plan:
-            known = (plan, _Stages.of(self.layout, self.cost).plan_estimate(plan, self.cost))
+            known = (plan, self.stages.plan_estimate(plan, self.cost, self.prices(plan)))
             self.estimates[id(plan)] = known
         return known[1]
 
@@ -770,7 +794,7 @@ class _Assembly:
         estimate of it as assembled (fused slices priced)."""
         estimate, packs, lag, p1 = candidate
         view, layout = self.view, self.layout
-        plan = assemble_plan(
+        plan, prices = assemble_priced(
             view=view,
             layout=layout,
             cost=self.cost,
@@ -795,7 +819,9 @@ class _Assembly:
             ),
             t0=self.t0,
             validate=self.validate,
+            execution=self.stages.config,
         )
+        self.priced[id(plan)] = (plan, prices)
         _check_pack_cap(view, packs, layout.token_cap, self.step)
         if layout.mode != "free":
             plan.meta["pipeline_estimate"] = round(self.estimate(plan), 6)
@@ -1328,12 +1354,13 @@ class _Stages:
             return math.inf
         return float(times.max())
 
-    def plan_estimate(self, plan: StepPlan, cost: CostModel) -> float:
+    def plan_estimate(self, plan: StepPlan, cost: CostModel, prices: Prices | None = None) -> float:
         """:meth:`estimate` of an assembled plan at the execution model's prices on one
         device (static CP member shares, merged slices' attention efficiency, the executor's
         recomputes), every rank through its own order
-        (:func:`~slimdata.execution.critical.plan_critical_path`)."""
-        return plan_critical_path(plan, cost, self.config)
+        (:func:`~slimdata.execution.critical.plan_critical_path`); ``prices``: the plan's
+        under :attr:`config`, where known."""
+        return plan_critical_path(plan, cost, self.config, prices)
 
 
 def _lockstep(
