@@ -39,7 +39,7 @@ from slimdata.errors import PlanError
 from slimdata.plan import StepPlan, check_lockstep, execution
 from slimdata.plan.pipeline import chunk_fractions
 
-__all__ = ["PackTimes", "chunk_fractions", "pack_times", "padding_call_times"]
+__all__ = ["PackTimes", "chunk_fractions", "pack_times", "padding_call_times", "prices_calls"]
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,15 @@ def _how_packs_run(
         f_calls[fo : fo + len(ex.f_calls)] = ex.f_calls
         b_calls[bo : bo + len(ex.b_calls)] = ex.b_calls
     return free, rec, f_calls, b_calls
+
+
+def prices_calls(cost: CostModel) -> bool:
+    """Whether ``cost`` prices a pack by how the executor runs it beyond its slices' costs:
+    a constant per model call (``fwd_pack_const``, ``bwd_pack_const``) or graph-free forwards
+    at another speed (``graph_free_scale != 1``), as a profiled model does. The analytic
+    models do neither: there a pack that holds slices and recomputes nothing costs its
+    slices' costs summed, however many calls it takes."""
+    return bool(cost.fwd_pack_const or cost.bwd_pack_const or cost.graph_free_scale != 1.0)
 
 
 def padding_call_times(cost: CostModel) -> tuple[float, float]:

@@ -41,7 +41,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -52,6 +52,7 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.execution.critical import critical_path_under, plan_critical_path
+from slimdata.execution.pricing import prices_calls
 from slimdata.execution.program import ExecutionConfig, pack_prices
 from slimdata.gcpause import cyclic_gc_paused
 from slimdata.plan.pipeline import chunk_fractions
@@ -875,15 +876,22 @@ class _Fitting:
 
     def whole(self, below: float = math.inf) -> StepPlan | None:
         """The plan of the candidate that keeps documents whole with the lowest estimate
-        whose every device fits (:data:`WHOLE_TRIED` tried at most), or None. Without static
-        CP or merge shares a candidate whose probe is not ``below`` is not assembled: its
-        packs are priced as their documents run whole on one device, which its plan's
-        estimate can only exceed (pack constants, FSDP's padding calls)."""
+        whose every device fits (:data:`WHOLE_TRIED` tried at most, by their probes; every
+        one by its plan's estimate under a cost model that prices model calls, whose probes
+        leave the calls out, :meth:`leading`), or None. Without static CP or merge shares a
+        candidate whose probe is not ``below`` is not assembled: its packs are priced as
+        their documents run whole on one device, which its plan's estimate can only exceed
+        (pack constants, FSDP's padding calls; a whole-document pack is its own backward
+        pack, so nothing runs graph-free)."""
+        a = self.assembly
         wholes = sorted(self.wholes, key=lambda c: c[0])
         if self.stages.cp == 1:
             wholes = [c for c in wholes if c[0] < below or any(p.merge_pack for p in c[1])]
-        for c in wholes[:WHOLE_TRIED]:
-            plan = self.assembly.plan(c)
+        if prices_calls(a.cost):
+            tried: Iterable[StepPlan] = sorted(map(a.plan, wholes), key=a.estimate)
+        else:
+            tried = map(a.plan, wholes[:WHOLE_TRIED])
+        for plan in tried:
             if self._peak(plan) <= self.limit:
                 return plan
         return None
@@ -926,13 +934,21 @@ class _Fitting:
 
     def leading(self, candidates: Sequence[_Candidate]) -> list[int]:
         """The candidates whose order the probes (each pack priced as one device runs it
-        whole) may have wrong. Under static CP they miss what a CP group pays per pack and
-        per slice (padding, fixed costs, chunk efficiency;
-        :func:`~slimdata.execution.pack_compute`): the :data:`RERANKED` first. Under FSDP
-        they miss the forward that a backward pack which is not a union of forward packs
-        re-runs first (:mod:`slimdata.execution.pricing`), and a larger backward lag makes
-        more of them (:attr:`_Stages.lag_matters`): the winner and the first candidate at
-        its pack count's smallest lag (the winner of the probes without larger lags)."""
+        whole, its slices' costs summed) may have wrong. Under a cost model that prices
+        model calls (:func:`~slimdata.execution.pricing.prices_calls`: a profiled model's
+        per-call constants or graph-free scale) they miss what the calls cost, which grows
+        with the pack count and, where forward packs are split by backward pack or
+        recomputed, with the lag: every candidate (probe 3 of the review: the probes' winner,
+        76 packs, 61.5 s by its plan's estimate, against 39.9 s at 38 packs). Under static CP
+        they miss what a CP group pays per pack and per slice (padding, fixed costs, chunk
+        efficiency; :func:`~slimdata.execution.pack_compute`): the :data:`RERANKED` first.
+        Under FSDP they miss the forward that a backward pack which is not a union of
+        forward packs re-runs first (:mod:`slimdata.execution.pricing`), and a larger
+        backward lag makes more of them (:attr:`_Stages.lag_matters`): the winner and the
+        first candidate at its pack count's smallest lag (the winner of the probes without
+        larger lags)."""
+        if prices_calls(self.assembly.cost):
+            return list(range(len(candidates)))
         if self.stages.cp > 1:
             return list(range(min(RERANKED, len(candidates))))
         if not self.stages.config.ranks_meet_every_pass or not candidates:
