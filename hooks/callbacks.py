@@ -30,7 +30,8 @@ class PackEvent:
     seconds: float
     tokens: int
     predicted: float = 0.0
-    """The plan's predicted seconds for this pack (``MicroPack.cost``)."""
+    """The plan's predicted seconds for this pack (``MicroPack.cost``: in a solved plan the
+    execution model's price of the pass on one device, :func:`slimdata.execution.pack_prices`)."""
     recomputed: bool = False
     """``B``: the pack re-ran its forward (it is not a union of forward packs). ``F``: the
     pack ran without an autograd graph because its backward recomputes it."""

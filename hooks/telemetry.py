@@ -6,7 +6,9 @@ Definitions (every rank's numbers are gathered, so all ranks agree):
 
 - ``loss``: the step loss of the unpacked batch (sum of the ranks' shares);
 - ``predicted``/``measured``: per rank, the plan's predicted seconds (sum of its packs'
-  ``MicroPack.cost``, forward and backward) and the measured busy seconds (sum of pack times);
+  ``MicroPack.cost``, forward and backward: in a solved plan the execution model's price of
+  each pass on one device, :func:`slimdata.execution.pack_prices`) and the measured busy
+  seconds (sum of pack times);
 - ``imbalance``: ``max(measured) * n / sum(measured)`` (1.0 = balanced);
 - ``wait_share``: ``1 - sum(measured) / (n * max(measured))``, the share of rank-time spent
   waiting for the slowest rank (the time a padded batch would spend on padding);

@@ -21,7 +21,10 @@ lists, per DP rank and pipeline stage, a :class:`Program`: the ordered operation
 This is the only place where execution order, memory and the shape of communication are
 derived: the solver's memory check and pipeline estimate (the compute-only critical path of
 the programs, from per-pack times and the stage order: :mod:`slimdata.execution.critical`),
-the simulator's task graph and memory profile, and the runtime executor all read it.
+the simulator's task graph and memory profile, and the runtime executor all read it. A
+pack's price is :func:`~slimdata.execution.program.pack_prices` (``pack_times`` then
+``pack_compute``); solved plans record it per pack (``MicroPack.cost``), which the runtime's
+predicted times read.
 
 Example: one rank, one 6-token document, forward packs ``[0,4)`` and ``[4,6)``, one backward
 pack, 1 byte of activations and 1 of K/V per token, no parameters::
@@ -37,7 +40,13 @@ from slimdata.execution.compute import PackCompute, pack_compute
 from slimdata.execution.memory import compute_levels, levels, peak
 from slimdata.execution.ops import COLLECTIVES, MEMORY, Alloc, Collective, Compute, Free, Program
 from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
-from slimdata.execution.program import ExecutionConfig, Programs, build_programs, padded
+from slimdata.execution.program import (
+    ExecutionConfig,
+    Programs,
+    build_programs,
+    pack_prices,
+    padded,
+)
 from slimdata.execution.schedule import common_order, stage_ops
 
 __all__ = [
@@ -58,6 +67,7 @@ __all__ = [
     "compute_levels",
     "levels",
     "pack_compute",
+    "pack_prices",
     "pack_times",
     "padded",
     "peak",

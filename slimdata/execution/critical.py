@@ -9,7 +9,7 @@ critical path of the compute-only programs (``build_programs(..., compute_only=T
 :func:`critical_path` takes per-pack seconds alone, so that SlimPack can afford it in every
 probe of its pack-count and lag search; :func:`plan_critical_path` prices an assembled plan
 as the simulator's tasks take it on one device
-(:func:`~slimdata.execution.compute.pack_compute`).
+(:func:`~slimdata.execution.program.pack_prices`).
 
 Example (1F1B, ``pp=2``, forward packs of 1 s, backward 2 s, order ``F0 B0 F1 B1``; each op
 takes half its pack): stage 0 F0 ends 0.5, F1 1.0; stage 1 F0 1.0, B0 2.0, F1 2.5, B1 3.5;
@@ -33,9 +33,9 @@ from numpy.typing import ArrayLike
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
-from slimdata.execution.compute import pack_compute
-from slimdata.execution.pricing import pack_times
-from slimdata.execution.program import ExecutionConfig
+from slimdata.execution.compute import PackCompute
+from slimdata.execution.pricing import PackTimes
+from slimdata.execution.program import ExecutionConfig, pack_prices
 from slimdata.execution.schedule import stage_ops
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import RankStep, StepPlan
@@ -110,19 +110,22 @@ runs one op per device in a wave; on one stage every op is its own wave)."""
 
 
 def plan_critical_path(
-    plan: StepPlan, cost: CostModel, config: ExecutionConfig | None = None
+    plan: StepPlan,
+    cost: CostModel,
+    config: ExecutionConfig | None = None,
+    prices: tuple[PackTimes, PackCompute] | None = None,
 ) -> float:
     """The planner's step-time estimate of ``plan``: every rank's packs at the execution
-    model's price on one device (:func:`~slimdata.execution.pricing.pack_times` by the
-    executor's rules of ``config``, then :func:`~slimdata.execution.compute.pack_compute`:
-    static CP member shares, merged slices' attention efficiency) through its own order
-    (:func:`critical_path`, ``config``'s pipeline and schedule), the slowest rank; no
-    communication. Ranks with the same order go through one call, a column each (the
-    evaluation is elementwise, so each column is as if alone); under FSDP on one stage the
-    ranks meet before every op (``lockstep``)."""
+    model's price on one device (:func:`~slimdata.execution.program.pack_prices`:
+    :func:`~slimdata.execution.pricing.pack_times` by the executor's rules of ``config``,
+    then :func:`~slimdata.execution.compute.pack_compute`: static CP member shares, merged
+    slices' attention efficiency) through its own order (:func:`critical_path`, ``config``'s
+    pipeline and schedule), the slowest rank; no communication. Ranks with the same order go
+    through one call, a column each (the evaluation is elementwise, so each column is as if
+    alone); under FSDP on one stage the ranks meet before every op (``lockstep``).
+    ``prices``: ``pack_prices(plan, cost, config)`` where the caller has it already."""
     config = config or ExecutionConfig()
-    pt = pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split)
-    price = pack_compute(pt, plan, config.cp)
+    pt, price = prices or pack_prices(plan, cost, config)
     fwd = _merge_passes(price.fwd, pt.f_offset, plan, "forward")
     bwd = _merge_passes(price.bwd, pt.b_offset, plan, "backward")
     by_order: dict[tuple, list[RankStep]] = {}

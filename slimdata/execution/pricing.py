@@ -1,10 +1,12 @@
 """Pack durations recomputed from the cost model, so every strategy is judged alike.
 
-``MicroPack.cost`` is whatever the producer of a plan predicted; the simulator ignores it
-and sums the per-slice costs of :class:`~slimdata.cost.CostModel` over the pack's slices,
-plus the per-pack constant (``fwd_pack_const``/``bwd_pack_const``) for every pack that holds
-slices (``MicroPack.cost`` stays available for a cross-check). Times are seconds of the full
-model (all layers); a pipeline chunk holding ``k`` of ``L`` layers takes ``k / L`` of them.
+The one pack price: the per-slice costs of :class:`~slimdata.cost.CostModel` summed over the
+pack's slices, plus the per-pack constant (``fwd_pack_const``/``bwd_pack_const``) for every
+model call. The simulator, the planner's estimate and the solvers' ``MicroPack.cost`` (one
+device's share, :func:`slimdata.execution.pack_prices`) take it from here; the simulator
+never reads ``MicroPack.cost``, which a plan from elsewhere may set to anything. Times are
+seconds of the full model (all layers); a pipeline chunk holding ``k`` of ``L`` layers takes
+``k / L`` of them.
 
 Packs run the way the step executor runs them (:func:`slimdata.plan.execution`), and the
 pack constant is paid once per model call. With ``split=True`` (``run_step``'s default outside
@@ -37,7 +39,7 @@ from slimdata.errors import PlanError
 from slimdata.plan import StepPlan, check_lockstep, execution
 from slimdata.plan.pipeline import chunk_fractions
 
-__all__ = ["PackTimes", "chunk_fractions", "pack_times", "padding_call_times"]
+__all__ = ["PackTimes", "chunk_fractions", "pack_times", "padding_call_times", "prices_calls"]
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,15 @@ def _how_packs_run(
         f_calls[fo : fo + len(ex.f_calls)] = ex.f_calls
         b_calls[bo : bo + len(ex.b_calls)] = ex.b_calls
     return free, rec, f_calls, b_calls
+
+
+def prices_calls(cost: CostModel) -> bool:
+    """Whether ``cost`` prices a pack by how the executor runs it beyond its slices' costs:
+    a constant per model call (``fwd_pack_const``, ``bwd_pack_const``) or graph-free forwards
+    at another speed (``graph_free_scale != 1``), as a profiled model does. The analytic
+    models do neither: there a pack that holds slices and recomputes nothing costs its
+    slices' costs summed, however many calls it takes."""
+    return bool(cost.fwd_pack_const or cost.bwd_pack_const or cost.graph_free_scale != 1.0)
 
 
 def padding_call_times(cost: CostModel) -> tuple[float, float]:

@@ -46,7 +46,7 @@ from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
 from slimdata.execution.schedule import common_order, stage_ops
 from slimdata.plan import StepPlan
 
-__all__ = ["ExecutionConfig", "Programs", "build_programs", "padded"]
+__all__ = ["ExecutionConfig", "Programs", "build_programs", "pack_prices", "padded"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +91,23 @@ class ExecutionConfig:
         return self.parallelism == "fsdp" and self.pp == 1
 
 
+def pack_prices(
+    plan: StepPlan, cost: CostModel, config: ExecutionConfig | None = None
+) -> tuple[PackTimes, PackCompute]:
+    """Every pack of ``plan`` at the execution model's price, the one price of a pack: run by
+    the executor's rules of ``config`` (:func:`~slimdata.execution.pricing.pack_times`:
+    FSDP's plan-global rules, else split calls or recomputes; per-call constants, graph-free
+    forwards, padding calls) as one device computes it
+    (:func:`~slimdata.execution.compute.pack_compute`: a static-CP member's share, merged
+    slices' chunk efficiency). The simulator's computes, the planner's estimate
+    (:func:`~slimdata.execution.critical.plan_critical_path`) and the seconds a solved plan
+    records per pack (``MicroPack.cost``, :func:`slimdata.solver.common.assemble_plan`) are
+    these."""
+    config = config or ExecutionConfig()
+    pt = pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split)
+    return pt, pack_compute(pt, plan, config.cp)
+
+
 @dataclass(frozen=True)
 class Programs:
     """Every device's program of one step, and the pricing they were built from."""
@@ -133,14 +150,14 @@ def build_programs(
     under FSDP's plan-global rules every rank's are built)."""
     config = config or ExecutionConfig()
     fsdp = config.parallelism == "fsdp"
-    pt = pack_times(plan, cost, lockstep=fsdp, split=config.split)
+    pt, prices = pack_prices(plan, cost, config)
     ranks = None if fsdp or ranks is None else frozenset(ranks)
     gathers = (
         cp_pass_gathers(plan, config.cp, lockstep=fsdp, split=config.split, ranks=ranks)
         if config.cp > 1 and not compute_only
         else None
     )
-    b = _Builder(plan, cost, config, pt, gathers, memory_only=memory_only)
+    b = _Builder(plan, cost, config, pt, prices, gathers, memory_only=memory_only)
     order_all = common_order(plan) if fsdp else None
     programs = {}
     for r in range(plan.dp) if ranks is None else sorted(ranks):
@@ -213,11 +230,12 @@ class _Builder:
         cost: CostModel,
         config: ExecutionConfig,
         pt: PackTimes,
+        prices: PackCompute,
         gathers: PassGathers | None,
         *,
         memory_only: bool = False,
     ):
-        self.plan, self.cost, self.config, self.pt = plan, cost, config, pt
+        self.plan, self.cost, self.config, self.pt, self.prices = plan, cost, config, pt, prices
         self.gathers, self.memory_only = gathers, memory_only
         self.kv_per_token = float(cost.gathered_kv_bytes(1))
         self.dp, self.pp, self.v = plan.dp, config.pp, config.chunks_per_device
@@ -225,7 +243,6 @@ class _Builder:
         self.frac = chunk_fractions(cost.layers, self.n_chunks)
         self.frac_list = self.frac.tolist()
         self.fsdp = config.parallelism == "fsdp"
-        self.prices = pack_compute(pt, plan, config.cp)
         self.side = {
             "F": _Side.build(plan, pt, "F", self.prices.fwd),
             "B": _Side.build(plan, pt, "B", self.prices.bwd),

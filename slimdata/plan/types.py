@@ -100,7 +100,11 @@ _SLICE_DOC = operator.attrgetter("doc")
 
 @dataclass(frozen=True)
 class MicroPack:
-    """Slices executed as one varlen call; ``cost`` is the predicted seconds of this pass."""
+    """Slices executed as one varlen call; ``cost`` is the predicted seconds of this pass: in
+    a solved plan, what one device computes of it at the execution model's price
+    (:func:`slimdata.execution.pack_prices`, under the rules of the layout it was solved for,
+    :attr:`slimdata.solver.Layout.execution`); 0 where no solver priced it. The runtime's
+    predicted pack time reads it; the simulator and the planner's estimate recompute it."""
 
     slices: tuple[Slice, ...]
     cost: float = 0.0

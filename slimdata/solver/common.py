@@ -5,7 +5,8 @@ A strategy works on slice *indices* into a :class:`BatchView` (flat numpy arrays
 slices of the batch) and hands back, per rank, lists of forward and backward packs of slice
 indices; :func:`assemble_plan` fuses consecutive slices of a document that
 share both their forward and their backward pack (equivalent to one larger slice, and one
-fixed per-slice cost less), prices every pack with the cost model, and validates the result.
+fixed per-slice cost less), prices every pack by the execution model
+(:func:`~slimdata.execution.pack_prices`), and validates the result.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from slimdata.cost import CostModel
+from slimdata.execution import ExecutionConfig, PackCompute, PackTimes, pack_prices
 from slimdata.plan import loss_token_count
 from slimdata.plan.pipeline import interleave
 from slimdata.plan.types import Document, MergeGroup, MicroPack, RankStep, Slice, StepPlan
@@ -30,9 +32,11 @@ from slimdata.solver.layout import Layout
 __all__ = [
     "BatchView",
     "assemble_plan",
+    "assemble_priced",
     "cut_document",
     "default_cost",
     "interleaved_order",
+    "rank_seconds",
     "split_into_pieces",
 ]
 
@@ -63,9 +67,12 @@ class BatchView:
     act: np.ndarray
     off: np.ndarray
     doc_fwd: np.ndarray
-    """Forward seconds of each document run in the fewest calls the pack token cap allows
-    (:func:`_fewest_calls_prices`: what a rank that holds the document whole runs, its slices
-    fused; priced apiece they would add per-call constants that fused slices do not pay)."""
+    """Forward seconds of each document's own work run in the fewest pieces the pack token
+    cap allows (:func:`_fewest_calls_prices`: what a rank that holds the document whole runs,
+    its slices fused; priced apiece they would add per-slice constants, ``fwd_const``, that
+    fused slices do not pay). A load to balance, not a pack's price: the per-call constant
+    (``fwd_pack_const``) is the pack's, shared by its documents, and the execution model
+    charges it when the plan is priced (:func:`assemble_priced`)."""
     doc_bwd: np.ndarray
     doc_len: np.ndarray
     doc_mem: np.ndarray
@@ -235,7 +242,16 @@ def interleaved_order(n_fwd: int, n_bwd: int, lag: int = 0) -> tuple[tuple[str, 
     return interleave(n_fwd, [j + lag for j in range(n_bwd)])
 
 
-def assemble_plan(
+Prices = tuple[PackTimes, PackCompute]
+"""A plan's packs at the execution model's price (:func:`~slimdata.execution.pack_prices`)."""
+
+
+def assemble_plan(**kwargs: Any) -> StepPlan:
+    """:func:`assemble_priced`'s plan alone."""
+    return assemble_priced(**kwargs)[0]
+
+
+def assemble_priced(
     *,
     view: BatchView,
     layout: Layout,
@@ -251,8 +267,10 @@ def assemble_plan(
     meta: dict[str, Any] | None = None,
     t0: float | None = None,
     validate: bool = True,
-) -> StepPlan:
-    """Build, price and validate a :class:`StepPlan` from per-rank packs of slice indices.
+    execution: ExecutionConfig | None = None,
+) -> tuple[StepPlan, Prices]:
+    """Build, price and validate a :class:`StepPlan` from per-rank packs of slice indices;
+    with its packs' prices.
 
     ``forward[r][i]`` lists the slice indices (into ``view``) of rank r's forward pack i, in
     execution order; ``backward`` likewise. Consecutive slices of a document sharing both their
@@ -262,23 +280,25 @@ def assemble_plan(
     mode (identical on every rank), :func:`~slimdata.plan.types.eager_order` in ``free`` mode.
     ``validate=False`` skips :meth:`StepPlan.validate` (a per-step caller that trusts the
     solver; tests and plan-shard writing always validate).
+
+    Every pack is priced by the execution model (:func:`~slimdata.execution.pack_prices`)
+    as the plan is meant to run (``execution``, default :attr:`Layout.execution`): its
+    ``MicroPack.cost`` is the seconds one device computes of the pass (a static-CP member's
+    share, a merge member's at its chunk efficiency), and ``meta["imbalance"]`` (with
+    ``imbalance_fwd``, ``imbalance_bwd``) is ``max * n / sum`` of the ranks' work
+    (:func:`rank_seconds`).
     """
-    runs = _SliceRuns.of(view, cost, forward, backward, layout.dp)
+    runs = _SliceRuns.of(view, forward, backward, layout.dp)
     merge_rank_pack = merge_rank_pack or {}
     rank_merge = {r: g for g, (ranks, _d) in enumerate(merges) for r in ranks}
     ranks: list[RankStep] = []
     for r in range(layout.dp):
         mf, mb = merge_rank_pack.get(r, (-1, -1))
         g = rank_merge.get(r)
-        fpacks = runs.packs(forward[r], runs.fwd, runs.fwd_list, mf, g)
-        bpacks = runs.packs(backward[r], runs.bwd, runs.bwd_list, mb, g)
+        fpacks = runs.packs(forward[r], mf, g)
+        bpacks = runs.packs(backward[r], mb, g)
         order = interleaved_order(len(fpacks), len(bpacks), lag) if mode == "lockstep" else ()
         ranks.append(RankStep(rank=r, forward=fpacks, backward=bpacks, order=order))
-    meta = dict(meta or {})
-    meta.setdefault("strategy", strategy)
-    meta.update(_balance_meta(ranks))
-    if t0 is not None:
-        meta["solve_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
     plan = StepPlan(
         step=step,
         strategy=strategy,
@@ -286,28 +306,31 @@ def assemble_plan(
         ranks=tuple(ranks),
         merges=tuple(MergeGroup(tuple(rk), tuple(ds)) for rk, ds in merges),
         mode=mode,
-        meta=meta,
+        meta={},
     )
-    return plan.validate() if validate else plan
+    prices = pack_prices(plan, cost, execution or layout.execution)
+    meta = dict(meta or {})
+    meta.setdefault("strategy", strategy)
+    meta.update(_balance_meta(plan, prices))
+    if t0 is not None:
+        meta["solve_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+    plan = replace(plan, ranks=_priced_ranks(plan, prices), meta=meta)
+    return (plan.validate() if validate else plan), prices
 
 
 @dataclass(frozen=True, eq=False)
 class _SliceRuns:
     """The plan's slices after fusion: a *run* is a maximal stretch of consecutive slices of
-    one document on one rank in the same forward and the same backward pack, priced as one
+    one document on one rank in the same forward and the same backward pack, one
     :class:`Slice`. ``run[i]``: the run of view slice ``i``."""
 
     run: np.ndarray
     slices: list[Slice]
-    fwd: np.ndarray
-    """Forward seconds of every run."""
-    bwd: np.ndarray
 
     @classmethod
     def of(
         cls,
         view: BatchView,
-        cost: CostModel,
         forward: list[list[list[int]]],
         backward: list[list[list[int]]],
         dp: int,
@@ -328,39 +351,27 @@ class _SliceRuns:
             )
         first = np.flatnonzero(new)
         last = np.append(first[1:] - 1, n - 1) if n else first
-        r_start = view.start[first]
-        r_end = view.end[last]
         # tolist() gives Python ints already
-        slices = list(map(Slice, view.doc[first].tolist(), r_start.tolist(), r_end.tolist()))
-        return cls(
-            run=np.cumsum(new) - 1,
-            slices=slices,
-            fwd=cost.forward(r_start, r_end) if n else np.zeros(0),
-            bwd=cost.backward(r_start, r_end) if n else np.zeros(0),
+        slices = list(
+            map(
+                Slice,
+                view.doc[first].tolist(),
+                view.start[first].tolist(),
+                view.end[last].tolist(),
+            )
         )
+        return cls(run=np.cumsum(new) - 1, slices=slices)
 
-    def packs(
-        self,
-        lists: list[list[int]],
-        price: np.ndarray,
-        price_list: list[float],
-        merge_at: int,
-        g: int | None,
-    ) -> tuple[MicroPack, ...]:
-        """MicroPacks of one rank's packs of view slices (``lists``), each priced as the sum
-        of its runs' ``price`` (``price_list``: the same as a list); pack ``merge_at`` is
-        merge group ``g``'s."""
+    def packs(self, lists: list[list[int]], merge_at: int, g: int | None) -> tuple[MicroPack, ...]:
+        """MicroPacks of one rank's packs of view slices (``lists``), not priced yet; pack
+        ``merge_at`` is merge group ``g``'s."""
         run, slices = self.run_list, self.slices
         out = []
         for i, pack in enumerate(lists):
             # a pack's slices of one run are consecutive: one entry per run
             ids = [k for k, _ in itertools.groupby(map(run.__getitem__, pack))]
             out.append(
-                MicroPack(
-                    tuple(map(slices.__getitem__, ids)),
-                    _summed(price, price_list, ids),
-                    g if i == merge_at else None,
-                )
+                MicroPack(tuple(map(slices.__getitem__, ids)), merge=g if i == merge_at else None)
             )
         return tuple(out)
 
@@ -368,32 +379,37 @@ class _SliceRuns:
     def run_list(self) -> list[int]:
         return self.run.tolist()
 
-    @cached_property
-    def fwd_list(self) -> list[float]:
-        return self.fwd.tolist()
 
-    @cached_property
-    def bwd_list(self) -> list[float]:
-        return self.bwd.tolist()
-
-
-def _summed(price: np.ndarray, price_list: list[float], ids: list[int]) -> float:
-    """``float(price[ids].sum())``; one or two prices (most packs) from the list: a sum of two
-    has one rounding, in either order, so the number is the same."""
-    if len(ids) == 1:
-        return price_list[ids[0]]
-    if len(ids) == 2:
-        return price_list[ids[0]] + price_list[ids[1]]
-    return float(price[ids].sum()) if ids else 0.0
+def _priced_ranks(plan: StepPlan, prices: Prices) -> tuple[RankStep, ...]:
+    """``plan``'s ranks with every pack's ``cost`` its price in ``prices``."""
+    pt, price = prices
+    fwd, bwd = price.fwd.tolist(), price.bwd.tolist()
+    out = []
+    for rs in plan.ranks:
+        fo, bo = int(pt.f_offset[rs.rank]), int(pt.b_offset[rs.rank])
+        out.append(
+            replace(
+                rs,
+                forward=tuple(
+                    MicroPack(p.slices, fwd[fo + i], p.merge) for i, p in enumerate(rs.forward)
+                ),
+                backward=tuple(
+                    MicroPack(p.slices, bwd[bo + j], p.merge) for j, p in enumerate(rs.backward)
+                ),
+            )
+        )
+    return tuple(out)
 
 
 def _fewest_calls_prices(
     cost: CostModel, lengths: np.ndarray, cap: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward seconds of documents of ``lengths`` tokens, each run as pieces of
-    ``cap`` tokens from its start (one call each, every piece attending to the prefix before
-    it); one piece each without a cap. ``cap=512``: a 700-token document runs ``[0, 512)``
-    and ``[512, 700)``."""
+    ``cap`` tokens from its start (one slice each, with its per-slice constant; every piece
+    attending to the prefix before it); one piece each without a cap. ``cap=512``: a
+    700-token document runs ``[0, 512)`` and ``[512, 700)``. No per-call constant
+    (``fwd_pack_const``): a model call runs a pack, whose documents share it
+    (:attr:`BatchView.doc_fwd`)."""
     if cap is None:
         zero = np.zeros_like(lengths)
         fwd, bwd = cost.forward(zero, lengths), cost.backward(zero, lengths)
@@ -429,10 +445,25 @@ def _pack_of_slice(n: int, packs: list[list[list[int]]]) -> tuple[np.ndarray, np
     return pack, owner
 
 
-def _balance_meta(ranks: Sequence[RankStep]) -> dict[str, float]:
-    """Imbalance degrees (``max * n / sum``) of per-rank forward, backward and total cost."""
-    f = np.array([sum(p.cost for p in rs.forward) for rs in ranks])
-    b = np.array([sum(p.cost for p in rs.backward) for rs in ranks])
+def rank_seconds(plan: StepPlan, prices: Prices) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's forward and backward work: its packs' seconds by the executor's rules
+    (``prices[0]``, :func:`~slimdata.execution.pack_times`: per-call constants, recomputed
+    and graph-free passes, padding calls), summed. The work a rank was dealt, as phase 1
+    balances it: what a merge group's or a static-CP group's devices each compute of it
+    (chunk efficiency, padding to ``2 cp``, ``prices[1]``) is left to the step estimate."""
+    pt, dp = prices[0], len(plan.ranks)
+    rank_f = np.repeat(np.arange(dp), [len(rs.forward) for rs in plan.ranks])
+    rank_b = np.repeat(np.arange(dp), [len(rs.backward) for rs in plan.ranks])
+    return (
+        np.bincount(rank_f, weights=pt.fwd, minlength=dp),
+        np.bincount(rank_b, weights=pt.bwd, minlength=dp),
+    )
+
+
+def _balance_meta(plan: StepPlan, prices: Prices) -> dict[str, float]:
+    """Imbalance degrees (``max * n / sum``) of the ranks' forward, backward and total work
+    (:func:`rank_seconds`)."""
+    f, b = rank_seconds(plan, prices)
 
     def deg(x: np.ndarray) -> float:
         return float(x.max() / x.mean()) if x.sum() > 0 else 1.0

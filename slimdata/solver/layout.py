@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from slimdata.errors import ConfigError
+from slimdata.execution.program import ExecutionConfig
 from slimdata.units import GIB, MAX_RANKS
 
 __all__ = ["SCHEDULES", "Layout"]
@@ -91,6 +92,21 @@ class Layout:
         """Model chunks each pipeline device holds: ``virtual_stages`` under the interleaved
         schedule with ``pp > 1``, else 1 (then every schedule is 1F1B)."""
         return self.virtual_stages if self.pp > 1 and self.schedule == "interleaved" else 1
+
+    @property
+    def execution(self) -> ExecutionConfig:
+        """How the plan is meant to run, as the execution model takes it: lockstep packs on
+        one stage by FSDP's rules, anything else by DDP's (gradients reduced at the end of the
+        step; a pipeline's stages exchange activations), with the executor's default split
+        calls, this schedule and static CP. The rules a plan's pack prices
+        (``MicroPack.cost``) and SlimPack's estimate assume."""
+        return ExecutionConfig(
+            pp=self.pp,
+            parallelism="fsdp" if self.mode == "lockstep" and self.pp == 1 else "ddp",
+            schedule=self.schedule,
+            virtual_stages=self.chunks_per_device,
+            cp=self.cp,
+        )
 
     @property
     def memory_bytes(self) -> float:

@@ -32,7 +32,7 @@ PUBLIC = {  # module -> its __all__, in order
     "slimdata.execution": (
         "COLLECTIVES MEMORY Alloc Collective Compute ExecutionConfig Free PackCompute PackTimes "
         "Program Programs build_programs chunk_fractions common_order compute_levels levels "
-        "pack_compute pack_times padded peak stage_ops"
+        "pack_compute pack_prices pack_times padded peak stage_ops"
     ),
     "slimdata.sim": (
         "Comparison SimConfig SimResult StepBound StrategyStats compare_strategies format_table "

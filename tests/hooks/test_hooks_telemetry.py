@@ -60,3 +60,51 @@ def test_plots_of_a_killed_run_and_refusals_of_damaged_logs(tmp_path):
     other.write_text(json.dumps({"step": 0}) + "\n")
     with pytest.raises(InputError, match=r"other\.jsonl:1: not a step record of StepTelemetry"):
         write_training_plots({"a": other}, tmp_path / "plots")
+
+
+def test_predicted_times_are_the_execution_models_price():
+    # a 256-token document of slices [0, 128) [128, 256), one forward pack and one backward
+    # pack per slice, 1 s a token forward, 2 s backward, 5 s / 7 s a model call: the
+    # executor splits the forward pack into one call per backward pack (2 calls: 256 + 10 s)
+    # and runs each backward pack as one call (256 + 7 s); predicted as it runs
+    from hooks_helpers import TinyLM, doc_tokens, tiny_forward
+    from slimdata.hooks import make_payload, run_step
+
+    from slimdata.cost import CostModel
+    from slimdata.docsource import documents_from_lengths
+    from slimdata.solver import Layout
+    from slimdata.solver.common import BatchView, assemble_plan
+
+    cost = CostModel(
+        fwd_lin=1.0,
+        fwd_att=0.0,
+        fwd_const=0.0,
+        bwd_lin=2.0,
+        bwd_att=0.0,
+        bwd_const=0.0,
+        act_bytes_per_token=1.0,
+        kv_bytes_per_token=0.0,
+        fwd_pack_const=5.0,
+        bwd_pack_const=7.0,
+        graph_free_scale=0.5,
+    )
+    view = BatchView.build(documents_from_lengths([256], 128), cost)
+    plan = assemble_plan(
+        view=view,
+        layout=Layout(dp=1, context=1024),
+        cost=cost,
+        strategy="hand",
+        step=0,
+        forward=[[[0, 1]]],
+        backward=[[[1], [0]]],
+    )
+    tel = StepTelemetry(progress=None)
+    summary = run_step(
+        TinyLM(), make_payload(plan, 0, doc_tokens([256])), forward=tiny_forward, callbacks=[tel]
+    )
+    assert [(e.pass_, e.calls, e.predicted) for e in summary.events] == [
+        ("F", 2, 266.0),
+        ("B", 1, 263.0),
+        ("B", 1, 263.0),
+    ]
+    assert tel.history[0]["predicted"] == [792.0]

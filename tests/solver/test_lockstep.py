@@ -529,3 +529,32 @@ def test_critical_path_in_lockstep_charges_each_op_its_slowest_rank():
     f, b = np.array([[1.0, 2.0], [1.0, 2.0]]), np.array([[4.0, 1.0], [1.0, 3.0]])
     assert critical_path(f, b, order, 1).tolist() == [7.0, 8.0]
     assert critical_path(f, b, order, 1, lockstep=True).tolist() == [11.0, 11.0]
+
+
+def test_a_profiled_model_gets_the_pack_count_its_plans_estimate_lowest():
+    # 80 documents of 300-16,000 tokens on 2 ranks, 2 stages, and a profiled-style model:
+    # 0.25 s / 0.5 s per model call. The probes price a pack as its slices' costs summed, so
+    # more and smaller packs look faster (a smaller bubble: 76 packs, probed 7.65 s); each
+    # pack's calls cost more than that (76 packs: 61.52 s by the plan's estimate, 38 packs:
+    # 39.85 s). The count chosen is the one whose plan the execution model estimates lowest
+    from dataclasses import replace
+
+    cost = replace(
+        CostModel.analytic("llama-8b", "h100", "selective"), fwd_pack_const=0.25, bwd_pack_const=0.5
+    )
+    rng = np.random.default_rng(2)
+    lengths = np.exp(rng.uniform(np.log(300), np.log(16000), 80)).astype(int).tolist()
+    docs = docs_of(lengths, 1024)
+    layout = Layout(dp=2, pp=2, mode="lockstep", memory_gib=30, context=8192)
+    config = ExecutionConfig(pp=2)
+    plan = solve(docs, layout, "slimpack", cost=cost)
+    estimate = plan_critical_path(plan, cost, config)
+    assert plan.meta["pipeline_estimate"] == round(estimate, 6)
+    forced = {
+        m: plan_critical_path(
+            solve(docs, replace(layout, microbatches=m), "slimpack", cost=cost), cost, config
+        )
+        for m in (38, 57, 76, 114)  # the counts the solve tries (19 packs do not fit)
+    }
+    assert plan.meta["microbatches"] == 38 and estimate == forced[38]
+    assert estimate < min(forced[57], forced[76], forced[114])

@@ -41,7 +41,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -52,12 +52,20 @@ import numpy as np
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
 from slimdata.execution.critical import critical_path_under, plan_critical_path
-from slimdata.execution.program import ExecutionConfig
+from slimdata.execution.pricing import prices_calls
+from slimdata.execution.program import ExecutionConfig, pack_prices
 from slimdata.gcpause import cyclic_gc_paused
 from slimdata.plan.pipeline import stage_share
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.budget import MemoryBudget
-from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
+from slimdata.solver.common import (
+    BatchView,
+    Prices,
+    assemble_priced,
+    default_cost,
+    interleaved_order,
+    rank_seconds,
+)
 from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
 from slimdata.solver.layout import GIB, Layout
 from slimdata.solver.memory import device_peak_memory
@@ -630,7 +638,7 @@ def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -
         or plan.meta["imbalance"] <= COARSE_IMBALANCE
     ):
         return plan
-    every = _too_coarse(assembly.view, plan)
+    every = _too_coarse(assembly.view, plan, assembly.prices(plan))
     for coarse in dict.fromkeys([tuple(every), tuple(every[:1])]):
         if not coarse:
             continue
@@ -645,11 +653,13 @@ def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -
     return plan
 
 
-def _too_coarse(view: BatchView, plan: StepPlan) -> list[int]:
-    """Per rank whose load (its packs' predicted seconds) is above :data:`COARSE_IMBALANCE`
-    times the mean, slowest first: the costliest document (forward plus backward seconds)
-    it holds whole (not merged) that a merge can share, one of two slices or more, if any."""
-    load = np.array([sum(p.cost for p in (*rs.forward, *rs.backward)) for rs in plan.ranks])
+def _too_coarse(view: BatchView, plan: StepPlan, prices: Prices) -> list[int]:
+    """Per rank whose load (its packs' seconds at the execution model's ``prices``) is above
+    :data:`COARSE_IMBALANCE` times the mean, slowest first: the costliest document (forward
+    plus backward seconds) it holds whole (not merged) that a merge can share, one of two
+    slices or more, if any."""
+    f, b = rank_seconds(plan, prices)
+    load = f + b
     merged = {d for g in plan.merges for d in g.docs}
     out = []
     for r in np.argsort(-load, kind="stable").tolist():
@@ -756,12 +766,27 @@ class _Assembly:
     estimates: dict[int, tuple[StepPlan, float]] = field(default_factory=dict, compare=False)
     """:meth:`estimate` of the plans of this solve, by ``id`` (shared by the assemblies
     ``dataclasses.replace`` makes of this one)."""
+    priced: dict[int, tuple[StepPlan, Prices]] = field(default_factory=dict, compare=False)
+    """:meth:`prices` of the plans of this solve, by ``id`` (kept from their assembly)."""
+
+    @cached_property
+    def stages(self) -> _Stages:
+        return _Stages.of(self.layout, self.cost)
+
+    def prices(self, plan: StepPlan) -> Prices:
+        """The execution model's price of every pack of ``plan`` as it will run
+        (:attr:`_Stages.config`), computed once per plan of the solve."""
+        known = self.priced.get(id(plan))
+        if known is None or known[0] is not plan:
+            known = (plan, pack_prices(plan, self.cost, self.stages.config))
+            self.priced[id(plan)] = known
+        return known[1]
 
     def estimate(self, plan: StepPlan) -> float:
         """:meth:`_Stages.plan_estimate` of ``plan``, computed once per plan of the solve."""
         known = self.estimates.get(id(plan))
         if known is None or known[0] is not plan:
-            known = (plan, _Stages.of(self.layout, self.cost).plan_estimate(plan, self.cost))
+            known = (plan, self.stages.plan_estimate(plan, self.cost, self.prices(plan)))
             self.estimates[id(plan)] = known
         return known[1]
 
@@ -770,7 +795,7 @@ class _Assembly:
         estimate of it as assembled (fused slices priced)."""
         estimate, packs, lag, p1 = candidate
         view, layout = self.view, self.layout
-        plan = assemble_plan(
+        plan, prices = assemble_priced(
             view=view,
             layout=layout,
             cost=self.cost,
@@ -795,7 +820,9 @@ class _Assembly:
             ),
             t0=self.t0,
             validate=self.validate,
+            execution=self.stages.config,
         )
+        self.priced[id(plan)] = (plan, prices)
         _check_pack_cap(view, packs, layout.token_cap, self.step)
         if layout.mode != "free":
             plan.meta["pipeline_estimate"] = round(self.estimate(plan), 6)
@@ -849,15 +876,22 @@ class _Fitting:
 
     def whole(self, below: float = math.inf) -> StepPlan | None:
         """The plan of the candidate that keeps documents whole with the lowest estimate
-        whose every device fits (:data:`WHOLE_TRIED` tried at most), or None. Without static
-        CP or merge shares a candidate whose probe is not ``below`` is not assembled: its
-        packs are priced as their documents run whole on one device, which its plan's
-        estimate can only exceed (pack constants, FSDP's padding calls)."""
+        whose every device fits (:data:`WHOLE_TRIED` tried at most, by their probes; every
+        one by its plan's estimate under a cost model that prices model calls, whose probes
+        leave the calls out, :meth:`leading`), or None. Without static CP or merge shares a
+        candidate whose probe is not ``below`` is not assembled: its packs are priced as
+        their documents run whole on one device, which its plan's estimate can only exceed
+        (pack constants, FSDP's padding calls; a whole-document pack is its own backward
+        pack, so nothing runs graph-free)."""
+        a = self.assembly
         wholes = sorted(self.wholes, key=lambda c: c[0])
         if self.stages.cp == 1:
             wholes = [c for c in wholes if c[0] < below or any(p.merge_pack for p in c[1])]
-        for c in wholes[:WHOLE_TRIED]:
-            plan = self.assembly.plan(c)
+        if prices_calls(a.cost):
+            tried: Iterable[StepPlan] = sorted(map(a.plan, wholes), key=a.estimate)
+        else:
+            tried = map(a.plan, wholes[:WHOLE_TRIED])
+        for plan in tried:
             if self._peak(plan) <= self.limit:
                 return plan
         return None
@@ -900,13 +934,21 @@ class _Fitting:
 
     def leading(self, candidates: Sequence[_Candidate]) -> list[int]:
         """The candidates whose order the probes (each pack priced as one device runs it
-        whole) may have wrong. Under static CP they miss what a CP group pays per pack and
-        per slice (padding, fixed costs, chunk efficiency;
-        :func:`~slimdata.execution.pack_compute`): the :data:`RERANKED` first. Under FSDP
-        they miss the forward that a backward pack which is not a union of forward packs
-        re-runs first (:mod:`slimdata.execution.pricing`), and a larger backward lag makes
-        more of them (:attr:`_Stages.lag_matters`): the winner and the first candidate at
-        its pack count's smallest lag (the winner of the probes without larger lags)."""
+        whole, its slices' costs summed) may have wrong. Under a cost model that prices
+        model calls (:func:`~slimdata.execution.pricing.prices_calls`: a profiled model's
+        per-call constants or graph-free scale) they miss what the calls cost, which grows
+        with the pack count and, where forward packs are split by backward pack or
+        recomputed, with the lag: every candidate (probe 3 of the review: the probes' winner,
+        76 packs, 61.5 s by its plan's estimate, against 39.9 s at 38 packs). Under static CP
+        they miss what a CP group pays per pack and per slice (padding, fixed costs, chunk
+        efficiency; :func:`~slimdata.execution.pack_compute`): the :data:`RERANKED` first.
+        Under FSDP they miss the forward that a backward pack which is not a union of
+        forward packs re-runs first (:mod:`slimdata.execution.pricing`), and a larger
+        backward lag makes more of them (:attr:`_Stages.lag_matters`): the winner and the
+        first candidate at its pack count's smallest lag (the winner of the probes without
+        larger lags)."""
+        if prices_calls(self.assembly.cost):
+            return list(range(len(candidates)))
         if self.stages.cp > 1:
             return list(range(min(RERANKED, len(candidates))))
         if not self.stages.config.ranks_meet_every_pass or not candidates:
@@ -1322,12 +1364,13 @@ class _Stages:
             return math.inf
         return float(times.max())
 
-    def plan_estimate(self, plan: StepPlan, cost: CostModel) -> float:
+    def plan_estimate(self, plan: StepPlan, cost: CostModel, prices: Prices | None = None) -> float:
         """:meth:`estimate` of an assembled plan at the execution model's prices on one
         device (static CP member shares, merged slices' attention efficiency, the executor's
         recomputes), every rank through its own order
-        (:func:`~slimdata.execution.critical.plan_critical_path`)."""
-        return plan_critical_path(plan, cost, self.config)
+        (:func:`~slimdata.execution.critical.plan_critical_path`); ``prices``: the plan's
+        under :attr:`config`, where known."""
+        return plan_critical_path(plan, cost, self.config, prices)
 
 
 def _lockstep(
