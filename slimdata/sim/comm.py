@@ -19,25 +19,11 @@ from collections.abc import Iterable
 
 from slimdata.cost import CostModel, Interconnect
 
-__all__ = ["p2p_time", "param_collective_time", "spans_nodes"]
+__all__ = ["p2p_time", "spans_nodes"]
 
 
 def spans_nodes(devices: Iterable[int], ranks_per_node: int) -> bool:
     return len({d // ranks_per_node for d in devices}) > 1
-
-
-def param_collective_time(
-    net: Interconnect,
-    cost: CostModel,
-    fraction: float,
-    grad_bytes: int,
-    devices: list[int],
-    ranks_per_node: int,
-    kind: str,
-) -> float:
-    """``all_reduce``, ``all_gather`` or ``reduce_scatter`` of ``fraction`` of the parameters."""
-    nbytes = cost.param_count * fraction * grad_bytes
-    return getattr(net, kind)(nbytes, len(devices), spans_nodes(devices, ranks_per_node))
 
 
 def p2p_time(
