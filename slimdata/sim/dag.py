@@ -252,21 +252,18 @@ class _Tasks:
         """Member ``m``'s exposed K/V exchange of its merge pack ``j`` (:mod:`slimdata.sim.cp`;
         the exchange is per layer, as under static CP). On top of static CP ``k`` the ring
         spans every process of the members (``k`` each), and what hides it is one process's
-        ``1 / k`` of the pack's attention."""
+        attention as the execution model prices it (``PackCompute.f_merge_att``: its share
+        of the padded slices' pairs, merged slices' chunk efficiency)."""
         grp = self.plan.merges[gi]
         devs = self.real([self.dev(c, r) for r in grp.ranks])
         off = self.offset(m, kind) + j
         pt = self.pt
-        att = (
-            (pt.f_att[off] * self.compute.f_merge[off])
-            if kind == "F"
-            else (pt.b_att[off] * self.compute.b_merge[off])
-        )
+        att = (self.compute.f_merge_att if kind == "F" else self.compute.b_merge_att)[off]
         t = exchange_exposed(
             self.net,
             np.array([self.merge_kv[gi]]),
             merge_collectives(kind, bool(kind == "B" and pt.b_recomputed[off])),
-            np.array([att / self.config.cp]),
+            np.array([att]),
             len(devs),
             max(self.cost.layers, 1),
             self.config.cp_overlap,

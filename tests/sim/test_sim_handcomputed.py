@@ -438,6 +438,27 @@ def test_merge_on_static_cp_rings_over_every_process_of_its_members():
     assert r.step_time == pytest.approx(24.0)
 
 
+def test_merge_on_static_cp_hides_behind_the_priced_attention_of_a_process():
+    # a 6-token document merged over DP ranks 0 ([0, 3)) and 1 ([3, 6)) on static CP 2: each
+    # 3-token slice is padded to 4 (chunks of 1), a process computes half of the padded
+    # slice's causal pairs ([0, 4): 10, [3, 7): 22), at 1 s/pair F and 2 s/pair B: attention
+    # 5 s and 11 s F, 10 s and 22 s B (the execution model's price of the pack, the part
+    # that hides the exchange; half the unpadded pairs, 3 s and 7.5 s, hid it before). Each
+    # layer gathers 4 processes x 2 rows = 8 tokens, 8 GB: (4 - 1) / 4 x 8 GB at 1 GB/s =
+    # 6 s per collective, of which up to (4 - 1) / 4 of the attention hides. Rank 0: F
+    # 6 - 3.75 = 2.25 s, B 12 - 7.5 = 4.5 s exposed; rank 1 none. Compute per process
+    # (1 s/token F, 2 s/token B on 4 padded tokens, halved): F 2 + 5 = 7 s and 2 + 11 = 13 s,
+    # B 14 s and 26 s; members leave together: F max(7 + 2.25, 13) = 13, B max(18.5, 26) = 26
+    plan = merge_plan(length=6, cut=3)
+    assert merge_layer_tokens(plan, 0, 2) == 8
+    cost = linear_cost(att_f=1.0, att_b=2.0)
+    cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
+    cfg = SimConfig(cp=2, interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
+    r = simulate_step(plan, cost, Layout(dp=4, context=128), cfg)
+    assert r.comm.tolist() == [[6.75, 6.75, 0.0, 0.0]]
+    assert r.step_time == pytest.approx(39.0)
+
+
 def test_interleaved_runs_a_lagged_plan_without_serialising_round_trips():
     # 16 equal packs on pp=4 stages whose backward pack j waits for forward pack j + 8 (a lag,
     # as slimpack's lockstep plans have): interleaved still has the smaller bubble, and its
