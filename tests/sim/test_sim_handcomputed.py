@@ -11,6 +11,7 @@ from sim_helpers import linear_cost, merge_plan, whole_doc_plan
 from slimdata.cost import Interconnect
 from slimdata.errors import PlanError
 from slimdata.execution import chunk_fractions, pack_times, stage_ops
+from slimdata.execution import program as execution_program
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 from slimdata.sim import SimConfig, simulate_step
 from slimdata.sim.cp import merge_layer_tokens
@@ -359,6 +360,24 @@ def test_pipeline_p2p_lag():
     assert r.lower_bound <= r.step_time
 
 
+def test_pipeline_lag_is_the_programs_send(monkeypatch):
+    # the setting of test_pipeline_p2p_lag with the execution model's hidden states doubled
+    # (4 bytes a send): the simulator times the program's send ops, 4 s each way
+    # S0F [0,.5] send 4 s, S1F [4.5,5], S1B [5,6], send 4 s, S0B [10,11]
+    hidden_bytes = execution_program._Builder.hidden_bytes
+    monkeypatch.setattr(
+        execution_program._Builder,
+        "hidden_bytes",
+        lambda self, kind, k: 2 * hidden_bytes(self, kind, k),
+    )
+    plan = whole_doc_plan([[[1]]], mode="lockstep")
+    net = Interconnect(intra_node_gbps=1e-9, latency_s=0.0)
+    r = simulate_step(
+        plan, linear_cost(layers=2), Layout(dp=1, pp=2, context=128), SimConfig(interconnect=net)
+    )
+    assert r.step_time == pytest.approx(11.0)
+
+
 def test_layout_dp_must_match():
     with pytest.raises(PlanError, match="dp=3"):
         simulate_step(whole_doc_plan([[[1]]]), linear_cost(), Layout(dp=3, context=128))
@@ -419,6 +438,30 @@ def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
     r = simulate_step(plan, full, Layout(dp=2, context=128), cfg)
     assert r.comm.tolist() == [[9.0, 9.0]]
     assert r.step_time == pytest.approx(18.0)
+
+
+def test_merge_exchange_is_the_programs_collectives(monkeypatch):
+    # the setting of test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves with an
+    # execution model that gathers twice the tokens (12 GB a collective, 6 s over 2 ranks)
+    # and issues one gather more per layer in the backward (F 1, B 3 collectives): the
+    # simulator times the program's merge_kv ops. F max(2, 3) + 6 = 9, B max(4, 6) + 18 = 24
+    monkeypatch.setattr(
+        execution_program,
+        "merge_layer_tokens",
+        lambda plan, g, cp=1: 2 * merge_layer_tokens(plan, g, cp),
+    )
+    monkeypatch.setattr(
+        execution_program,
+        "merge_collectives",
+        lambda kind, recomputed=False: 1 if kind == "F" else 3,
+    )
+    plan = merge_plan(length=5, cut=2)
+    cost = linear_cost()
+    cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
+    cfg = SimConfig(interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
+    r = simulate_step(plan, cost, Layout(dp=2, context=128), cfg)
+    assert r.comm.tolist() == [[24.0, 24.0]]
+    assert r.step_time == pytest.approx(33.0)
 
 
 def test_merge_on_static_cp_rings_over_every_process_of_its_members():
