@@ -56,10 +56,11 @@ class PackCompute:
     its K/V exchange; merged documents' chunk efficiency apart); ``PackTimes.f_att`` at
     ``cp = 1``."""
     b_att: np.ndarray
-    f_merge: np.ndarray
-    """Per flat forward pack: attention time of its slices with merged documents' chunk
-    efficiency over without it (1 for packs without merged slices)."""
-    b_merge: np.ndarray
+    f_merge_att: np.ndarray
+    """Per flat forward pack: one device's attention seconds, merged documents' chunk
+    efficiency included (``f_att`` plus that correction; ``fwd`` holds it): what hides a
+    merge pack's K/V exchange (:mod:`slimdata.sim.cp`)."""
+    b_merge_att: np.ndarray
 
 
 def pack_compute(pt: PackTimes, plan: StepPlan, cp: int = 1) -> PackCompute:
@@ -80,9 +81,10 @@ def pack_compute(pt: PackTimes, plan: StepPlan, cp: int = 1) -> PackCompute:
             lin_s, att_s = _static_scales(pt, cp, pack, len(tot))
             member_att = att * att_s / cp
             member = (tot - att - const) * lin_s / cp + member_att + const
-        parts.append((member + att * (scale - 1) / cp, member_att))
-    (fwd, f_att), (bwd, b_att) = parts
-    return PackCompute(fwd, bwd, f_att, b_att, f_merge, b_merge)
+        merged_extra = att * (scale - 1) / cp  # merged slices' chunk efficiency
+        parts.append((member + merged_extra, member_att, member_att + merged_extra))
+    (fwd, f_att, f_merge_att), (bwd, b_att, b_merge_att) = parts
+    return PackCompute(fwd, bwd, f_att, b_att, f_merge_att, b_merge_att)
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:

@@ -1,4 +1,6 @@
-"""Communication volumes and times of the collectives the simulator models.
+"""Times of the collectives the simulator models; their volumes are the execution model's
+(the :class:`~slimdata.execution.Collective` ops of the programs,
+:mod:`slimdata.execution.program`).
 
 Device ``d = stage * dp + rank`` sits on node ``d // ranks_per_node`` (DP ranks of one
 stage are contiguous, as in Megatron's default rank order), so a group spans nodes when its
@@ -9,42 +11,25 @@ devices do. Times come from the alpha-beta :class:`~slimdata.cost.Interconnect`.
   pack and a reduce-scatter of its gradients after every backward pack.
 - Context parallelism (static CP, DP-Merge, dcp): the per-layer K/V exchange of
   :mod:`slimdata.sim.cp`.
-- Pipeline: a point-to-point send of a pack's hidden states (``tokens * hidden * dtype``)
-  between consecutive chunks, in each direction.
+- Pipeline: the program's point-to-point ``send`` of a pack's hidden states between
+  consecutive chunks, in each direction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from slimdata.cost import CostModel, Interconnect
+from slimdata.cost import Interconnect
 
-__all__ = ["p2p_time", "param_collective_time", "spans_nodes"]
+__all__ = ["p2p_time", "spans_nodes"]
 
 
 def spans_nodes(devices: Iterable[int], ranks_per_node: int) -> bool:
     return len({d // ranks_per_node for d in devices}) > 1
 
 
-def param_collective_time(
-    net: Interconnect,
-    cost: CostModel,
-    fraction: float,
-    grad_bytes: int,
-    devices: list[int],
-    ranks_per_node: int,
-    kind: str,
-) -> float:
-    """``all_reduce``, ``all_gather`` or ``reduce_scatter`` of ``fraction`` of the parameters."""
-    nbytes = cost.param_count * fraction * grad_bytes
-    return getattr(net, kind)(nbytes, len(devices), spans_nodes(devices, ranks_per_node))
-
-
-def p2p_time(
-    net: Interconnect, cost: CostModel, tokens: float, src: int, dst: int, ranks_per_node: int
-) -> float:
-    if tokens <= 0:
+def p2p_time(net: Interconnect, nbytes: float, src: int, dst: int, ranks_per_node: int) -> float:
+    """Seconds of a point-to-point send of ``nbytes`` from device ``src`` to ``dst``."""
+    if nbytes <= 0:
         return 0.0
-    return net.p2p(
-        tokens * cost.hidden * cost.dtype_bytes, src // ranks_per_node != dst // ranks_per_node
-    )
+    return net.p2p(nbytes, src // ranks_per_node != dst // ranks_per_node)

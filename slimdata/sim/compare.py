@@ -47,7 +47,6 @@ from slimdata.errors import ConfigError
 from slimdata.plan import Document, StepPlan
 from slimdata.sim.bound import batch_work, plan_work, step_bound
 from slimdata.sim.config import SimConfig
-from slimdata.sim.cp import cp_peak_memory
 from slimdata.sim.results import SimResult
 from slimdata.sim.search import (
     BaselineConfig,
@@ -61,7 +60,6 @@ from slimdata.sim.search import (
 )
 from slimdata.solver.batches import batch_warnings
 from slimdata.solver.layout import Layout
-from slimdata.units import GIB
 
 __all__ = [
     "CP_FREE",
@@ -108,7 +106,10 @@ class StrategyStats:
     cp: int = 1
     """Static context-parallel size it ran with (0 when it failed)."""
     plan_memory_gib: float = NAN
-    """Per-device peak by the solver's rule under ``cp`` (max over steps)."""
+    """The largest per-device peak of any iteration: the execution model's memory
+    (:mod:`slimdata.execution.memory`) of the configuration it ran (static CP, pipeline
+    stages and schedule, parallelism), as the simulation holds it; ``peak_memory_gib`` is
+    its mean over the iterations."""
     bound: float = NAN
     """The plan-independent bound of the same batches (:mod:`slimdata.sim.bound`), mean."""
     tokens: float = NAN
@@ -383,7 +384,7 @@ def _strategy_results(
         sim = ev.simulate(run.plans[0], run.cp, run.schedule) if timelines else run.sims[0]
         first[name] = (run.plans[0], sim)
         row = layout.context if name == REFERENCE else layout.token_cap  # concat: rows of context
-        results[name] = _stats(run, cost, bounds, ref_work, row)
+        results[name] = _stats(run, bounds, ref_work, row)
     return results, first
 
 
@@ -395,7 +396,7 @@ def _megatron_default(
     default = _run(ev, REFERENCE, BaselineConfig("smallest"), schedule="1f1b")
     if isinstance(default, str):
         return None
-    return _stats(default, cost, bounds, ref_work, layout.context)
+    return _stats(default, bounds, ref_work, layout.context)
 
 
 def _run(
@@ -445,7 +446,7 @@ def _cp_free(ev: Evaluator, name: str, schedule: str) -> Run | str:
     )
 
 
-def _stats(run: Run, cost: CostModel, bounds: list[float], ref: list, cap: int) -> StrategyStats:
+def _stats(run: Run, bounds: list[float], ref: list, cap: int) -> StrategyStats:
     """One run over its iterations. Times and work are per step over the run (total / steps):
     a per-step strategy's mean, and for a stream strategy its total time over the same
     documents, flush iterations included; the rest are means over iterations."""
@@ -473,7 +474,7 @@ def _stats(run: Run, cost: CostModel, bounds: list[float], ref: list, cap: int) 
         over_memory_steps=sum(r.over_memory for r in run.sims),
         steps=steps,
         cp=run.cp,
-        plan_memory_gib=max(float(cp_peak_memory(p, cost, run.cp).max()) for p in run.plans) / GIB,
+        plan_memory_gib=max(r.peak_memory_gib for r in run.sims),
         bound=float(np.mean(bounds)),
         tokens=tokens / steps,
         attention_pairs=pairs / steps,

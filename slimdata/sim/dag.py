@@ -33,14 +33,7 @@ from slimdata.execution.pricing import PackTimes
 from slimdata.plan import StepPlan
 from slimdata.sim.comm import p2p_time, spans_nodes
 from slimdata.sim.config import SimConfig
-from slimdata.sim.cp import (
-    CpPacks,
-    cp_packs,
-    exchange_exposed,
-    merge_collectives,
-    merge_layer_tokens,
-    real_devices,
-)
+from slimdata.sim.cp import CpPacks, cp_packs, exchange_exposed, real_devices
 from slimdata.sim.engine import TaskGraph
 
 __all__ = ["Durations", "StepDag", "build_dag"]
@@ -101,7 +94,13 @@ def build_dag(
         _check_merge_alignment(plan)
     cp_model = _cp_model(cost, programs, config)
     fwork, bwork = _chunk_work(programs, cp_model[1], durations)
-    tasks = _Tasks(plan, cost, programs, config, ranks_per_node, cp_model, (fwork, bwork))
+    read = _ProgramOps.read(
+        programs,
+        sends=len(programs.fractions) > 1,
+        merges=bool(plan.merges),
+        params=config.parallelism == "fsdp",
+    )
+    tasks = _Tasks(plan, cost, programs, config, ranks_per_node, cp_model, (fwork, bwork), read)
     for prog in programs:
         for op in prog.computes():
             tasks.graph.place(prog.device, tasks.make(op.pass_, op.chunk, prog.rank, op.pack))
@@ -172,6 +171,47 @@ def _chunk_work(
     return fwork, bwork
 
 
+_OpKey = tuple[int, str, int, int]
+"""``(rank, pass, chunk, pack)`` of a pack pass."""
+
+
+@dataclass(frozen=True)
+class _ProgramOps:
+    """The collectives of the programs' pack passes that the simulator times, by
+    ``(rank, pass, chunk, pack)``: the execution model says what each moves."""
+
+    sends: dict[_OpKey, float]
+    """Bytes of every pipeline ``send`` (a pack pass's hidden states to the next chunk)."""
+    merges: dict[_OpKey, list[Collective]]
+    """DP-Merge ``merge_kv_*`` collectives of a merge pack's pass, in program order."""
+    params: dict[_OpKey, list[Collective]]
+    """FSDP ``fsdp_*`` collectives of a pack pass."""
+
+    @staticmethod
+    def read(programs: Programs, *, sends: bool, merges: bool, params: bool) -> _ProgramOps:
+        """Index the kinds asked for; none asked, no walk (programs with per-layer static-CP
+        collectives are long)."""
+        out = _ProgramOps({}, {}, {})
+        kinds = frozenset(
+            (("merge_kv_all_gather", "merge_kv_reduce_scatter") if merges else ())
+            + (("fsdp_all_gather", "fsdp_reduce_scatter") if params else ())
+        )
+        for prog in programs if sends or kinds else ():
+            rank = prog.rank
+            if sends:
+                out.sends.update(
+                    {
+                        (rank, op.pass_, op.chunk, op.pack): op.bytes
+                        for op in prog.ops
+                        if op.__class__ is Collective and op.kind == "send"
+                    }
+                )
+            for op in [op for op in prog.ops if op.__class__ is Collective and op.kind in kinds]:
+                key = (rank, op.pass_, op.chunk, op.pack)
+                (out.merges if op.kind[0] == "m" else out.params).setdefault(key, []).append(op)
+        return out
+
+
 class _Tasks:
     """The graph under construction and how one pack pass becomes a task."""
 
@@ -184,6 +224,7 @@ class _Tasks:
         rpn: int,
         cp_model: tuple[CpPacks, PackCompute],
         work: tuple[np.ndarray, np.ndarray],
+        ops: _ProgramOps,
     ) -> None:
         self.plan, self.cost, self.config, self.rpn = plan, cost, config, rpn
         self.programs, self.pt, self.frac = programs, programs.pt, programs.fractions
@@ -197,11 +238,8 @@ class _Tasks:
         self.ftid = np.full((self.n_chunks, len(self.pt.fwd)), -1, dtype=np.int64)
         self.btid = np.full((self.n_chunks, len(self.pt.bwd)), -1, dtype=np.int64)
         self.keyed: dict[tuple, int] = {}
+        self.ops = ops
         self.merge_at = _merge_index(plan)
-        self.merge_kv = [
-            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g, config.cp)))
-            for g in range(len(plan.merges))
-        ]
         self.group_of = [plan.merge_of_rank(r) for r in range(plan.dp)]
         self.cpp, self.compute = cp_model
         # [stage, group] -> does the CP group span nodes (row of CpPacks.*_comm)
@@ -214,14 +252,6 @@ class _Tasks:
                 for s in range(self.pp)
             ]
         )
-        # FSDP parameter collectives of every (rank, pass, chunk, pack), from the programs
-        self.param_ops: dict[tuple[int, str, int, int], list[Collective]] = {}
-        for prog in programs if self.fsdp else ():
-            for op in prog.collectives():
-                if op.kind.startswith("fsdp_"):
-                    self.param_ops.setdefault((prog.rank, op.pass_, op.chunk, op.pack), []).append(
-                        op
-                    )
 
     def dev(self, c: int, r: int) -> int:
         return (c % self.pp) * self.dp + r
@@ -252,21 +282,22 @@ class _Tasks:
         """Member ``m``'s exposed K/V exchange of its merge pack ``j`` (:mod:`slimdata.sim.cp`;
         the exchange is per layer, as under static CP). On top of static CP ``k`` the ring
         spans every process of the members (``k`` each), and what hides it is one process's
-        ``1 / k`` of the pack's attention."""
+        attention as the execution model prices it (``PackCompute.f_merge_att``: its share
+        of the padded slices' pairs, merged slices' chunk efficiency)."""
+        ops = self.ops.merges.get((m, kind, c, j))
+        if not ops:  # a chunk without layers exchanges nothing
+            return 0.0
         grp = self.plan.merges[gi]
         devs = self.real([self.dev(c, r) for r in grp.ranks])
         off = self.offset(m, kind) + j
-        pt = self.pt
-        att = (
-            (pt.f_att[off] * self.compute.f_merge[off])
-            if kind == "F"
-            else (pt.b_att[off] * self.compute.b_merge[off])
-        )
+        att = (self.compute.f_merge_att if kind == "F" else self.compute.b_merge_att)[off]
+        # the program's per-layer K/V collectives of this pass: each layer's alike
+        per_layer = len(ops) // len({op.layer for op in ops})
         t = exchange_exposed(
             self.net,
-            np.array([self.merge_kv[gi]]),
-            merge_collectives(kind, bool(kind == "B" and pt.b_recomputed[off])),
-            np.array([att / self.config.cp]),
+            np.array([ops[0].bytes]),
+            per_layer,
+            np.array([att]),
             len(devs),
             max(self.cost.layers, 1),
             self.config.cp_overlap,
@@ -279,10 +310,8 @@ class _Tasks:
         on every rank), over the real devices of the stage."""
         devs = self.real([self.dev(c, r) for r in range(self.dp)])
         spans = spans_nodes(devs, self.rpn)
-        ops = next(
-            (self.param_ops[k] for r in range(self.dp) if (k := (r, kind, c, i)) in self.param_ops),
-            [],
-        )
+        params = self.ops.params
+        ops = next((params[k] for r in range(self.dp) if (k := (r, kind, c, i)) in params), [])
         return sum(
             getattr(self.net, op.kind[len("fsdp_") :])(op.bytes, len(devs), spans) for op in ops
         )
@@ -346,24 +375,25 @@ class _Tasks:
 def _pipeline_edges(tasks: _Tasks) -> np.ndarray:
     """A pack's forward on chunk ``c`` after chunk ``c - 1``, its backward on ``c`` after
     ``c + 1``, each lagged by the point-to-point transfer; returns seconds sent per device."""
-    p2p = np.zeros(tasks.dp * tasks.pp)
+    sent = [0.0] * (tasks.dp * tasks.pp)
     if tasks.n_chunks == 1:
-        return p2p
-    pt, g, net, rpn = tasks.pt, tasks.graph, tasks.net, tasks.rpn
+        return np.array(sent)
+    g, net, rpn, sends = tasks.graph, tasks.net, tasks.rpn, tasks.ops.sends
+    ftid, btid = tasks.ftid.tolist(), tasks.btid.tolist()
     for r in range(tasks.dp):
         fo, bo = tasks.offset(r, "F"), tasks.offset(r, "B")
         for c in range(1, tasks.n_chunks):
             src, dst = tasks.dev(c - 1, r), tasks.dev(c, r)
             rs_, rd_ = tasks.real([src])[0], tasks.real([dst])[0]
-            for i in range(tasks.n_packs(r, "F")):
-                lag = p2p_time(net, tasks.cost, pt.f_tokens[fo + i] / tasks.cp, rs_, rd_, rpn)
-                p2p[src] += lag
-                g.edge(int(tasks.ftid[c - 1, fo + i]), int(tasks.ftid[c, fo + i]), lag)
-            for j in range(tasks.n_packs(r, "B")):
-                lag = p2p_time(net, tasks.cost, pt.b_tokens[bo + j] / tasks.cp, rd_, rs_, rpn)
-                p2p[dst] += lag
-                g.edge(int(tasks.btid[c, bo + j]), int(tasks.btid[c - 1, bo + j]), lag)
-    return p2p
+            for i in range(tasks.n_packs(r, "F")):  # chunk c - 1's send of forward pack i
+                lag = p2p_time(net, sends[(r, "F", c - 1, i)], rs_, rd_, rpn)
+                sent[src] += lag
+                g.edge(ftid[c - 1][fo + i], ftid[c][fo + i], lag)
+            for j in range(tasks.n_packs(r, "B")):  # chunk c's send of backward pack j
+                lag = p2p_time(net, sends[(r, "B", c, j)], rd_, rs_, rpn)
+                sent[dst] += lag
+                g.edge(btid[c][bo + j], btid[c - 1][bo + j], lag)
+    return np.array(sent)
 
 
 def _continuation_edges(tasks: _Tasks) -> None:

@@ -13,9 +13,11 @@ one JSON list of the same objects)::
 - ``stage``: the model chunk the time covers (default 0; with pipeline parallelism the
   chunk a device ran); ``seconds``: wall time of that pack's compute on that device.
 
-The report gives the mean absolute percentage error (MAPE) of the predicted pack times and,
-per step, the simulated step time (predicted pack times) against the measured step time when
-present, and against a replay of the plan with the measured pack times substituted.
+The report gives the mean absolute percentage error (MAPE) of the predicted pack times (the
+execution model's :attr:`~slimdata.execution.Compute.seconds`, what the simulator's tasks
+take) and, per step, the simulated step time (predicted pack times) against the measured
+step time when present, and against a replay of the plan with the measured pack times
+substituted.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.errors import InputError
-from slimdata.execution.pricing import chunk_fractions, pack_times
+from slimdata.execution import ExecutionConfig, build_programs
 from slimdata.plan import StepPlan
 from slimdata.sim.config import SimConfig
 from slimdata.sim.dag import Durations
@@ -128,12 +130,10 @@ def fidelity_report(
     """Compare the simulator's predictions for ``plans`` (by step) with ``measured`` times."""
     by_step = plans if isinstance(plans, Mapping) else {p.step: p for p in plans}
     config = config or SimConfig()
-    v = config.chunks_per_device if layout.pp > 1 else 1
     errors: list[float] = []
     steps = []
     for step, plan in sorted(by_step.items()):
-        pt = pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split)
-        frac = chunk_fractions(cost.layers, layout.pp * v)
+        predicted = _predicted(plan, cost, config.execution(layout.pp))
         durations: Durations = {}
         wall = None
         for m in measured:
@@ -142,16 +142,14 @@ def fidelity_report(
             if m.kind == "step":
                 wall = max(wall or 0.0, m.seconds)
                 continue
-            off = (pt.f_offset if m.kind == "F" else pt.b_offset)[m.rank]
-            n = len(plan.ranks[m.rank].forward if m.kind == "F" else plan.ranks[m.rank].backward)
-            if not 0 <= m.pack < n or not 0 <= m.stage < len(frac):
+            key = (m.stage, m.rank, m.kind, m.pack)
+            if key not in predicted or m.pack >= _n_packs(plan, m.rank, m.kind):
                 raise InputError(
                     f"measured time {m} names a pack or stage the plan of step {step} does not have"
                 )
-            pred = float((pt.fwd if m.kind == "F" else pt.bwd)[off + m.pack] * frac[m.stage])
-            durations[(m.stage, m.rank, m.kind, m.pack)] = m.seconds
+            durations[key] = m.seconds
             if m.seconds > 0:
-                errors.append(abs(pred - m.seconds) / m.seconds)
+                errors.append(abs(predicted[key] - m.seconds) / m.seconds)
         row = {
             "step": float(step),
             "simulated": simulate_step(plan, cost, layout, config).step_time,
@@ -163,3 +161,21 @@ def fidelity_report(
     return FidelityReport(
         packs=len(errors), pack_mape=float(np.mean(errors)) if errors else float("nan"), steps=steps
     )
+
+
+def _n_packs(plan: StepPlan, rank: int, kind: str) -> int:
+    rs = plan.ranks[rank]
+    return len(rs.forward if kind == "F" else rs.backward)
+
+
+def _predicted(plan: StepPlan, cost: CostModel, config: ExecutionConfig) -> Durations:
+    """``(chunk, rank, pass, pack) -> seconds`` the execution model prices every compute of
+    ``plan`` at (:attr:`~slimdata.execution.Compute.seconds`: a static-CP member's share,
+    merged slices' chunk efficiency, the chunk's share of the layers), what the simulator's
+    tasks take."""
+    programs = build_programs(plan, cost, config, compute_only=True)
+    return {
+        (op.chunk, prog.rank, op.pass_, op.pack): op.seconds
+        for prog in programs
+        for op in prog.computes()
+    }

@@ -7,11 +7,12 @@ import math
 
 import pytest
 from click.testing import CliRunner
-from sim_helpers import linear_cost, whole_doc_plan
+from sim_helpers import linear_cost, merge_plan, whole_doc_plan
 
 from slimdata.cli import cli
 from slimdata.errors import InputError
-from slimdata.sim import simulate_step
+from slimdata.execution import build_programs
+from slimdata.sim import SimConfig, simulate_step
 from slimdata.sim.fidelity import fidelity_report, load_measured_times
 from slimdata.sim.gantt import draw_gantt
 from slimdata.solver.layout import Layout
@@ -158,6 +159,34 @@ def test_fidelity_exact_model_has_zero_error(tmp_path):
         assert rep.pack_mape == 0.0
         assert rep.step_error == 0.0
         assert rep.steps[0]["replayed"] == 15.0
+
+
+def test_fidelity_predicts_the_execution_models_compute_seconds(tmp_path):
+    # a 6-token document merged over DP ranks 0 ([0, 3)) and 1 ([3, 6)), static CP 2: each
+    # 3-token slice is padded to 4 (chunks of 1 token), so a process computes half of 4
+    # tokens' linear time and half of the padded slice's causal pairs ([0, 4): 10 pairs,
+    # [3, 7): 22). F (1 s/token, 1 s/pair): rank 0 4 / 2 + 10 / 2 = 7 s, rank 1 2 + 11 = 13 s;
+    # B (2 s/token, 2 s/pair): 4 + 10 = 14 s, 4 + 22 = 26 s. Measured exactly that, the
+    # predictions are exact: the fidelity hook predicts what the simulator's tasks take, the
+    # execution model's Compute.seconds (it predicted the unsplit packs: 9, 18, 18, 36 s)
+    plan = merge_plan(length=6, cut=3)
+    cost = linear_cost(att_f=1.0, att_b=2.0)
+    config = SimConfig(cp=2)
+    computes = {
+        (prog.rank, op.pass_, op.pack): op.seconds
+        for prog in build_programs(plan, cost, config.execution(1))
+        for op in prog.computes()
+    }
+    assert computes == {(0, "F", 0): 7.0, (1, "F", 0): 13.0, (0, "B", 0): 14.0, (1, "B", 0): 26.0}
+    rows = [
+        {"step": 0, "rank": r, "pass": kind, "pack": i, "seconds": sec}
+        for (r, kind, i), sec in computes.items()
+    ]
+    measured = load_measured_times(_records(tmp_path, rows))
+    rep = fidelity_report([plan], cost, Layout(dp=4, context=128), measured, config)
+    assert rep.packs == 4
+    assert rep.pack_mape == 0.0
+    assert rep.steps[0]["replayed"] == rep.steps[0]["simulated"]
 
 
 def test_fidelity_reports_errors(tmp_path):

@@ -3,6 +3,7 @@ baseline that does not fit runs static CP, slimpack runs cp=1 and must fit by it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,8 +12,11 @@ from sim_helpers import LENGTHS, mib_cost
 
 from slimdata.cli import cli
 from slimdata.docsource import documents_from_lengths
+from slimdata.sim import SimConfig
 from slimdata.sim.compare import compare_strategies, cp_sizes, format_table
 from slimdata.solver import Layout
+from slimdata.solver.memory import device_peak_memory
+from slimdata.units import GIB
 
 
 def run(memory_gib: float, strategies=("concat", "bfd", "slimpack"), baseline_config="smallest"):
@@ -52,6 +56,32 @@ def test_baseline_over_the_cap_runs_the_smallest_cp_that_fits():
     d = cmp.to_dict()
     assert d["results"]["concat"]["cp"] == 2 and d["results"]["slimpack"]["cp"] == 1
     assert "memory_rule" in d["config"]
+
+
+def test_plan_memory_is_the_largest_simulated_peak_of_the_configuration_run():
+    # 4 pipeline stages of 1 layer each: a device holds a quarter of the layers' activations
+    # of the packs in flight. plan_memory_gib is the largest per-device peak of any step under
+    # the configuration run (the execution model's memory, which the simulation places in
+    # time), peak_memory_gib its mean over the steps; it was one stage of the whole model
+    # under DDP (bfd 0.99609375 GiB against a simulated 0.98876953125).
+    cost = dataclasses.replace(mib_cost(), layers=4)
+    lay = Layout(dp=2, pp=4, context=1024, memory_gib=2.0, mode="lockstep")
+    cmp = compare_strategies(
+        documents_from_lengths(LENGTHS),
+        lay,
+        cost,
+        strategies=["bfd", "slimpack"],
+        global_batch_tokens=2 * 4 * 1024,
+        steps=2,
+        baseline_config="cp=1",
+    )
+    for name, r in cmp.results.items():
+        plan, first = cmp.first[name]
+        model = device_peak_memory(plan, cost, SimConfig(schedule=r.schedule).execution(4))
+        assert first.peak_memory_gib == model / GIB  # the simulation's peak is the model's
+        assert r.plan_memory_gib == first.peak_memory_gib  # the first step holds the most
+        assert r.peak_memory_gib < r.plan_memory_gib  # the mean over a lighter second step
+        assert cmp.to_dict()["results"][name]["plan_memory_gib"] == r.plan_memory_gib
 
 
 def test_roomy_cap_needs_no_cp():

@@ -11,6 +11,7 @@ from sim_helpers import linear_cost, merge_plan, whole_doc_plan
 from slimdata.cost import Interconnect
 from slimdata.errors import PlanError
 from slimdata.execution import chunk_fractions, pack_times, stage_ops
+from slimdata.execution import program as execution_program
 from slimdata.plan import Document, MicroPack, RankStep, Slice, StepPlan
 from slimdata.sim import SimConfig, simulate_step
 from slimdata.sim.cp import merge_layer_tokens
@@ -359,6 +360,24 @@ def test_pipeline_p2p_lag():
     assert r.lower_bound <= r.step_time
 
 
+def test_pipeline_lag_is_the_programs_send(monkeypatch):
+    # the setting of test_pipeline_p2p_lag with the execution model's hidden states doubled
+    # (4 bytes a send): the simulator times the program's send ops, 4 s each way
+    # S0F [0,.5] send 4 s, S1F [4.5,5], S1B [5,6], send 4 s, S0B [10,11]
+    hidden_bytes = execution_program._Builder.hidden_bytes
+    monkeypatch.setattr(
+        execution_program._Builder,
+        "hidden_bytes",
+        lambda self, kind, k: 2 * hidden_bytes(self, kind, k),
+    )
+    plan = whole_doc_plan([[[1]]], mode="lockstep")
+    net = Interconnect(intra_node_gbps=1e-9, latency_s=0.0)
+    r = simulate_step(
+        plan, linear_cost(layers=2), Layout(dp=1, pp=2, context=128), SimConfig(interconnect=net)
+    )
+    assert r.step_time == pytest.approx(11.0)
+
+
 def test_layout_dp_must_match():
     with pytest.raises(PlanError, match="dp=3"):
         simulate_step(whole_doc_plan([[[1]]]), linear_cost(), Layout(dp=3, context=128))
@@ -421,6 +440,30 @@ def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
     assert r.step_time == pytest.approx(18.0)
 
 
+def test_merge_exchange_is_the_programs_collectives(monkeypatch):
+    # the setting of test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves with an
+    # execution model that gathers twice the tokens (12 GB a collective, 6 s over 2 ranks)
+    # and issues one gather more per layer in the backward (F 1, B 3 collectives): the
+    # simulator times the program's merge_kv ops. F max(2, 3) + 6 = 9, B max(4, 6) + 18 = 24
+    monkeypatch.setattr(
+        execution_program,
+        "merge_layer_tokens",
+        lambda plan, g, cp=1: 2 * merge_layer_tokens(plan, g, cp),
+    )
+    monkeypatch.setattr(
+        execution_program,
+        "merge_collectives",
+        lambda kind, recomputed=False: 1 if kind == "F" else 3,
+    )
+    plan = merge_plan(length=5, cut=2)
+    cost = linear_cost()
+    cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
+    cfg = SimConfig(interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
+    r = simulate_step(plan, cost, Layout(dp=2, context=128), cfg)
+    assert r.comm.tolist() == [[24.0, 24.0]]
+    assert r.step_time == pytest.approx(33.0)
+
+
 def test_merge_on_static_cp_rings_over_every_process_of_its_members():
     # an 8-token document merged over DP ranks 0 ([0, 4)) and 1 ([4, 8)), each a CP group
     # of 2 processes: every process holds 2 of its rank's 4 tokens (chunks of 1: member 0
@@ -436,6 +479,27 @@ def test_merge_on_static_cp_rings_over_every_process_of_its_members():
     r = simulate_step(plan, cost, Layout(dp=4, context=128), cfg)
     assert r.comm.tolist() == [[18.0] * 4]
     assert r.step_time == pytest.approx(24.0)
+
+
+def test_merge_on_static_cp_hides_behind_the_priced_attention_of_a_process():
+    # a 6-token document merged over DP ranks 0 ([0, 3)) and 1 ([3, 6)) on static CP 2: each
+    # 3-token slice is padded to 4 (chunks of 1), a process computes half of the padded
+    # slice's causal pairs ([0, 4): 10, [3, 7): 22), at 1 s/pair F and 2 s/pair B: attention
+    # 5 s and 11 s F, 10 s and 22 s B (the execution model's price of the pack, the part
+    # that hides the exchange; half the unpadded pairs, 3 s and 7.5 s, hid it before). Each
+    # layer gathers 4 processes x 2 rows = 8 tokens, 8 GB: (4 - 1) / 4 x 8 GB at 1 GB/s =
+    # 6 s per collective, of which up to (4 - 1) / 4 of the attention hides. Rank 0: F
+    # 6 - 3.75 = 2.25 s, B 12 - 7.5 = 4.5 s exposed; rank 1 none. Compute per process
+    # (1 s/token F, 2 s/token B on 4 padded tokens, halved): F 2 + 5 = 7 s and 2 + 11 = 13 s,
+    # B 14 s and 26 s; members leave together: F max(7 + 2.25, 13) = 13, B max(18.5, 26) = 26
+    plan = merge_plan(length=6, cut=3)
+    assert merge_layer_tokens(plan, 0, 2) == 8
+    cost = linear_cost(att_f=1.0, att_b=2.0)
+    cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
+    cfg = SimConfig(cp=2, interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
+    r = simulate_step(plan, cost, Layout(dp=4, context=128), cfg)
+    assert r.comm.tolist() == [[6.75, 6.75, 0.0, 0.0]]
+    assert r.step_time == pytest.approx(39.0)
 
 
 def test_interleaved_runs_a_lagged_plan_without_serialising_round_trips():
