@@ -371,6 +371,7 @@ def plan_merges(
     cap: float = math.inf,
     devices: int = 1,
     coarse: Sequence[int] = (),
+    alone: np.ndarray | None = None,
 ) -> MergePlan:
     """Choose merge groups for one batch (see the module docstring).
 
@@ -390,7 +391,10 @@ def plan_merges(
     tokens (a document that cannot be shared that way stays whole on one rank, in several
     packs). ``devices``: devices per rank (static CP's ``cp``; ``mem`` is theirs together),
     for error messages. ``coarse``: documents merged over at least two ranks whatever their
-    cost (too coarse for the ranks to balance whole; the caller decides which).
+    cost (too coarse for the ranks to balance whole; the caller decides which). ``alone``:
+    the bytes each document needs alone on one rank, compared with ``whole`` (default its
+    footprint, ``view.doc_mem``; free mode under static CP adds the gathered K/V of its own
+    pass, :func:`~slimdata.solver.freepack.documents_alone`).
     """
     groups = _Groups(free=list(range(dp)))
     if len(view.docs) == 0:
@@ -400,17 +404,17 @@ def plan_merges(
         view, dp, mem, packs, float(time.sum()) / dp, gather, layer_share, cap,
         mem if whole is None else whole,
         float(view.doc_fwd.sum()) / (dp * packs), float(view.doc_bwd.sum()) / (dp * packs),
-        devices,
+        devices, view.doc_mem if alone is None else alone,
     )  # fmt: skip
     k_skew = np.zeros(len(view.docs), dtype=np.int64)
-    must_or_long = (view.doc_mem > rule.whole) | (time > share * rule.balanced)
+    must_or_long = (rule.alone > rule.whole) | (time > share * rule.balanced)
     if packs == 1 and balance_ratio and dp > 1:
         k_skew = skew_group_sizes(view, dp, must_or_long, tol=ratio_tol)
     if dp > 1:
         k_skew[list(coarse)] = np.maximum(k_skew[list(coarse)], 2)
     candidates = np.flatnonzero(must_or_long | (k_skew >= 2))
     for d in candidates[np.argsort(-time[candidates], kind="stable")].tolist():
-        must = bool(view.doc_mem[d] > rule.whole)
+        must = bool(rule.alone[d] > rule.whole)
         k, members = _group_size(rule, d, float(time[d]), int(k_skew[d]))
         if k is None:
             if must:
@@ -442,6 +446,8 @@ class _Rule:
     bwd_share: float
     devices: int
     """Devices per rank (static CP); ``mem`` is theirs together."""
+    alone: np.ndarray
+    """Bytes each document needs alone on one rank (full-model bytes, as ``mem``)."""
 
     @property
     def cap_words(self) -> str:
@@ -562,7 +568,7 @@ def _too_large(rule: _Rule, d: int) -> PlanError:
         )
     return PlanError(
         f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {slices} slices) "
-        f"needs {gib(view.doc_mem[d] * rule.layer_share / GIB)} but the memory cap is "
+        f"needs {gib(rule.alone[d] * rule.layer_share / GIB)} but the memory cap is "
         f"{rule.cap_words} and {holders} cannot hold it{buffers}: "
         f"{', or '.join(remedies)}"
     )

@@ -22,7 +22,8 @@ stage's share of the layers, 1F1B's extra packs in flight, merge buffers;
 warm-up keeps more packs in flight, and under static CP, whose passes hold gathered K/V, the
 assembled plan is checked on every device by the execution model's memory rule, the
 next-best candidate taken while it does not fit and the packer's budget calibrated when none
-does (:func:`_lockstep_plan`). The estimate is the execution model's compute-only critical
+does (:func:`_lockstep_plan`); free plans under static CP are checked and calibrated so too
+(:func:`_free_plan`). The estimate is the execution model's compute-only critical
 path under the schedule the plan will run (``layout.schedule``, 1F1B or interleaved over
 ``layout.virtual_stages``; :mod:`slimdata.execution.critical`), recorded as
 ``plan.meta["pipeline_estimate"]``.
@@ -58,7 +59,7 @@ from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import Document, StepPlan
 from slimdata.solver.budget import MemoryBudget
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
-from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
+from slimdata.solver.freepack import documents_alone, longest_backward_last, pack_rank_by_runs
 from slimdata.solver.layout import GIB, Layout
 from slimdata.solver.memory import device_peak_memory
 from slimdata.solver.merge import (
@@ -563,9 +564,8 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
     skew, a too coarse document) are kept only when they pay, by the execution model's compute time
     (:meth:`_Stages.plan_estimate`). That estimate leaves out the merge groups' K/V exchange,
     which only the plan with more merges pays, so a plan it puts ahead (or level) without them
-    is ahead in the step too. Under static CP a free plan without them must also fit every
-    device (:meth:`_Stages.peak`: a pass's gathered K/V, which the free packer does not
-    count; lockstep plans are checked so by :func:`_lockstep_plan`)."""
+    is ahead in the step too. Either plan fits every device: ``solve`` checks it
+    (:func:`_free_plan`, :func:`_lockstep_plan`)."""
     plan = solve(assembly)
     forced = assembly.options.forced_merges_only()
     if not plan.merges or forced == assembly.options:
@@ -587,28 +587,62 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
         return plan
     if assembly.estimate(fewer) > estimate:
         return plan
-    cap = assembly.layout.memory_gib * GIB  # (a lockstep plan is checked by its solve)
-    free = assembly.layout.mode == "free"
-    if free and stages.peak(fewer, assembly.cost, assembly.layout, cap) > cap:
-        return plan
     # the options asked for, and that the merges they allow did not pay (meta is JSON: no inf)
     fewer.meta.update(merge_share=assembly.options.merge_share, unforced_merges="dropped")
     return fewer
 
 
 def _free_plan(assembly: _Assembly) -> StepPlan:
-    """Free mode: phase 1 and every rank packed on its own."""
-    view, layout = assembly.view, assembly.layout
+    """Free mode: phase 1 and every rank packed on its own (:func:`_free_at`). Under static
+    CP the packer counts every pass's gathered K/V (:func:`pack_rank`) on the view's slices,
+    which the plan fuses (a run pads its chunks as one slice), so the assembled plan is read
+    off the execution model's memory rule on every device (:meth:`_Stages.peak`), as lockstep
+    plans are (:func:`_quantile_plan`): while it does not fit, phase 1 and the packer run
+    again with the budget scaled by the overshoot (:data:`CALIBRATIONS` times at most), then
+    a :class:`PlanError` gives the best peak reached. Without static CP the packer's check
+    is the execution model's rule on one stage (docs/solver.md, *Memory accounting*)."""
+    layout = assembly.layout
+    fitting = _Fitting(assembly, _Stages.of(layout, assembly.cost))
+    packer = layout
+    for attempt in range(CALIBRATIONS + 1):
+        try:
+            plan = _free_at(assembly, packer)
+        except PlanError:
+            if attempt == 0:
+                raise
+            break  # a smaller budget fits no plan: the overshoot is the answer
+        if layout.cp == 1:
+            return plan  # the packer's check is the execution model's rule (docs/solver.md)
+        held = fitting._peak(plan)
+        if held <= fitting.limit:
+            return plan
+        fitting.failed.append((held, plan))
+        packer = dataclasses.replace(
+            packer, memory_gib=packer.memory_gib * fitting.limit / fitting.lowest * (1 - 1e-3)
+        )
+    raise PlanError(
+        f"free: no plan fits {gib(layout.memory_gib)} per device with static CP {layout.cp} "
+        f"(the execution model's peak of every plan is above it, at best "
+        f"{gib(fitting.lowest / GIB)}): raise --memory-gib"
+    )
+
+
+def _free_at(assembly: _Assembly, packer: Layout) -> StepPlan:
+    """The free plan of phase 1 and every rank's packs under ``packer``'s memory budget
+    (the layout's, or a calibrated one: :func:`_free_plan`)."""
+    view = assembly.view
     with _recompute_advice(assembly.cost):
         p1 = _phase1(
             view,
-            layout,
+            packer,
             assembly.options,
             packs=1,
-            mem=layout.memory_bytes,
+            mem=packer.memory_bytes,
             coarse=assembly.coarse,
+            alone=documents_alone(view, packer.cp),
         )
-    return assembly.plan((math.nan, _free(view, p1, layout), 0, p1))
+        packs = _free(view, p1, packer)
+    return assembly.plan((math.nan, packs, 0, p1))
 
 
 def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -> StepPlan:
@@ -805,7 +839,8 @@ class _Assembly:
 @dataclass
 class _Fitting:
     """Assembles lockstep candidates and keeps the first whose every device fits the budget
-    (:meth:`_Stages.peak`), remembering the lowest peak of those that do not."""
+    (:meth:`_Stages.peak`), remembering the lowest peak of those that do not (free plans
+    under static CP too, one per calibration: :func:`_free_plan`)."""
 
     assembly: _Assembly
     stages: _Stages
@@ -1053,6 +1088,7 @@ def _phase1(
     layer_share: float = 1.0,
     placements: _Placements | None = None,
     coarse: Sequence[int] = (),
+    alone: np.ndarray | None = None,
 ) -> _Phase1:
     """DP-Merge groups (member shares sized to one of ``packs`` packs), then their placement:
     two-dimensional LPT (one-dimensional in free mode: a rank's total time), local search,
@@ -1061,7 +1097,8 @@ def _phase1(
     members also hold that many times their group's K/V
     (:func:`~slimdata.solver.merge.plan_merges`); ``placements``: the placements found so far
     in this solve, reused where they apply (:class:`_Placements`); ``coarse``: documents merged
-    over at least two ranks (:func:`_coarse_merge`)."""
+    over at least two ranks (:func:`_coarse_merge`); ``alone``: the bytes each document needs
+    alone on a rank (:func:`~slimdata.solver.merge.plan_merges`)."""
     merges = plan_merges(
         view,
         layout.dp,
@@ -1074,6 +1111,7 @@ def _phase1(
         cap=layout.token_cap,
         devices=layout.cp,
         coarse=coarse,
+        alone=alone,
     )
     placements = placements or _Placements(view, layout, options)
     return placements.place(merges, mem, gather / layer_share)
@@ -1205,13 +1243,13 @@ def _free(view: BatchView, p1: _Phase1, layout: Layout) -> list[RankPacks]:
     time by :func:`~slimdata.solver.freepack.pack_rank_by_runs` where it applies), the
     segment with the longest backward last
     (:func:`~slimdata.solver.freepack.longest_backward_last`: it hides the all-reduce)."""
-    dp, cap, mem = layout.dp, layout.token_cap, layout.memory_bytes
+    dp, cap, mem, cp = layout.dp, layout.token_cap, layout.memory_bytes, layout.cp
     out = []
     for r in range(dp):
         merge = p1.member_slices.get(r, ())
-        p = pack_rank_by_runs(view, p1.docs[r], merge, cap=cap, mem=mem)
+        p = pack_rank_by_runs(view, p1.docs[r], merge, cap=cap, mem=mem, cp=cp)
         if p is None:
-            p = pack_rank(view, p1.units[r], merge, cap=cap, mem=mem)
+            p = pack_rank(view, p1.units[r], merge, cap=cap, mem=mem, cp=cp)
         if p is None:  # pragma: no cover - phase 1 guarantees every document fits alone
             raise PlanError(
                 f"rank {r}: cannot pack its documents under the memory cap {gib(mem / GIB)}"
@@ -1305,7 +1343,8 @@ class _Stages:
         not the execution model's, else 0. The packer's check is exact for 1F1B without
         static CP. The interleaved schedule's warm-up keeps more packs in flight on the
         first devices (``(pp - 1) * 2 + (v - 1) * pp`` chunk passes), and under static CP
-        every pass holds one layer's gathered K/V, which the packer does not count; those
+        every pass holds one layer's gathered K/V, which the lockstep packer does not count
+        and the free packer counts on the view's slices, not the plan's fused ones; those
         plans are read off the execution model's memory rule
         (:func:`~slimdata.execution.memory.peak` of every program, under the rules lockstep
         plans run by: FSDP on one stage, DDP / ZeRO-1 in a pipeline). ``over``: a budget the
