@@ -98,3 +98,87 @@ def test_every_free_plan_under_static_cp_is_read_off_the_execution_model(monkeyp
     budgets.clear()
     solve(docs, layout, "slimpack", cost=SELECTIVE)
     assert budgets == [60.0, pytest.approx(60.0 * 60 / 61 * (1 - 1e-3))]
+
+
+FULL = CostModel.analytic("llama-8b", "h100", "full")
+
+
+def merge_layout(mode: str, memory_gib: float) -> Layout:
+    return Layout(dp=2, cp=2, mode=mode, memory_gib=memory_gib, context=65536)
+
+
+def executed(mode: str) -> ExecutionConfig:
+    """How a plan of ``merge_layout(mode, ...)`` runs: DDP in free mode, FSDP in lockstep."""
+    return ExecutionConfig(cp=2, parallelism="fsdp" if mode == "lockstep" else "ddp")
+
+
+@pytest.mark.parametrize("mode", ["free", "lockstep"])
+def test_merge_buffers_are_counted_on_every_device_under_static_cp(mode, monkeypatch):
+    """One 65,536-token document over 2 DP ranks of static CP 2, full recompute (the
+    review's case): each of a member's 2 devices holds the group's gathered K/V whole
+    (every process's chunks padded), which the merge planner counted once per DP rank. At
+    6.80 GiB the free solver accepted a plan peaking at 7.008 GiB on a device (1.031x);
+    now the solver's own count refuses it, with or without the execution model's final
+    check, and plans from 7.01 GiB, peaking at 7.0084 GiB; just below that is refused."""
+    from slimdata.solver.strategies import slimpack as sp
+
+    docs = docs_of([65536, 2048, 2048], 2048)
+    refused = (
+        r"but the memory cap is 6\.8 GiB per device, 13\.6 GiB per DP rank of 2 CP devices "
+        r"and even 2 merged ranks cannot hold it \(each member also holds 2x one layer's "
+        r"gathered K/V, 0\.5 GiB or more\)"
+    )
+    with pytest.raises(PlanError, match=refused):
+        solve(docs, merge_layout(mode, 6.80), "slimpack", cost=FULL)
+    plan = solve(docs, merge_layout(mode, 7.01), "slimpack", cost=FULL)
+    assert [g.ranks for g in plan.merges] == [(0, 1)]
+    need = device_peak_memory(plan, FULL, executed(mode))
+    assert round(need / GIB, 4) == 7.0084 and need <= 7.01 * GIB
+    with pytest.raises(PlanError, match="even 2 merged ranks cannot hold it"):
+        solve(docs, merge_layout(mode, need * (1 - 1e-4) / GIB), "slimpack", cost=FULL)
+    monkeypatch.setattr(sp._Stages, "peak", lambda self, plan, cost, layout, over=None: 0.0)
+    with pytest.raises(PlanError, match=refused):  # the solver's count alone
+        solve(docs, merge_layout(mode, 6.80), "slimpack", cost=FULL)
+    unchecked = solve(docs, merge_layout(mode, 7.01), "slimpack", cost=FULL)
+    assert device_peak_memory(unchecked, FULL, executed(mode)) <= 7.01 * GIB
+
+
+@pytest.mark.parametrize("mode", ["free", "lockstep"])
+@pytest.mark.parametrize(
+    ("lengths", "slice_tokens", "memory_gib"),
+    [([40001, 3000, 901], 1024, 6.0), ([30011, 5000, 777], 384, 4.0)],
+)
+def test_the_merge_planners_buffer_is_the_execution_models(mode, lengths, slice_tokens, memory_gib):
+    """The merge planner's buffer of a group (:func:`group_buffer`, bytes of a DP rank's 2
+    devices) is what the execution model allocates on each device of a member for the
+    merge backward: the plan's slices (a run of consecutive slices fused, 768 = 384 + 384
+    tokens) cut in every process's chunks and padded to the longest."""
+    from slimdata.execution import Alloc, build_programs
+    from slimdata.solver.common import BatchView
+    from slimdata.solver.merge import group_buffer
+    from slimdata.solver.strategies.slimpack import MERGE_GATHER
+
+    layout = Layout(dp=2, cp=2, mode=mode, memory_gib=memory_gib, context=65536)
+    plan = solve(docs_of(lengths, slice_tokens), layout, "slimpack", cost=FULL)
+    assert plan.merges  # no vacuous pass
+    view = BatchView.build(plan.docs, FULL)
+    programs = build_programs(plan, FULL, executed(mode), memory_only=True)
+    for g, group in enumerate(plan.merges):
+        shares = [
+            sorted(
+                i
+                for p in plan.ranks[r].forward
+                if p.merge == g
+                for s in p.slices
+                for i in view.ranges[s.doc]
+                if s.start <= view.start[i] and view.end[i] <= s.end
+            )
+            for r in group.ranks
+        ]
+        held = [
+            op.bytes
+            for r in group.ranks
+            for op in programs[(r, 0)].ops
+            if isinstance(op, Alloc) and op.what == "gathered_kv"
+        ]
+        assert group_buffer(view, shares, MERGE_GATHER, 2) / 2 == max(held)

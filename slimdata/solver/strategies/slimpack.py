@@ -1216,7 +1216,7 @@ def _distribute(
         for ranks, _d in merges.groups
     ]
     assign, shares = assign_lpt(view, rest, dp, groups)
-    held = _member_buffers(view, merges.groups, shares, scale)
+    held = _member_buffers(view, merges.groups, shares, scale, layout.cp)
     if any(
         not budget.fits(member_peak(view, shares[r]) + held[r])
         or member_tokens(view, shares[r]) > layout.token_cap
@@ -1224,16 +1224,17 @@ def _distribute(
     ):
         shares = [merges.member_slices.get(r, []) for r in range(dp)]
         assign, _ = assign_lpt(view, rest, dp, [((r,), shares[r]) for r in merges.member_slices])
-        held = _member_buffers(view, merges.groups, shares, scale)
+        held = _member_buffers(view, merges.groups, shares, scale, layout.cp)
     return assign, {r: shares[r] for r in merges.member_slices}, held
 
 
-def _member_buffers(view: BatchView, groups, shares, scale: float) -> dict[int, float]:
+def _member_buffers(view: BatchView, groups, shares, scale: float, cp: int = 1) -> dict[int, float]:
     """``scale`` x one layer's gathered K/V of its group, for every merge member
-    (:func:`~slimdata.solver.merge.group_buffer`; ``shares[r]``: member ``r``'s slices)."""
+    (:func:`~slimdata.solver.merge.group_buffer`; ``shares[r]``: member ``r``'s slices;
+    ``cp``: static CP, the bytes of a DP rank's devices together)."""
     out: dict[int, float] = {}
     for ranks, _docs in groups:
-        nbytes = scale * group_buffer(view, [shares[m] for m in ranks], 1.0)
+        nbytes = scale * group_buffer(view, [shares[m] for m in ranks], 1.0, cp)
         out.update(dict.fromkeys(ranks, nbytes))
     return out
 
@@ -1399,7 +1400,9 @@ def _lockstep(
     ``best`` leaves out. A count whose lag 0 does not fit is skipped, unless ``late_start``:
     then the lags that fit start at the first that does (:func:`_first_fitting_lag`)."""
     best: tuple[float, list[RankPacks], int] | None = None
-    gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / stages.share)
+    gather = _member_buffers(
+        view, p1.merges.groups, p1.member_slices, 1.0 / stages.share, layout.cp
+    )
     for m in counts:
         tried: dict[int, tuple[float, list[RankPacks]] | None] = {}
         works = [docs.work(m) for docs in p1.rank_docs]
