@@ -61,7 +61,7 @@ from slimdata.solver.budget import MemoryBudget
 from slimdata.solver.common import BatchView, assemble_plan, default_cost, interleaved_order
 from slimdata.solver.freepack import documents_alone, longest_backward_last, pack_rank_by_runs
 from slimdata.solver.layout import GIB, Layout
-from slimdata.solver.memory import device_peak_memory
+from slimdata.solver.memory import device_peak_memory, slice_peak_memory
 from slimdata.solver.merge import (
     MergePlan,
     group_buffer,
@@ -546,7 +546,7 @@ def slimpack(
     cost = cost or default_cost()
     view = _batch_view(batch, layout, cost, options.refine_share)
     with _recompute_advice(cost):
-        _check_slices(view, layout.token_cap, layout.memory_bytes)
+        _check_slices(view, layout, cost)
     assembly = _Assembly(view, layout, cost, step, seed, options, t0, validate)
     try:
         solve = _free_plan if layout.mode == "free" else _lockstep_plan
@@ -1730,25 +1730,30 @@ def _packs_estimate(view: BatchView, layout: Layout) -> int:
     return max(layout.pp, math.ceil(float(view.doc_len.sum()) / layout.dp / layout.token_cap))
 
 
-def _check_slices(view: BatchView, cap: int, mem: float) -> None:
+def _check_slices(view: BatchView, layout: Layout, cost: CostModel) -> None:
+    """Every slice within the pack token cap, and within the memory cap on a device alone
+    (:func:`~slimdata.solver.memory.slice_peak_memory`, the execution model's peak of a plan
+    that runs it alone: the longest slice needs the most), else a :class:`PlanError` naming
+    the slice, what it needs and the cap."""
     if len(view.doc) == 0:
         return
-    tok = view.end - view.start
+    tok = view.tokens
     worst = int(np.argmax(tok))
+    cap = layout.token_cap
+    d = view.docs[int(view.doc[worst])]
+    where = f"slice [{view.start[worst]}, {view.end[worst]}) of document doc_id {d.doc_id!r}"
     if tok[worst] > cap:
-        d = view.docs[int(view.doc[worst])]
         raise PlanError(
-            f"slice [{view.start[worst]}, {view.end[worst]}) of document doc_id {d.doc_id!r} has "
-            f"{tok[worst]} tokens, more than the pack token cap {cap}: cut finer slices or raise pack_tokens"
+            f"{where} has {tok[worst]} tokens, more than the pack token cap {cap}: cut finer "
+            "slices or raise pack_tokens"
         )
-    need = view.act + view.kv_per_token * view.end
-    worst = int(np.argmax(view.act + view.kv_per_token * (view.end - view.start)))
-    if view.act[worst] > mem:
-        d = view.docs[int(view.doc[worst])]
+    need = slice_peak_memory(int(tok[worst]), cost, _Stages.of(layout, cost).config)
+    if need > layout.memory_gib * GIB:
+        gathered = f", and the K/V its pass gathers under static CP {layout.cp}"
         raise PlanError(
-            f"slice [{view.start[worst]}, {view.end[worst]}) of document doc_id {d.doc_id!r} needs "
-            f"{gib(need[worst] / GIB, 2)} of activations, above the memory cap {gib(mem / GIB, 2)}: "
-            "raise --memory-gib or cut finer slices"
+            f"{where} needs {gib(need / GIB, 2)} on a device alone (its activations and K/V"
+            f"{gathered if layout.cp > 1 else ''}), above the memory cap "
+            f"{gib(layout.memory_gib, 2)} per device: raise --memory-gib or cut finer slices"
         )
 
 
