@@ -29,6 +29,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from slimdata.errors import PlanError
 from slimdata.plan import StepPlan, check_lockstep, lockstep_schedule, split_calls
 from slimdata.plan.schedule import LockstepSchedule, kept_forward_packs
@@ -41,6 +43,8 @@ __all__ = [
     "cp_gather",
     "cp_pass_gathers",
     "doc_slices",
+    "gathered_tokens",
+    "member_rows",
     "member_tokens",
 ]
 
@@ -101,9 +105,9 @@ class CpGather:
 
     @property
     def tokens(self) -> int:
-        """Tokens of the gathered buffer, ``cp * padded_rows``: its bytes are
+        """Tokens of the gathered buffer (:func:`gathered_tokens`): its bytes are
         :meth:`slimdata.cost.CostModel.gathered_kv_bytes` of this."""
-        return self.cp * self.padded_rows
+        return gathered_tokens(self.cp, self.padded_rows)
 
     def member_rows(self, member: int) -> list[tuple[Slice, int, int]]:
         """``member``'s rows: its chunks ``(slice, a, b)`` of every item, in row order."""
@@ -137,6 +141,24 @@ def cp_gather(slices: Sequence[Slice], docs: Mapping[int, Sequence[Slice]], cp: 
     shares = [_member_shares(p.end - p.start, cp) for p in items]
     rows = tuple(map(sum, zip(*shares, strict=True))) if shares else (0,) * cp
     return CpGather(cp, tuple(items), rows)
+
+
+def gathered_tokens(cp: int, padded_rows):
+    """Tokens of a CP group's gathered buffer when its longest member sends ``padded_rows``
+    rows (a number or an array): every member sends that many, ``cp * padded_rows``."""
+    return cp * padded_rows
+
+
+def member_rows(lengths: Sequence[int] | np.ndarray, cp: int) -> np.ndarray:
+    """Rows each member of a CP group of ``cp`` holds of slices of these ``lengths``, shape
+    ``(len(lengths), cp)``: row ``i`` is :func:`member_tokens` of an ``lengths[i]``-token slice
+    for every member (lengths ``[10, 3]`` at ``cp = 2``: ``[[4, 6], [1, 2]]``). A call's rows
+    are the sums over its items, so a packer that adds slices to a call one by one reads
+    :func:`cp_gather`'s rows off their running sums."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    uniq, inverse = np.unique(lengths, return_inverse=True)
+    table = np.array([_member_shares(n, cp) for n in uniq.tolist()], dtype=np.int64)
+    return table.reshape(len(uniq), cp)[inverse.reshape(-1)]
 
 
 @lru_cache(maxsize=4096)

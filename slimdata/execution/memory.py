@@ -30,7 +30,18 @@ import numpy as np
 
 from slimdata.execution.ops import Alloc, Compute, Free, Program
 
-__all__ = ["compute_levels", "levels", "peak"]
+__all__ = ["compute_levels", "gathered_kv_held", "levels", "peak"]
+
+
+def gathered_kv_held(per_token: float, tokens, kind: str):
+    """Bytes a device holds of a context-parallel pass's gathered K/V while the pass runs (a
+    merge pack's; every pack's under static CP): one layer's keys and values of ``tokens``
+    tokens (a number or an array), ``per_token`` bytes each
+    (:meth:`~slimdata.cost.CostModel.gathered_kv_bytes` of one token), in the forward
+    (``kind="F"``); twice that in the backward (``"B"``: the keys/values and their
+    gradients). The execution model allocates this (:mod:`slimdata.execution.program`), and
+    the solver's packers check a pass's buffer with it."""
+    return (1 if kind == "F" else 2) * (per_token * tokens)
 
 
 def _held(program: Program) -> tuple[np.ndarray, np.ndarray]:

@@ -6,11 +6,13 @@ model (:mod:`slimdata.sim.cp`) times them.
 
 from __future__ import annotations
 
-from slimdata.execution.cp import member_tokens
+from collections.abc import Sequence
+
+from slimdata.execution.cp import member_rows
 from slimdata.plan import RankPlan, StepPlan
 from slimdata.plan.pipeline import merge_exchange_tokens
 
-__all__ = ["merge_collectives", "merge_layer_tokens"]
+__all__ = ["merge_collectives", "merge_layer_tokens", "merge_share_tokens"]
 
 
 def merge_layer_tokens(plan: StepPlan | RankPlan, group: int, cp: int = 1) -> int:
@@ -25,13 +27,28 @@ def merge_layer_tokens(plan: StepPlan | RankPlan, group: int, cp: int = 1) -> in
     m = plan.merges[group]
     docs = set(m.docs)
     merged = [
-        [s for p in plan.ranks[r].forward if p.merge is not None for s in p.slices if s.doc in docs]
+        [
+            s.tokens
+            for p in plan.ranks[r].forward
+            if p.merge is not None
+            for s in p.slices
+            if s.doc in docs
+        ]
         for r in m.ranks
     ]
+    return merge_share_tokens(merged, cp)
+
+
+def merge_share_tokens(shares: Sequence[Sequence[int]], cp: int = 1) -> int:
+    """:func:`merge_layer_tokens` of a group whose members' merged slices have these lengths
+    (one list per member; the plan's slices, a run of a document's slices one slice):
+    :func:`~slimdata.plan.pipeline.merge_exchange_tokens` of the members' tokens, or on top
+    of static CP of every process's rows (:func:`~slimdata.execution.cp.member_rows`).
+    ``[[5], [3]]`` at ``cp = 2``: ``12``."""
     if cp == 1:
-        return merge_exchange_tokens([sum(s.tokens for s in sl) for sl in merged])
+        return merge_exchange_tokens([sum(sl) for sl in shares])
     return merge_exchange_tokens(
-        [sum(member_tokens(s, cp, i) for s in sl) for sl in merged for i in range(cp)]
+        [int(rows) for sl in shares for rows in member_rows(sl, cp).sum(axis=0)]
     )
 
 

@@ -40,6 +40,7 @@ from slimdata.cost import CostModel, causal_pairs
 from slimdata.errors import ConfigError
 from slimdata.execution.compute import PackCompute, pack_compute, padded
 from slimdata.execution.cp import PassGathers, cp_pass_gathers
+from slimdata.execution.memory import gathered_kv_held
 from slimdata.execution.merge import merge_collectives, merge_layer_tokens
 from slimdata.execution.ops import Alloc, Collective, Compute, Free, Operation, Program
 from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
@@ -247,10 +248,10 @@ class _Builder:
             "F": _Side.build(plan, pt, "F", self.prices.fwd),
             "B": _Side.build(plan, pt, "B", self.prices.bwd),
         }
-        self.merge_kv = [
-            float(cost.gathered_kv_bytes(merge_layer_tokens(plan, g, config.cp)))
-            for g in range(len(plan.merges))
+        self.merge_tokens = [
+            merge_layer_tokens(plan, g, config.cp) for g in range(len(plan.merges))
         ]
+        self.merge_kv = [float(cost.gathered_kv_bytes(t)) for t in self.merge_tokens]
         counts = np.rint(self.frac * max(cost.layers, 1)).astype(int)
         self.first_layer = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
         self.layer_count = counts.tolist()
@@ -332,16 +333,20 @@ class _Builder:
         return [Free("activations", side.act[k] * share)] if side.flag[k] else []
 
     def transient(self, kind: str, k: int) -> list[Alloc]:
-        """One layer's gathered K/V while the pass runs (twice in the backward)."""
-        times = 1 if kind == "F" else 2
+        """One layer's gathered K/V while the pass runs, twice in the backward
+        (:func:`~slimdata.execution.memory.gathered_kv_held`)."""
         side = self.side[kind]
         out = []
         g = side.merge[k]
         if g is not None:
-            out.append(Alloc("gathered_kv", times * self.merge_kv[g]))
+            out.append(
+                Alloc(
+                    "gathered_kv", gathered_kv_held(self.kv_per_token, self.merge_tokens[g], kind)
+                )
+            )
         tokens = self.gathers.largest(kind, k) if self.gathers is not None else 0
         if tokens:
-            out.append(Alloc("gathered_kv", times * float(self.cost.gathered_kv_bytes(tokens))))
+            out.append(Alloc("gathered_kv", gathered_kv_held(self.kv_per_token, tokens, kind)))
         return out
 
     def merge_exchange(self, kind: str, c: int, i: int, k: int) -> list[Collective]:

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slimdata.execution.cp import gathered_tokens, member_rows
+from slimdata.execution.memory import gathered_kv_held
 from slimdata.solver.common import BatchView
 from slimdata.solver.micropack import RankPacks
 
-__all__ = ["longest_backward_last", "pack_rank_by_runs"]
+__all__ = ["documents_alone", "longest_backward_last", "pack_rank_by_runs"]
 
 
 def pack_rank_by_runs(
@@ -39,12 +41,13 @@ def pack_rank_by_runs(
     *,
     cap: int,
     mem: float,
+    cp: int = 1,
 ) -> RankPacks | None:
-    """``pack_rank(view, [view.slices_of(d) for d in docs], merge_slices, cap=cap, mem=mem)``:
-    the same packs and peak, for distinct whole documents ``docs``. ``None`` where
+    """``pack_rank(view, [view.slices_of(d) for d in docs], merge_slices, cap=cap, mem=mem,
+    cp=cp)``: the same packs and peak, for distinct whole documents ``docs``. ``None`` where
     ``pack_rank`` is needed instead: a document listed twice, no slice, or a slice that does
     not fit the caps (``pack_rank`` then says so)."""
-    run = _FreeRun.of(view, np.asarray(docs, dtype=np.int64), merge_slices, cap)
+    run = _FreeRun.of(view, np.asarray(docs, dtype=np.int64), merge_slices, cap, cp)
     if run is None:
         return None
     s = 0
@@ -53,6 +56,24 @@ def pack_rank_by_runs(
         if s < 0:
             return None
     return RankPacks(run.forward, run.backward, (0, 0) if run.head else None, run.peak)
+
+
+def documents_alone(view: BatchView, cp: int = 1) -> np.ndarray:
+    """Bytes each document of ``view`` needs alone on a rank of ``cp`` devices (together, as
+    :attr:`~slimdata.solver.layout.Layout.memory_bytes`) by :func:`pack_rank`'s rule: all its
+    activations and K/V (``view.doc_mem``); under static CP also ``cp`` times the gathered
+    K/V its last pack's backward holds on a device, its call reading every slice of the
+    document (:func:`~slimdata.execution.cp.cp_gather`). A 4,096-token document in 1,024-token
+    slices at ``cp = 2``: 4 x 512 rows per member, 4,096 tokens gathered."""
+    if cp == 1:
+        return view.doc_mem
+    key = ("freepack.alone", cp)
+    if key not in view.memo:
+        rows = np.concatenate(([[0] * cp], np.cumsum(member_rows(view.tokens, cp), axis=0)))
+        tokens = gathered_tokens(cp, (rows[view.off[1:]] - rows[view.off[:-1]]).max(axis=1))
+        held = gathered_kv_held(view.gathered_kv_per_token, tokens, "B")
+        view.memo[key] = view.doc_mem + cp * held
+    return view.memo[key]
 
 
 @dataclass(frozen=True)
@@ -90,7 +111,14 @@ class _FreeRun:
     """One rank's slice stream (its documents' slices in order) as arrays, and the state of
     :func:`pack_rank_by_runs`: the bytes held, the packs so far."""
 
-    def __init__(self, view: BatchView, idx: np.ndarray, starts: np.ndarray, lens: np.ndarray):
+    def __init__(
+        self,
+        view: BatchView,
+        idx: np.ndarray,
+        starts: np.ndarray,
+        lens: np.ndarray,
+        cp: int = 1,
+    ):
         b = _SliceBytes.of(view)
         self.order, self.n = idx.tolist(), len(idx)
         self.tok, self.ext, self.usum = b.tok[idx], b.ext[idx], b.usum[idx]
@@ -106,10 +134,27 @@ class _FreeRun:
         self.pack_start: list[int] = []  # stream position of each forward pack's first slice
         self.head = 0  # 1 with a merge share: forward and backward pack 0
         self.unioned = 0
+        self.cp, self.gkv = cp, view.gathered_kv_per_token
+        self.rows = np.zeros((0, cp), dtype=np.int64)
+        self.alone = np.zeros(0)
+        if cp > 1:
+            # static CP: each member's rows of the stream's slices summed from the start
+            # (rows[j]: those before stream position j), and each document's own buffer
+            rows = member_rows(self.tok, cp)
+            self.rows = np.concatenate((np.zeros((1, cp), dtype=np.int64), np.cumsum(rows, 0)))
+            self.alone = np.zeros(self.n)
+            ends = starts + lens
+            self.alone[starts] = self.buffer(self.rows[ends] - self.rows[starts])
+
+    def buffer(self, rows: np.ndarray) -> np.ndarray:
+        """:meth:`pack_rank`'s static-CP buffer of calls whose members hold ``rows`` (one
+        call a row): a device's gathered K/V in the backward, times ``cp``."""
+        tokens = gathered_tokens(self.cp, rows.max(axis=1))
+        return self.cp * gathered_kv_held(self.gkv, tokens, "B")
 
     @classmethod
     def of(
-        cls, view: BatchView, docs: np.ndarray, merge: Sequence[int], cap: int
+        cls, view: BatchView, docs: np.ndarray, merge: Sequence[int], cap: int, cp: int = 1
     ) -> _FreeRun | None:
         """The run of ``docs`` (``None`` if one is listed twice, none has a slice or a slice
         exceeds ``cap``), its merge share as forward and backward pack 0."""
@@ -120,7 +165,7 @@ class _FreeRun:
         starts = np.cumsum(lens) - lens
         # slices of documents laid end to end: off 0 3 5 and docs (1, 0) -> 3 4 0 1 2
         idx = np.repeat(view.off[docs] - starts, lens) + np.arange(int(lens.sum()))
-        run = cls(view, idx, starts, lens)
+        run = cls(view, idx, starts, lens, cp)
         if int(run.tok.max()) > cap:
             return None
         if len(merge):
@@ -137,14 +182,19 @@ class _FreeRun:
         does not fit beside what is held even now)."""
         held = np.add.accumulate(np.concatenate(([self.held], self.ext[s:])))
         # held[j]: bytes held before slice s + j; held[j + 1]: after it
-        over = held[1:] > mem
+        need = held[1:]
+        beside = held[:-1] + self.usum[s:]  # at a document's first slice: it all beside
+        if self.cp > 1:  # the pack's call gathers from the first slice of s's document on
+            need = need + self.buffer(self.rows[s + 1 :] - self.rows[self.unit_head[s]])
+            beside = beside + self.alone[s:]
+        over = need > mem
         if over[0]:
             return -1
         close = over | (np.cumsum(self.tok[s:]) > cap)
-        close |= self.is_head[s:] & (held[:-1] + self.usum[s:] > mem)
+        close |= self.is_head[s:] & (beside > mem)
         close[0] = False
         j = int(close.argmax()) if close.any() else self.n - s
-        self.peak = max(self.peak, float(held[1 : j + 1].max()))
+        self.peak = max(self.peak, float(need[:j].max()))
         self.held = float(held[j])
         end = s + j
         self.pack_start.append(s)

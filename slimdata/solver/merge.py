@@ -12,7 +12,9 @@ documents); if no ``k`` is that even, the smallest that fits memory. Members spl
 document's slices by LPT on predicted time (each member then holds a set of slices, whose
 queries see the gathered prefix); a member holds ``act`` and K/V of its own slices, plus
 (``gather``) the per-layer merge buffers: one layer's gathered K/V of the group's documents,
-exchanged layer by layer and freed after the layer, as under context parallelism (design §9).
+exchanged layer by layer and freed after the layer, as under context parallelism (design §9),
+as the execution model allocates them (:func:`group_buffer`; under static CP on each of a
+member's devices).
 Groups use disjoint ranks, lowest free ranks first (so a small group stays inside a node).
 When too few free ranks remain, a document joins the existing group that can absorb it under
 the memory cap with the fewest of the remaining free ranks added to it (then the lowest load);
@@ -31,7 +33,8 @@ from functools import cached_property
 import numpy as np
 
 from slimdata.errors import PlanError
-from slimdata.plan.pipeline import merge_exchange_tokens
+from slimdata.execution.memory import gathered_kv_held
+from slimdata.execution.merge import merge_share_tokens
 from slimdata.solver.common import BatchView
 from slimdata.units import GIB, gib
 
@@ -146,11 +149,12 @@ class _Split:
         return [list(ms) for ms in self.members]
 
     def fits(self, mem: float, buffer_of, cap: float) -> bool:
-        """Every member's share plus the group's merge buffers (``buffer_of(tokens)``, the
-        members' tokens) within ``mem``, shares within ``cap``: ``peak + buffers <= mem``,
-        read off :attr:`rough_peak` where it is clear by more than :data:`ROUGH`."""
+        """Every member's share plus the group's merge buffers (``buffer_of(members,
+        tokens)``, the members' slices and tokens) within ``mem``, shares within ``cap``:
+        ``peak + buffers <= mem``, read off :attr:`rough_peak` where it is clear by more
+        than :data:`ROUGH`."""
         tokens = self.tokens.tolist()
-        buffers = buffer_of(tokens)
+        buffers = buffer_of(self.members, tokens)
         rough = self.rough_peak + buffers
         if rough * (1 + ROUGH) < mem:
             held = True
@@ -258,15 +262,49 @@ def member_tokens(view: BatchView, slices: Sequence[int]) -> int:
     return sum(map(view.lists[0].__getitem__, slices))
 
 
-def group_buffer(view: BatchView, members: Sequence[Sequence[int]], gather: float) -> float:
-    """``gather`` x one layer's gathered K/V of a group whose members hold these merge shares
-    (:func:`slimdata.plan.pipeline.merge_exchange_tokens`: shares padded to the largest)."""
-    return _gathered_bytes(view, [member_tokens(view, ms) for ms in members], gather)
+def group_buffer(
+    view: BatchView, members: Sequence[Sequence[int]], gather: float, cp: int = 1
+) -> float:
+    """``gather`` x one layer's gathered K/V of a group whose members hold these merge shares,
+    as the execution model allocates it on a device
+    (:func:`~slimdata.execution.memory.gathered_kv_held` of
+    :func:`~slimdata.execution.merge.merge_share_tokens`: shares padded to the largest; on
+    top of static CP ``cp`` every process's chunks of the plan's slices, a run of a
+    document's consecutive slices in a share fused as the plan fuses it). Under static CP
+    the bytes are a DP rank's ``cp`` devices' together (each holds the buffer whole), as
+    ``mem`` is (:attr:`~slimdata.solver.layout.Layout.memory_bytes`). Two members of one
+    5-token and one 3-token slice: 10 tokens at ``cp = 1``; 12 at ``cp = 2``, on 2 devices
+    each."""
+    if cp == 1:
+        return _gathered_bytes(view, [member_tokens(view, ms) for ms in members], gather)
+    lengths = [_plan_slice_lengths(view, ms) for ms in members]
+    held = gathered_kv_held(view.gathered_kv_per_token, merge_share_tokens(lengths, cp), "F")
+    return cp * gather * held
 
 
 def _gathered_bytes(view: BatchView, tokens: Sequence[int], gather: float) -> float:
-    """:func:`group_buffer` of members holding ``tokens`` tokens each."""
-    return gather * view.gathered_kv_per_token * merge_exchange_tokens(tokens)
+    """:func:`group_buffer` of members holding ``tokens`` tokens each, without static CP
+    (where the members' tokens decide it)."""
+    held = gathered_kv_held(
+        view.gathered_kv_per_token, merge_share_tokens([[t] for t in tokens]), "F"
+    )
+    return gather * held
+
+
+def _plan_slice_lengths(view: BatchView, slices: Sequence[int]) -> list[int]:
+    """Tokens of the plan's slices of a merge share of view ``slices`` (sorted):
+    :func:`~slimdata.solver.common.assemble_plan` fuses consecutive slices of a document
+    in one pack into one slice (``[0,4) [4,8) [12,16)`` of one document: 8 and 4)."""
+    start, end, doc = view.start, view.end, view.doc
+    out: list[int] = []
+    prev = -2
+    for i in slices:
+        if i == prev + 1 and doc[i] == doc[prev]:
+            out[-1] += int(end[i] - start[i])
+        else:
+            out.append(int(end[i] - start[i]))
+        prev = i
+    return out
 
 
 def _smallest_k(
@@ -279,10 +317,10 @@ def _smallest_k(
     bshare: float,
     fill: float = 0.9,
     cap: float = math.inf,
-    buffer_of=lambda tokens: 0.0,
+    buffer_of=lambda members, tokens: 0.0,
 ) -> tuple[int, _Split] | tuple[None, None]:
-    """Fewest members whose split fits ``mem`` (with the group's ``buffer_of(tokens)`` bytes,
-    ``tokens`` per member) and the pack token ``cap`` and keeps every member within the
+    """Fewest members whose split fits ``mem`` (with the group's ``buffer_of(members,
+    tokens)`` bytes: the members' slices, ``tokens`` per member) and the pack token ``cap`` and keeps every member within the
     balanced forward and backward time (falls back to the fewest that fit memory and the
     cap). When one slice alone is above the balanced time, no split keeps every member within
     it: the fewest that fit is the answer, and the larger ``k`` are not split."""
@@ -371,6 +409,7 @@ def plan_merges(
     cap: float = math.inf,
     devices: int = 1,
     coarse: Sequence[int] = (),
+    alone: np.ndarray | None = None,
 ) -> MergePlan:
     """Choose merge groups for one batch (see the module docstring).
 
@@ -388,9 +427,12 @@ def plan_merges(
     footprint exceeds it must merge (default ``mem``; lower leaves room beside it).
     ``cap``: the pack token cap; a member's share runs as one pack, so no share holds more
     tokens (a document that cannot be shared that way stays whole on one rank, in several
-    packs). ``devices``: devices per rank (static CP's ``cp``; ``mem`` is theirs together),
-    for error messages. ``coarse``: documents merged over at least two ranks whatever their
-    cost (too coarse for the ranks to balance whole; the caller decides which).
+    packs). ``devices``: devices per rank (static CP's ``cp``; ``mem`` is theirs together):
+    each holds the merge buffers whole (:func:`group_buffer`). ``coarse``: documents merged over at least two ranks whatever their
+    cost (too coarse for the ranks to balance whole; the caller decides which). ``alone``:
+    the bytes each document needs alone on one rank, compared with ``whole`` (default its
+    footprint, ``view.doc_mem``; free mode under static CP adds the gathered K/V of its own
+    pass, :func:`~slimdata.solver.freepack.documents_alone`).
     """
     groups = _Groups(free=list(range(dp)))
     if len(view.docs) == 0:
@@ -400,17 +442,17 @@ def plan_merges(
         view, dp, mem, packs, float(time.sum()) / dp, gather, layer_share, cap,
         mem if whole is None else whole,
         float(view.doc_fwd.sum()) / (dp * packs), float(view.doc_bwd.sum()) / (dp * packs),
-        devices,
+        devices, view.doc_mem if alone is None else alone,
     )  # fmt: skip
     k_skew = np.zeros(len(view.docs), dtype=np.int64)
-    must_or_long = (view.doc_mem > rule.whole) | (time > share * rule.balanced)
+    must_or_long = (rule.alone > rule.whole) | (time > share * rule.balanced)
     if packs == 1 and balance_ratio and dp > 1:
         k_skew = skew_group_sizes(view, dp, must_or_long, tol=ratio_tol)
     if dp > 1:
         k_skew[list(coarse)] = np.maximum(k_skew[list(coarse)], 2)
     candidates = np.flatnonzero(must_or_long | (k_skew >= 2))
     for d in candidates[np.argsort(-time[candidates], kind="stable")].tolist():
-        must = bool(view.doc_mem[d] > rule.whole)
+        must = bool(rule.alone[d] > rule.whole)
         k, members = _group_size(rule, d, float(time[d]), int(k_skew[d]))
         if k is None:
             if must:
@@ -442,6 +484,8 @@ class _Rule:
     bwd_share: float
     devices: int
     """Devices per rank (static CP); ``mem`` is theirs together."""
+    alone: np.ndarray
+    """Bytes each document needs alone on one rank (full-model bytes, as ``mem``)."""
 
     @property
     def cap_words(self) -> str:
@@ -454,9 +498,12 @@ class _Rule:
             f"{gib(per_rank)} per DP rank of {self.devices} CP devices"
         )
 
-    def buffer_of(self, tokens: Sequence[int]) -> float:  # full-model bytes, as ``mem``
-        """:func:`group_buffer` of members holding ``tokens`` tokens each."""
-        return _gathered_bytes(self.view, tokens, self.gather) / self.layer_share
+    def buffer_of(self, members: Sequence[Sequence[int]], tokens: Sequence[int]) -> float:
+        """:func:`group_buffer` of members holding these slices, ``tokens`` tokens each
+        (full-model bytes, as ``mem``)."""
+        if self.devices == 1:
+            return _gathered_bytes(self.view, tokens, self.gather) / self.layer_share
+        return group_buffer(self.view, members, self.gather, self.devices) / self.layer_share
 
 
 def _group_size(rule: _Rule, d: int, time: float, k_skew: int):
@@ -562,7 +609,7 @@ def _too_large(rule: _Rule, d: int) -> PlanError:
         )
     return PlanError(
         f"document doc_id {doc.doc_id!r} ({doc.length} tokens, {slices} slices) "
-        f"needs {gib(view.doc_mem[d] * rule.layer_share / GIB)} but the memory cap is "
+        f"needs {gib(rule.alone[d] * rule.layer_share / GIB)} but the memory cap is "
         f"{rule.cap_words} and {holders} cannot hold it{buffers}: "
         f"{', or '.join(remedies)}"
     )

@@ -38,6 +38,8 @@ from functools import cached_property
 
 import numpy as np
 
+from slimdata.execution.cp import gathered_tokens, member_rows
+from slimdata.execution.memory import gathered_kv_held
 from slimdata.solver.common import BatchView
 from slimdata.solver.merge import member_peak
 
@@ -65,15 +67,31 @@ def pack_rank(
     *,
     cap: int,
     mem: float,
+    cp: int = 1,
 ) -> RankPacks | None:
     """Free-mode packing of one rank (see the module docstring): forward packs take the slice
     stream in order, cut by the token and memory caps; after every cut, the forward packs
     behind the latest clean cut run their backward, newest first, each as one backward pack.
 
+    Under static CP (``cp > 1``; ``mem`` is the rank's ``cp`` devices' budget together, as
+    :attr:`~slimdata.solver.layout.Layout.memory_bytes`) every pack is one model call whose
+    backward holds its gathered K/V on every device
+    (:func:`~slimdata.execution.memory.gathered_kv_held` of its
+    :func:`~slimdata.execution.cp.cp_gather` tokens: the pack's slices and their documents'
+    earlier slices): a device holds ``1 / cp`` of the rank's bytes and that buffer whole, so
+    the check is ``held + cp * buffer <= mem`` at every slice, and a document starts a new
+    pack when it does not fit beside what is held with its own buffer. Every pack forwarded
+    after a pack runs its backward before it, so a pack's backward holds what its forward
+    held: the check is the execution model's up to the assembled plan's fused slices (a run
+    of a document's slices pads its chunks as one slice) and this packer's K/V held until a
+    document's first slice runs backward (the execution model frees each slice's with its
+    own pack); the planner reads the assembled plan off the execution model
+    (:func:`~slimdata.solver.strategies.slimpack.slimpack`).
+
     Returns ``None`` when one document alone exceeds the memory cap (or a slice the token cap).
     Lockstep packing is :func:`pack_rank_lockstep`.
     """
-    rank = _FreeRank(view, merge_slices, cap, mem)
+    rank = _FreeRank(view, merge_slices, cap, mem, cp)
     for u in units:
         if len(u) and not rank.forward_document(u):
             return None
@@ -87,12 +105,15 @@ class _FreeRank:
         "B",
         "F",
         "act",
+        "call_rows",
         "cap",
+        "cp",
         "cur",
         "cur_tok",
         "doc_kv",
         "doc_left",
         "docl",
+        "gkv",
         "held",
         "kvp",
         "mem",
@@ -103,11 +124,16 @@ class _FreeRank:
         "unioned",
     )
 
-    def __init__(self, view: BatchView, merge_slices: Sequence[int], cap: int, mem: float):
+    def __init__(
+        self, view: BatchView, merge_slices: Sequence[int], cap: int, mem: float, cp: int = 1
+    ):
         self.tok, _fwd, _bwd, self.act, self.docl = view.lists
         self.kvp = view.kv_per_token
+        self.gkv = view.gathered_kv_per_token
         self.cap = cap
         self.mem = mem
+        self.cp = cp
+        self.call_rows = [0] * cp  # static CP: each member's rows the open pack's call gathers
         self.F: list[list[int]] = []
         self.B: list[list[int]] = []
         self.merge_pack: tuple[int, int] | None = None
@@ -135,14 +161,24 @@ class _FreeRank:
         self.doc_left[d] = len(u)
         self.doc_kv[d] = 0.0
         head_pack = -1  # forward pack of u's first slice
-        clean = self.held + sum(act[i] + kvp * tok[i] for i in u) > mem
-        for i in u:
+        cp = self.cp
+        rows = member_rows([tok[i] for i in u], cp).tolist() if cp > 1 else []
+        doc_rows = [0] * cp  # u's rows so far: the prefix a pack opened inside u gathers
+        alone = self.buffer(np.sum(rows, axis=0).tolist()) if cp > 1 else 0.0
+        clean = self.held + sum(act[i] + kvp * tok[i] for i in u) + alone > mem
+        for k, i in enumerate(u):
             extra = act[i] + kvp * tok[i]
+            buf = self.buffer(self.call_rows, rows[k]) if cp > 1 else 0.0
             if self.cur and (
-                self.cur_tok + tok[i] > cap or self.held + extra > mem or (clean and i == first)
+                self.cur_tok + tok[i] > cap
+                or self.held + extra + buf > mem
+                or (clean and i == first)
             ):
                 self.close_forward(None if i == first else head_pack)
-            if self.held + extra > mem or tok[i] > cap:
+                if cp > 1:
+                    self.call_rows = list(doc_rows)
+                    buf = self.buffer(self.call_rows, rows[k])
+            if self.held + extra + buf > mem or tok[i] > cap:
                 return False
             if i == first:
                 head_pack = len(self.F)
@@ -150,9 +186,21 @@ class _FreeRank:
             self.cur_tok += tok[i]
             self.held += extra
             self.doc_kv[d] += kvp * tok[i]
-            self.peak = max(self.peak, self.held)
+            self.peak = max(self.peak, self.held + buf)
+            if cp > 1:
+                self.call_rows = [a + b for a, b in zip(self.call_rows, rows[k], strict=True)]
+                doc_rows = [a + b for a, b in zip(doc_rows, rows[k], strict=True)]
         self.ready[d] = list(u)
         return True
+
+    def buffer(self, rows: Sequence[int], more: Sequence[int] = ()) -> float:
+        """Static CP: the gathered K/V a device holds while a call of members' ``rows`` (plus
+        ``more``) runs its backward, times ``cp`` (the rank's bytes: ``mem`` is its ``cp``
+        devices' budget together)."""
+        if len(more):
+            rows = [a + b for a, b in zip(rows, more, strict=True)]
+        tokens = gathered_tokens(self.cp, max(rows))
+        return self.cp * gathered_kv_held(self.gkv, tokens, "B")
 
     def close_forward(self, open_pack: int | None) -> None:
         """Close the open forward pack and run the backward it makes possible

@@ -103,7 +103,10 @@ def test_auto_names_every_size_it_tried_when_none_plans(tmp_path):
         "no static context-parallel size plans every step (--cp auto tried cp=1, cp=2)"
         in res.output
     )
-    assert res.output.count("needs 13.0 GiB") == 2
+    # alone on a DP rank a document needs its 13.0 GiB of activations and K/V; at cp=2 also
+    # the K/V its last pass gathers, 0.25 GiB on each of the rank's 2 devices
+    assert "cp=1: document doc_id 2 (32768 tokens, 16 slices) needs 13.0 GiB" in res.output
+    assert "cp=2: document doc_id 2 (32768 tokens, 16 slices) needs 13.5 GiB" in res.output
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
@@ -226,8 +229,9 @@ def test_auto_falls_back_to_the_next_size_when_an_epoch_does_not_plan(tmp_path, 
 
 
 def test_cp_auto_says_why_each_rejected_size_fails(tmp_path):
-    """A size that cannot plan says what refused it; one over memory says by how much
-    (4.12 GiB against the 4.00 GiB cap, not "4.0 GiB per device" beside a 4.0 GiB budget)."""
+    """A size that cannot plan says what refused it. At cp=2 the solver planned a step that
+    needed 4.12 GiB per device (its packs and merge groups left out the K/V a pass gathers
+    on every device); it now refuses it, saying why."""
     lengths = tmp_path / "l.txt"
     lengths.write_text("32768\n23414\n19991\n12000\n9000\n5000\n3000\n1000\n")
     args = ["plan", "--lengths", str(lengths), "--nodes", "1", "--ranks-per-node", "8"]
@@ -238,5 +242,29 @@ def test_cp_auto_says_why_each_rejected_size_fails(tmp_path):
     assert lines[-5].startswith("static CP 4 (--cp auto): the fastest size on the first step ")
     assert "screened because a 32,768-token document needs 13.0 GiB" in lines[-5]
     assert lines[-4].startswith("  cp=1: first step fails: document doc_id 2 (19991 tokens) ")
-    assert lines[-3] == "  cp=2: first step fails: needs 4.12 GiB per device, over the 4.00 GiB cap"
+    assert lines[-3].startswith(
+        "  cp=2: first step fails: document doc_id 2 (19991 tokens) needs a merge group of 2 "
+        "ranks (memory cap 4.0 GiB per device, 8.0 GiB per DP rank of 2 CP devices) but only "
+        "0 of 4 ranks are free"
+    )
     assert lines[-2].startswith("  cp=4: first step ") and lines[-2].endswith(" s")
+
+
+def test_a_size_over_memory_says_by_how_much():
+    """A configuration whose simulated step is over memory says by how much (4.12 GiB
+    against the 4.00 GiB cap, not "4.0 GiB per device" beside a 4.0 GiB budget)."""
+    from types import SimpleNamespace
+
+    from slimdata.sim.search import _screen
+
+    ev = SimpleNamespace(
+        log=SimpleNamespace(screened=0),
+        layout=SimpleNamespace(memory_gib=4.0),
+        plan=lambda name, at, step, schedule: (None, None),
+        cannot_fit=lambda plan, cp: False,
+        sim=lambda name, at, schedule, step: SimpleNamespace(
+            over_memory=True, peak_memory_gib=4.1234
+        ),
+    )
+    at = SimpleNamespace(cp=2)
+    assert _screen(ev, "slimpack", at, "1f1b") == "needs 4.12 GiB per device, over the 4.00 GiB cap"

@@ -86,7 +86,9 @@ def test_a_document_no_group_holds_names_the_cap_per_device_and_per_cp_rank(tmp_
     """Under static CP a DP rank is planned with its CP devices' memory together; the error
     gives the cap as the user set it (per device) and per DP rank, and suggests only what
     helps: the 92,556-token document is within --context, so --oversize is not one of them,
-    and its 46 slices already span both DP ranks, so finer slices are not either."""
+    and its 46 slices already span both DP ranks, so finer slices are not either. Alone on
+    a DP rank it needs 38.2 GiB: its 36.8 GiB of activations and K/V, and on each of the 2
+    devices the 0.7 GiB of K/V its last pass gathers (the execution model's rule)."""
     lengths = tmp_path / "l.txt"
     lengths.write_text("92556\n1000\n3000\n500\n")
     args = ["plan", "--lengths", str(lengths), "--nodes", "1", "--ranks-per-node", "4"]
@@ -94,7 +96,7 @@ def test_a_document_no_group_holds_names_the_cap_per_device_and_per_cp_rank(tmp_
     res = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "out")])
     assert res.exit_code == 2, res.output
     assert (
-        "needs 36.8 GiB but the memory cap is 2.0 GiB per device, 4.0 GiB per DP rank of 2 CP "
+        "needs 38.2 GiB but the memory cap is 2.0 GiB per device, 4.0 GiB per DP rank of 2 CP "
         "devices and even 2 merged ranks cannot hold it"
     ) in res.output
     assert res.output.rstrip().endswith(

@@ -1,13 +1,15 @@
 """pack_rank_by_runs: pack_rank's packs and peak, found a pack at a time."""
 
 import math
+from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slimdata.cost import CostModel
 from slimdata.solver.common import BatchView
-from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
+from slimdata.solver.freepack import documents_alone, longest_backward_last, pack_rank_by_runs
 from slimdata.solver.micropack import pack_rank
 
 from .conftest import GIB, docs_of, unit_cost
@@ -94,6 +96,59 @@ def test_same_packs_and_peak_as_pack_rank(
         assert ref is not None  # no vacuous pass
     if ref is not None:
         same(view, docs, merge_slices, cap=cap, mem=mem)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 1800), min_size=1, max_size=12),
+    slice_tokens=st.sampled_from([128, 256, 384]),
+    cap_slices=st.integers(1, 8),
+    merge=st.booleans(),
+    order=st.randoms(use_true_random=False),
+    mem_share=st.sampled_from([0.1, 0.3, 0.6, 0.9, 1.5]),
+    cp=st.sampled_from([2, 3, 4]),
+)
+def test_same_packs_and_peak_as_pack_rank_under_static_cp(
+    lengths, slice_tokens, cap_slices, merge, order, mem_share, cp
+):
+    """Under static CP both count every pack's gathered K/V alike; memory is a share of
+    what the rank's documents need alone (above 1: never binds)."""
+    view = BatchView.build(docs_of(lengths, slice_tokens), COSTS["llama-1b"])
+    docs = list(range(len(lengths)))
+    order.shuffle(docs)
+    merge_slices = list(view.slices_of(docs.pop())) if merge and len(docs) > 1 else []
+    cap, mem = cap_slices * slice_tokens, mem_share * float(documents_alone(view, cp)[docs].sum())
+    caps = {"cap": cap, "mem": mem, "cp": cp}
+    fast = pack_rank_by_runs(view, docs, merge_slices, **caps)
+    ref = pack_rank(view, [view.slices_of(d) for d in docs], merge_slices, **caps)
+    assert (fast is None) == (ref is None)
+    if mem_share > 1:
+        assert ref is not None  # no vacuous pass
+    if ref is not None:
+        same(view, docs, merge_slices, **caps)
+        assert ref.peak <= mem
+
+
+def test_static_cp_buffer_cuts_before_a_document_that_does_not_fit_with_it():
+    """cp=2, activations and K/V of 1 GiB per 200 tokens each, 2 layers: a device gathers
+    one layer's K/V, 1 GiB per 400 tokens, twice that in the backward, and a rank of 2
+    devices counts it twice. A 256-token document holds 2.56 GiB and its backward gathers
+    2 x 2 x 0.64 GiB: 5.12 GiB alone. Two in one pack would gather 512 tokens: 5.12 + 5.12
+    GiB. At 7 GiB the second does not fit beside the first with its own buffer (2.56 + 2.56
+    + 2.56 GiB): a clean cut. At 8 GiB it does, and the pack closes before its last slice
+    (3.84 GiB held + 3.84 of buffer for 384 tokens; then 5.12 + 2.56 for the pack that
+    gathers the document's 256 tokens); without static CP one pack holds both."""
+    cost = replace(unit_cost(act_tokens_per_gib=200), kv_bytes_per_token=GIB / 200, layers=2)
+    view = BatchView.build(docs_of([256, 256], 128), cost)
+    assert documents_alone(view, 2).tolist() == [5.12 * GIB, 5.12 * GIB]
+    p = same(view, [0, 1], cap=4096, mem=7 * GIB, cp=2)
+    assert (p.forward, p.backward) == ([[0, 1], [2, 3]], [[1, 0], [3, 2]])
+    assert p.peak == pytest.approx(5.12 * GIB)
+    p = same(view, [0, 1], cap=4096, mem=8 * GIB, cp=2)
+    assert (p.forward, p.backward) == ([[0, 1, 2], [3]], [[3], [2, 1, 0]])
+    assert p.peak == pytest.approx(7.68 * GIB)
+    assert same(view, [0, 1], cap=4096, mem=7 * GIB).forward == [[0, 1, 2, 3]]  # cp=1
+    assert pack_rank_by_runs(view, [0], cap=4096, mem=5.1 * GIB, cp=2) is None
 
 
 def test_longest_backward_segment_runs_last():

@@ -201,7 +201,7 @@ def test_a_split_answers_memory_questions_as_its_exact_peak():
     peak = split.peak
     assert peak == float(member_peaks(view, split.members).max())
     assert split.rough_peak != peak and abs(split.rough_peak - peak) <= 1e-12 * peak  # guard
-    none = lambda tokens: 0.0  # noqa: E731
+    none = lambda members, tokens: 0.0  # noqa: E731
     assert split.fits(2 * peak, none, math.inf) and not split.fits(peak / 2, none, math.inf)
     assert split.fits(peak, none, math.inf)
     assert not split.fits(float(np.nextafter(peak, 0.0)), none, math.inf)

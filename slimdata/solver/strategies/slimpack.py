@@ -22,7 +22,8 @@ stage's share of the layers, 1F1B's extra packs in flight, merge buffers;
 warm-up keeps more packs in flight, and under static CP, whose passes hold gathered K/V, the
 assembled plan is checked on every device by the execution model's memory rule, the
 next-best candidate taken while it does not fit and the packer's budget calibrated when none
-does (:func:`_lockstep_plan`). The estimate is the execution model's compute-only critical
+does (:func:`_lockstep_plan`); free plans under static CP are checked and calibrated so too
+(:func:`_free_plan`). The estimate is the execution model's compute-only critical
 path under the schedule the plan will run (``layout.schedule``, 1F1B or interleaved over
 ``layout.virtual_stages``; :mod:`slimdata.execution.critical`), recorded as
 ``plan.meta["pipeline_estimate"]``.
@@ -66,9 +67,9 @@ from slimdata.solver.common import (
     interleaved_order,
     rank_seconds,
 )
-from slimdata.solver.freepack import longest_backward_last, pack_rank_by_runs
+from slimdata.solver.freepack import documents_alone, longest_backward_last, pack_rank_by_runs
 from slimdata.solver.layout import GIB, Layout
-from slimdata.solver.memory import device_peak_memory
+from slimdata.solver.memory import device_peak_memory, slice_peak_memory
 from slimdata.solver.merge import (
     MergePlan,
     group_buffer,
@@ -553,7 +554,7 @@ def slimpack(
     cost = cost or default_cost()
     view = _batch_view(batch, layout, cost, options.refine_share)
     with _recompute_advice(cost):
-        _check_slices(view, layout.token_cap, layout.memory_bytes)
+        _check_slices(view, layout, cost)
     assembly = _Assembly(view, layout, cost, step, seed, options, t0, validate)
     try:
         solve = _free_plan if layout.mode == "free" else _lockstep_plan
@@ -571,9 +572,8 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
     skew, a too coarse document) are kept only when they pay, by the execution model's compute time
     (:meth:`_Stages.plan_estimate`). That estimate leaves out the merge groups' K/V exchange,
     which only the plan with more merges pays, so a plan it puts ahead (or level) without them
-    is ahead in the step too. Under static CP a free plan without them must also fit every
-    device (:meth:`_Stages.peak`: a pass's gathered K/V, which the free packer does not
-    count; lockstep plans are checked so by :func:`_lockstep_plan`)."""
+    is ahead in the step too. Either plan fits every device: ``solve`` checks it
+    (:func:`_free_plan`, :func:`_lockstep_plan`)."""
     plan = solve(assembly)
     forced = assembly.options.forced_merges_only()
     if not plan.merges or forced == assembly.options:
@@ -595,28 +595,62 @@ def _merges_that_pay(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]
         return plan
     if assembly.estimate(fewer) > estimate:
         return plan
-    cap = assembly.layout.memory_gib * GIB  # (a lockstep plan is checked by its solve)
-    free = assembly.layout.mode == "free"
-    if free and stages.peak(fewer, assembly.cost, assembly.layout, cap) > cap:
-        return plan
     # the options asked for, and that the merges they allow did not pay (meta is JSON: no inf)
     fewer.meta.update(merge_share=assembly.options.merge_share, unforced_merges="dropped")
     return fewer
 
 
 def _free_plan(assembly: _Assembly) -> StepPlan:
-    """Free mode: phase 1 and every rank packed on its own."""
-    view, layout = assembly.view, assembly.layout
+    """Free mode: phase 1 and every rank packed on its own (:func:`_free_at`). Under static
+    CP the packer counts every pass's gathered K/V (:func:`pack_rank`) on the view's slices,
+    which the plan fuses (a run pads its chunks as one slice), so the assembled plan is read
+    off the execution model's memory rule on every device (:meth:`_Stages.peak`), as lockstep
+    plans are (:func:`_quantile_plan`): while it does not fit, phase 1 and the packer run
+    again with the budget scaled by the overshoot (:data:`CALIBRATIONS` times at most), then
+    a :class:`PlanError` gives the best peak reached. Without static CP the packer's check
+    is the execution model's rule on one stage (docs/solver.md, *Memory accounting*)."""
+    layout = assembly.layout
+    fitting = _Fitting(assembly, _Stages.of(layout, assembly.cost))
+    packer = layout
+    for attempt in range(CALIBRATIONS + 1):
+        try:
+            plan = _free_at(assembly, packer)
+        except PlanError:
+            if attempt == 0:
+                raise
+            break  # a smaller budget fits no plan: the overshoot is the answer
+        if layout.cp == 1:
+            return plan  # the packer's check is the execution model's rule (docs/solver.md)
+        held = fitting._peak(plan)
+        if held <= fitting.limit:
+            return plan
+        fitting.failed.append((held, plan))
+        packer = dataclasses.replace(
+            packer, memory_gib=packer.memory_gib * fitting.limit / fitting.lowest * (1 - 1e-3)
+        )
+    raise PlanError(
+        f"free: no plan fits {gib(layout.memory_gib)} per device with static CP {layout.cp} "
+        f"(the execution model's peak of every plan is above it, at best "
+        f"{gib(fitting.lowest / GIB)}): raise --memory-gib"
+    )
+
+
+def _free_at(assembly: _Assembly, packer: Layout) -> StepPlan:
+    """The free plan of phase 1 and every rank's packs under ``packer``'s memory budget
+    (the layout's, or a calibrated one: :func:`_free_plan`)."""
+    view = assembly.view
     with _recompute_advice(assembly.cost):
         p1 = _phase1(
             view,
-            layout,
+            packer,
             assembly.options,
             packs=1,
-            mem=layout.memory_bytes,
+            mem=packer.memory_bytes,
             coarse=assembly.coarse,
+            alone=documents_alone(view, packer.cp),
         )
-    return assembly.plan((math.nan, _free(view, p1, layout), 0, p1))
+        packs = _free(view, p1, packer)
+    return assembly.plan((math.nan, packs, 0, p1))
 
 
 def _coarse_merge(assembly: _Assembly, solve: Callable[[_Assembly], StepPlan]) -> StepPlan:
@@ -832,7 +866,8 @@ class _Assembly:
 @dataclass
 class _Fitting:
     """Assembles lockstep candidates and keeps the first whose every device fits the budget
-    (:meth:`_Stages.peak`), remembering the lowest peak of those that do not."""
+    (:meth:`_Stages.peak`), remembering the lowest peak of those that do not (free plans
+    under static CP too, one per calibration: :func:`_free_plan`)."""
 
     assembly: _Assembly
     stages: _Stages
@@ -1095,6 +1130,7 @@ def _phase1(
     layer_share: float = 1.0,
     placements: _Placements | None = None,
     coarse: Sequence[int] = (),
+    alone: np.ndarray | None = None,
 ) -> _Phase1:
     """DP-Merge groups (member shares sized to one of ``packs`` packs), then their placement:
     two-dimensional LPT (one-dimensional in free mode: a rank's total time), local search,
@@ -1103,7 +1139,8 @@ def _phase1(
     members also hold that many times their group's K/V
     (:func:`~slimdata.solver.merge.plan_merges`); ``placements``: the placements found so far
     in this solve, reused where they apply (:class:`_Placements`); ``coarse``: documents merged
-    over at least two ranks (:func:`_coarse_merge`)."""
+    over at least two ranks (:func:`_coarse_merge`); ``alone``: the bytes each document needs
+    alone on a rank (:func:`~slimdata.solver.merge.plan_merges`)."""
     merges = plan_merges(
         view,
         layout.dp,
@@ -1116,6 +1153,7 @@ def _phase1(
         cap=layout.token_cap,
         devices=layout.cp,
         coarse=coarse,
+        alone=alone,
     )
     placements = placements or _Placements(view, layout, options)
     return placements.place(merges, mem, gather / layer_share)
@@ -1220,7 +1258,7 @@ def _distribute(
         for ranks, _d in merges.groups
     ]
     assign, shares = assign_lpt(view, rest, dp, groups)
-    held = _member_buffers(view, merges.groups, shares, scale)
+    held = _member_buffers(view, merges.groups, shares, scale, layout.cp)
     if any(
         not budget.fits(member_peak(view, shares[r]) + held[r])
         or member_tokens(view, shares[r]) > layout.token_cap
@@ -1228,16 +1266,17 @@ def _distribute(
     ):
         shares = [merges.member_slices.get(r, []) for r in range(dp)]
         assign, _ = assign_lpt(view, rest, dp, [((r,), shares[r]) for r in merges.member_slices])
-        held = _member_buffers(view, merges.groups, shares, scale)
+        held = _member_buffers(view, merges.groups, shares, scale, layout.cp)
     return assign, {r: shares[r] for r in merges.member_slices}, held
 
 
-def _member_buffers(view: BatchView, groups, shares, scale: float) -> dict[int, float]:
+def _member_buffers(view: BatchView, groups, shares, scale: float, cp: int = 1) -> dict[int, float]:
     """``scale`` x one layer's gathered K/V of its group, for every merge member
-    (:func:`~slimdata.solver.merge.group_buffer`; ``shares[r]``: member ``r``'s slices)."""
+    (:func:`~slimdata.solver.merge.group_buffer`; ``shares[r]``: member ``r``'s slices;
+    ``cp``: static CP, the bytes of a DP rank's devices together)."""
     out: dict[int, float] = {}
     for ranks, _docs in groups:
-        nbytes = scale * group_buffer(view, [shares[m] for m in ranks], 1.0)
+        nbytes = scale * group_buffer(view, [shares[m] for m in ranks], 1.0, cp)
         out.update(dict.fromkeys(ranks, nbytes))
     return out
 
@@ -1247,13 +1286,13 @@ def _free(view: BatchView, p1: _Phase1, layout: Layout) -> list[RankPacks]:
     time by :func:`~slimdata.solver.freepack.pack_rank_by_runs` where it applies), the
     segment with the longest backward last
     (:func:`~slimdata.solver.freepack.longest_backward_last`: it hides the all-reduce)."""
-    dp, cap, mem = layout.dp, layout.token_cap, layout.memory_bytes
+    dp, cap, mem, cp = layout.dp, layout.token_cap, layout.memory_bytes, layout.cp
     out = []
     for r in range(dp):
         merge = p1.member_slices.get(r, ())
-        p = pack_rank_by_runs(view, p1.docs[r], merge, cap=cap, mem=mem)
+        p = pack_rank_by_runs(view, p1.docs[r], merge, cap=cap, mem=mem, cp=cp)
         if p is None:
-            p = pack_rank(view, p1.units[r], merge, cap=cap, mem=mem)
+            p = pack_rank(view, p1.units[r], merge, cap=cap, mem=mem, cp=cp)
         if p is None:  # pragma: no cover - phase 1 guarantees every document fits alone
             raise PlanError(
                 f"rank {r}: cannot pack its documents under the memory cap {gib(mem / GIB)}"
@@ -1341,7 +1380,8 @@ class _Stages:
         not the execution model's, else 0. The packer's check is exact for 1F1B without
         static CP. The interleaved schedule's warm-up keeps more packs in flight on the
         first devices (``(pp - 1) * 2 + (v - 1) * pp`` chunk passes), and under static CP
-        every pass holds one layer's gathered K/V, which the packer does not count; those
+        every pass holds one layer's gathered K/V, which the lockstep packer does not count
+        and the free packer counts on the view's slices, not the plan's fused ones; those
         plans are read off the execution model's memory rule
         (:func:`~slimdata.execution.memory.peak` of every program, under the rules lockstep
         plans run by: FSDP on one stage, DDP / ZeRO-1 in a pipeline). ``over``: a budget the
@@ -1397,7 +1437,9 @@ def _lockstep(
     ``best`` leaves out. A count whose lag 0 does not fit is skipped, unless ``late_start``:
     then the lags that fit start at the first that does (:func:`_first_fitting_lag`)."""
     best: tuple[float, list[RankPacks], int] | None = None
-    gather = _member_buffers(view, p1.merges.groups, p1.member_slices, 1.0 / stages.share)
+    gather = _member_buffers(
+        view, p1.merges.groups, p1.member_slices, 1.0 / stages.share, layout.cp
+    )
     for m in counts:
         tried: dict[int, tuple[float, list[RankPacks]] | None] = {}
         works = [docs.work(m) for docs in p1.rank_docs]
@@ -1725,25 +1767,30 @@ def _packs_estimate(view: BatchView, layout: Layout) -> int:
     return max(layout.pp, math.ceil(float(view.doc_len.sum()) / layout.dp / layout.token_cap))
 
 
-def _check_slices(view: BatchView, cap: int, mem: float) -> None:
+def _check_slices(view: BatchView, layout: Layout, cost: CostModel) -> None:
+    """Every slice within the pack token cap, and within the memory cap on a device alone
+    (:func:`~slimdata.solver.memory.slice_peak_memory`, the execution model's peak of a plan
+    that runs it alone: the longest slice needs the most), else a :class:`PlanError` naming
+    the slice, what it needs and the cap."""
     if len(view.doc) == 0:
         return
-    tok = view.end - view.start
+    tok = view.tokens
     worst = int(np.argmax(tok))
+    cap = layout.token_cap
+    d = view.docs[int(view.doc[worst])]
+    where = f"slice [{view.start[worst]}, {view.end[worst]}) of document doc_id {d.doc_id!r}"
     if tok[worst] > cap:
-        d = view.docs[int(view.doc[worst])]
         raise PlanError(
-            f"slice [{view.start[worst]}, {view.end[worst]}) of document doc_id {d.doc_id!r} has "
-            f"{tok[worst]} tokens, more than the pack token cap {cap}: cut finer slices or raise pack_tokens"
+            f"{where} has {tok[worst]} tokens, more than the pack token cap {cap}: cut finer "
+            "slices or raise pack_tokens"
         )
-    need = view.act + view.kv_per_token * view.end
-    worst = int(np.argmax(view.act + view.kv_per_token * (view.end - view.start)))
-    if view.act[worst] > mem:
-        d = view.docs[int(view.doc[worst])]
+    need = slice_peak_memory(int(tok[worst]), cost, _Stages.of(layout, cost).config)
+    if need > layout.memory_gib * GIB:
+        gathered = f", and the K/V its pass gathers under static CP {layout.cp}"
         raise PlanError(
-            f"slice [{view.start[worst]}, {view.end[worst]}) of document doc_id {d.doc_id!r} needs "
-            f"{gib(need[worst] / GIB, 2)} of activations, above the memory cap {gib(mem / GIB, 2)}: "
-            "raise --memory-gib or cut finer slices"
+            f"{where} needs {gib(need / GIB, 2)} on a device alone (its activations and K/V"
+            f"{gathered if layout.cp > 1 else ''}), above the memory cap "
+            f"{gib(layout.memory_gib, 2)} per device: raise --memory-gib or cut finer slices"
         )
 
 
