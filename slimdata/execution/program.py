@@ -252,9 +252,11 @@ class _Builder:
             merge_layer_tokens(plan, g, config.cp) for g in range(len(plan.merges))
         ]
         self.merge_kv = [float(cost.gathered_kv_bytes(t)) for t in self.merge_tokens]
-        counts = np.rint(self.frac * max(cost.layers, 1)).astype(int)
-        self.first_layer = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
-        self.layer_count = counts.tolist()
+        # the chunks' layers, a partition of the model's (at least one): with fewer layers
+        # than chunks (2 over 4) some chunks hold none, not every chunk rint(0.5) = 0
+        ends = np.rint(np.cumsum(self.frac) * max(cost.layers, 1)).astype(int)
+        self.first_layer = np.concatenate(([0], ends[:-1])).tolist()
+        self.layer_count = np.diff(ends, prepend=0).tolist()
         self.calls_anywhere = {
             kind: {
                 i

@@ -108,6 +108,30 @@ def test_merge_pack_gathers_one_layer_at_a_time():
     assert compute_levels(prog).tolist() == [9.0, 0.0]
 
 
+def test_a_model_with_fewer_layers_than_chunks_gathers_once_per_layer():
+    # the merge above, 2 layers over 4 pipeline chunks (pp 2, 2 virtual stages): the chunks
+    # hold 0, 1, 1 and 0 layers, so the member's programs gather each layer's K/V once in the
+    # forward, as the model has 2 layers (not none: every chunk's rint(0.5) layers)
+    cost = dataclasses.replace(COST, layers=2, kv_bytes_per_token=2.0)
+    docs = (Document(0, 8),)
+    r0 = RankStep(
+        0, (MicroPack((Slice(0, 0, 5),), merge=0),), (MicroPack((Slice(0, 0, 5),), merge=0),)
+    )
+    r1 = RankStep(
+        1, (MicroPack((Slice(0, 5, 8),), merge=0),), (MicroPack((Slice(0, 5, 8),), merge=0),)
+    )
+    plan = StepPlan(0, "test", docs, (r0, r1), (MergeGroup((0, 1), (0,)),))
+    config = ExecutionConfig(pp=2, schedule="interleaved", virtual_stages=2)
+    progs = build_programs(plan, cost, config)
+    forward = [
+        (c.chunk, c.layer)
+        for stage in (0, 1)
+        for c in progs[(1, stage)].collectives()
+        if c.kind == "merge_kv_all_gather" and c.pass_ == "F"
+    ]
+    assert sorted(forward) == [(1, 0), (2, 1)]
+
+
 def test_pipeline_sends_and_receives_hidden_states():
 
     cost = dataclasses.replace(COST, layers=2, hidden=4, dtype_bytes=2)
