@@ -82,19 +82,23 @@ def test_ddp_all_reduce_ends_the_step_on_every_rank():
         assert isinstance(progs[(r, 0)].ops[-1], Collective)
 
 
-def test_merge_pack_gathers_one_layer_at_a_time():
-    # doc 0 (8 tokens) merged over ranks 0 and 1, shares 5 and 3 (padded to 5: 10 tokens per
-    # layer); 2 layers, K/V 2 bytes per token over all layers -> 1 byte per token per layer
-
-    cost = dataclasses.replace(COST, layers=2, kv_bytes_per_token=2.0)
-    docs = (Document(0, 8),)
+def _merge_of_8_tokens():
+    """Doc 0 (8 tokens) merged over ranks 0 and 1, shares [0, 5) and [5, 8)."""
     r0 = RankStep(
         0, (MicroPack((Slice(0, 0, 5),), merge=0),), (MicroPack((Slice(0, 0, 5),), merge=0),)
     )
     r1 = RankStep(
         1, (MicroPack((Slice(0, 5, 8),), merge=0),), (MicroPack((Slice(0, 5, 8),), merge=0),)
     )
-    plan = StepPlan(0, "test", docs, (r0, r1), (MergeGroup((0, 1), (0,)),))
+    return StepPlan(0, "test", (Document(0, 8),), (r0, r1), (MergeGroup((0, 1), (0,)),))
+
+
+def test_merge_pack_gathers_one_layer_at_a_time():
+    # doc 0 (8 tokens) merged over ranks 0 and 1, shares 5 and 3 (padded to 5: 10 tokens per
+    # layer); 2 layers, K/V 2 bytes per token over all layers -> 1 byte per token per layer
+
+    cost = dataclasses.replace(COST, layers=2, kv_bytes_per_token=2.0)
+    plan = _merge_of_8_tokens()
     prog = build_programs(plan, cost)[(1, 0)]
     merge = [(c.kind, c.layer, c.bytes) for c in prog.collectives() if c.kind.startswith("merge")]
     assert merge == [
@@ -113,14 +117,7 @@ def test_a_model_with_fewer_layers_than_chunks_gathers_once_per_layer():
     # hold 0, 1, 1 and 0 layers, so the member's programs gather each layer's K/V once in the
     # forward, as the model has 2 layers (not none: every chunk's rint(0.5) layers)
     cost = dataclasses.replace(COST, layers=2, kv_bytes_per_token=2.0)
-    docs = (Document(0, 8),)
-    r0 = RankStep(
-        0, (MicroPack((Slice(0, 0, 5),), merge=0),), (MicroPack((Slice(0, 0, 5),), merge=0),)
-    )
-    r1 = RankStep(
-        1, (MicroPack((Slice(0, 5, 8),), merge=0),), (MicroPack((Slice(0, 5, 8),), merge=0),)
-    )
-    plan = StepPlan(0, "test", docs, (r0, r1), (MergeGroup((0, 1), (0,)),))
+    plan = _merge_of_8_tokens()
     config = ExecutionConfig(pp=2, schedule="interleaved", virtual_stages=2)
     progs = build_programs(plan, cost, config)
     forward = [
