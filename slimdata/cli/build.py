@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from typing import TYPE_CHECKING, Any, cast
 
 import click
@@ -22,6 +23,7 @@ from slimdata.cli.options import (
 from slimdata.cost.states import auto_recompute
 from slimdata.errors import ConfigError
 from slimdata.ingest.config import ENGINES, BuildConfig
+from slimdata.ingest.task import QUARANTINE_NAME
 from slimdata.readers import FORMATS
 from slimdata.slicing import DEFAULT_SLICE_TOKENS
 from slimdata.tokenize import DEFAULT_TOKENIZER
@@ -360,7 +362,7 @@ def _echo_summary(summary: BuildSummary, output: str) -> None:
     )
     if c["quarantined"]:
         click.echo(
-            f"quarantined {plural(c['quarantined'], 'record')}: see {output}/quarantine.jsonl",
+            f"quarantined {plural(c['quarantined'], 'record')}: see {posixpath.join(output, QUARANTINE_NAME)}",
             err=True,
         )
     if c["dropped_tokens"]:

@@ -169,3 +169,22 @@ def test_interrupted_build_says_how_to_resume(tmp_path, monkeypatch):
         f"interrupted: the finished tasks in {tmp_path / 'out'} are kept; rerun the same "
         "command with --resume to continue\n"
     )
+
+
+def test_build_logs_plain_progress_lines_when_stderr_is_no_terminal(tmp_path, monkeypatch):
+    """A build whose standard error is a file (CliRunner's, like a job's log) writes one plain
+    progress line per update, no tqdm bar and no carriage return; the last one at 100%."""
+    import slimdata.ingest.run as run
+
+    monkeypatch.setattr(run, "LOG_PROGRESS_SECONDS", 0.0)  # a line for every finished task
+    out = tmp_path / "out"
+    args = ["build", str(FIXTURES / "docs.jsonl"), str(FIXTURES / "text"), "-o", str(out)]
+    result = CliRunner().invoke(cli, [*args, "--tokenizer", TINY_TOKENIZER, "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    sidecar = json.loads((out / "slimdata.json").read_text())
+    lines = result.stderr.splitlines()
+    assert "\r" not in result.stderr and len(lines) == sidecar["counts"]["tasks"] >= 2
+    assert all(line.startswith("build: ") for line in lines)
+    documents, tokens = sidecar["counts"]["documents"], sidecar["counts"]["tokens"]
+    assert lines[-1].startswith("build: 100% of ")
+    assert f"B read, {documents} documents, {tokens:,} tokens, " in lines[-1]
