@@ -3,6 +3,7 @@
 Two CPU ranks, gloo, through torchrun::
 
     torchrun --nproc-per-node 2 examples/train_tiny_llama.py --steps 6 --check
+    torchrun --nproc-per-node 2 examples/train_tiny_llama.py --steps 6 --check --memory-gib 0.008   # with DP-Merge
     torchrun --nproc-per-node 2 examples/train_tiny_llama.py --shards demo-out --check   # after `make demo`
 
 Same data, two strategies, one loss plot (the curves coincide: packing changes the schedule,
@@ -21,7 +22,10 @@ with the *unpacked* reference (every document whole, Hugging Face eager attentio
 non-zero if the max relative gradient error exceeds ``--tol``.
 
 Without ``--shards`` rank 0 writes small synthetic document shards (long-tailed lengths,
-random tokens) to a temporary directory. Token ids are folded into the tiny model's
+random tokens) to a temporary directory. Their documents fit one rank under the default
+``--memory-gib 1``, and the analytic cost model of so small a model finds no merge that
+pays, so no step merges; with ``--memory-gib 0.008`` step 4's longest document (1,024
+tokens) no longer fits one rank and runs DP-Merge over both, which ``--check`` then covers. Token ids are folded into the tiny model's
 vocabulary (``id % --vocab``): the demo exercises the mechanics, not language modelling.
 """
 
@@ -140,6 +144,13 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--max-docs", type=int, default=200, help="use the first N documents of the shards"
     )
+    ap.add_argument(
+        "--memory-gib",
+        type=float,
+        default=1.0,
+        help="per-rank budget for activations and K/V: small enough and the longest documents "
+        "merge over both ranks (DP-Merge), e.g. 0.002",
+    )
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -183,7 +194,11 @@ def main(argv=None) -> int:
     pack = max(512, max(b - a for d in docs for a, b in itertools.pairwise(d.cuts)))
     config = LoaderConfig(
         layout=Layout(
-            dp=world, ranks_per_node=world, context=max(1024, pack), pack_tokens=pack, memory_gib=1
+            dp=world,
+            ranks_per_node=world,
+            context=max(1024, pack),
+            pack_tokens=pack,
+            memory_gib=args.memory_gib,
         ),
         global_batch_tokens=max(args.global_batch_tokens, pack),
         strategy=args.strategy,

@@ -29,6 +29,8 @@ def test_train_tiny_llama_check(tmp_path):
         "--steps",
         "6",
         "--check",
+        "--memory-gib",
+        "0.008",  # step 4's longest document needs both ranks: DP-Merge is checked too
         "--pack-times",
         str(tmp_path / "packs.jsonl"),
     ]
@@ -41,6 +43,7 @@ def test_train_tiny_llama_check(tmp_path):
     steps = [x for x in lines if "step" in x]
     assert len(steps) == 6 and lines[-1]["steps"] == 6
     assert all(x["max_rel_grad_err"] <= 1e-5 for x in steps)
+    assert [x["merges"] for x in steps] == [0, 0, 0, 0, 1, 0]
     records = [json.loads(x) for x in (tmp_path / "packs.jsonl").read_text().splitlines()]
     assert {r["rank"] for r in records} == {0, 1} and {r["pass"] for r in records} == {"F", "B"}
     assert set(records[0]) == {"step", "rank", "pass", "pack", "seconds", "tokens"}
