@@ -14,12 +14,19 @@ not the math)::
     python examples/plot_training.py slimpack=slimpack.jsonl bfd=bfd.jsonl --out plots
 
 Every rank builds the same random-init ``LlamaForCausalLM`` from a config (no downloads),
-wraps it in DDP, and for every step: reads this rank's :class:`StepPayload` from document
+wraps it in DDP (``--fsdp``: FSDP2, ``fully_shard`` per decoder layer and at the root, on
+lockstep plans), and for every step: reads this rank's :class:`StepPayload` from document
 shards (``DocumentLoader``: same global batch and plan on every rank, own tokens read by
 index), runs ``run_step`` (slice continuation, asymmetric backward packs, DP-Merge over gloo
 subgroups), and takes an AdamW step. ``--check`` recomputes every step's loss and gradients
 with the *unpacked* reference (every document whole, Hugging Face eager attention) and exits
-non-zero if the max relative gradient error exceeds ``--tol``.
+non-zero if the max relative gradient error exceeds ``--tol``. ``--checkpoint FILE`` saves
+the model, the optimizer and the loader's position after the run and, when ``FILE`` exists,
+resumes from it: 3 steps, then 3 more from the checkpoint, print the same lines as 6 steps
+in one run::
+
+    torchrun --nproc-per-node 2 examples/train_tiny_llama.py --steps 3 --checkpoint ck.pt
+    torchrun --nproc-per-node 2 examples/train_tiny_llama.py --steps 3 --checkpoint ck.pt
 
 Without ``--shards`` rank 0 writes small synthetic document shards (long-tailed lengths,
 random tokens) to a temporary directory. Their documents fit one rank under the default
@@ -132,6 +139,60 @@ def reference(model, payload, dataset) -> tuple[float, dict[str, torch.Tensor]]:
     return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def wrap(model, fsdp: bool, world: int):
+    """The model under DDP, or FSDP2 (``fully_shard`` per decoder layer, then the root)."""
+    if not fsdp:
+        return DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def full_grads(model) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient (FSDP2's sharded ones gathered)."""
+    return {
+        n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
+
+
+def full_state(model) -> dict[str, torch.Tensor]:
+    """The whole model state on every rank (FSDP2's shards gathered)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def save_checkpoint(path: str, model, opt, loader, rank: int) -> None:
+    """Model, optimizer (whole, from every shard) and the loader's position; rank 0 writes."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state, opt_state = get_state_dict(model, opt, options=whole)
+    if rank == 0:
+        tmp = f"{path}.tmp"
+        torch.save({"model": model_state, "optim": opt_state, "loader": loader.state_dict()}, tmp)
+        os.replace(tmp, path)  # a run killed while saving leaves the last checkpoint whole
+    dist.barrier()
+
+
+def load_checkpoint(path: str, model, opt, loader) -> None:
+    """:func:`save_checkpoint`'s state into the wrapped model, its optimizer and the loader."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    state = torch.load(path, weights_only=False)
+    whole = StateDictOptions(full_state_dict=True)
+    set_state_dict(
+        model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"], options=whole
+    )
+    loader.load_state_dict(state["loader"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -150,6 +211,15 @@ def main(argv=None) -> int:
         default=1.0,
         help="per-rank budget for activations and K/V: small enough and the longest documents "
         "merge over both ranks (DP-Merge), e.g. 0.002",
+    )
+    ap.add_argument(
+        "--fsdp", action="store_true", help="FSDP2 (fully_shard) on lockstep plans instead of DDP"
+    )
+    ap.add_argument(
+        "--checkpoint",
+        default=None,
+        help="save model, optimizer and loader position here after the run; resume from it "
+        "when it exists",
     )
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
@@ -199,6 +269,7 @@ def main(argv=None) -> int:
             context=max(1024, pack),
             pack_tokens=pack,
             memory_gib=args.memory_gib,
+            mode="lockstep" if args.fsdp else "free",
         ),
         global_batch_tokens=max(args.global_batch_tokens, pack),
         strategy=args.strategy,
@@ -208,18 +279,20 @@ def main(argv=None) -> int:
     )
     loader = DocumentLoader(ds, rank=rank, config=config, documents=docs)
 
-    ddp = DistributedDataParallel(model)
+    wrapped = wrap(model, args.fsdp, world)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    if args.checkpoint and Path(args.checkpoint).exists():
+        load_checkpoint(args.checkpoint, model, opt, loader)
     meter = BalanceMeter()
     callbacks = [meter] + ([PackTimeRecorder(args.pack_times)] if args.pack_times else [])
     if args.telemetry:
         callbacks.append(StepTelemetry(log=args.telemetry, progress=None))
     worst, t0, steps = 0.0, time.perf_counter(), 0
-    for payload in loader:
-        if steps == args.steps:
-            break
+    # the loader hands out a step's payload when it is asked for one: asked only for the steps
+    # run, its position (``state_dict``) is the next step to run
+    for payload in itertools.islice(loader, args.steps):
         opt.zero_grad(set_to_none=True)
-        summary = run_step(ddp, payload, callbacks=callbacks)
+        summary = run_step(wrapped, payload, callbacks=callbacks)
         loss = torch.tensor([summary.loss])
         dist.all_reduce(loss)
         line = {
@@ -230,11 +303,11 @@ def main(argv=None) -> int:
         }
         line.update({k: meter.history[-1][k] for k in ("tokens", "tokens_per_s", "imbalance")})
         if ref_model is not None:
-            ref_model.load_state_dict(model.state_dict())
+            ref_model.load_state_dict(full_state(model))
             ref_loss, ref = reference(ref_model, payload, ds)
             err = max(
-                (p.grad - ref[n]).abs().max().item() / ref[n].abs().max().item()
-                for n, p in model.named_parameters()
+                (g - ref[n]).abs().max().item() / ref[n].abs().max().item()
+                for n, g in full_grads(model).items()
             )
             line.update(ref_loss=round(ref_loss, 6), max_rel_grad_err=err)
             worst = max(worst, err, abs(float(loss) - ref_loss) / max(abs(ref_loss), 1e-12))
@@ -253,6 +326,8 @@ def main(argv=None) -> int:
             ),
             flush=True,
         )
+    if args.checkpoint:
+        save_checkpoint(args.checkpoint, model, opt, loader, rank)
     ok = not args.check or worst <= args.tol
     dist.barrier()
     if tmp is not None:
