@@ -147,6 +147,12 @@ def run_task(task: Task) -> Done:
     return Done(plan, ms, None, tuple(sims), solved)
 
 
+MANAGER_JOIN_SECONDS = 10.0
+"""The longest :meth:`WorkerPool.close` waits for the executor's manager thread to end once
+its workers are killed (it ends at once; the bound only keeps a stuck one from holding the
+command)."""
+
+
 def _exit_on_sigterm(signum: int, _frame: Any) -> None:
     """SIGTERM while workers run: leave as Ctrl-C would, through every ``finally``."""
     raise SystemExit(128 + signum)
@@ -232,12 +238,20 @@ class WorkerPool:
         # the executor has no public way to stop a running worker: its processes, by hand
         workers = list((executor._processes or {}).values())
         tasks = getattr(executor, "_call_queue", None)  # shutdown lets go of it
+        manager = getattr(executor, "_executor_manager_thread", None)
+        if tasks is not None:
+            # tasks still on their way to the killed workers are dropped: the queue's feeder
+            # thread, blocked on a full pipe nobody reads, would hold the exit (and the
+            # executor's manager thread, which joins it) forever
+            tasks.cancel_join_thread()
         executor.shutdown(wait=False, cancel_futures=True)
         for p in workers:
             p.kill()
         for p in workers:
             p.join()
-        if tasks is not None:
-            # tasks still on their way to the killed workers are dropped: the queue's feeder
-            # thread, blocked on a full pipe nobody reads, would hold the exit forever
-            tasks.cancel_join_thread()
+        if manager is not None:
+            # the manager thread closes its wake-up pipe as it ends; at interpreter exit
+            # concurrent.futures wakes every manager thread still known to it, and one that
+            # closes the pipe in that moment makes the exit print an OSError traceback
+            # (Python 3.11): ended here, it is closed before the exit looks at it
+            manager.join(timeout=MANAGER_JOIN_SECONDS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 
 import numpy as np
 
@@ -85,6 +86,19 @@ def test_a_worker_that_dies_leaves_the_search_to_the_parent(monkeypatch):
     assert ev.pool is not None and ev.pool.broken
     assert isinstance(alone, Run) and isinstance(after, Run)
     assert (after.cp, after.row, after.step_time) == (alone.cp, alone.row, alone.step_time)
+
+
+def test_a_closed_pool_leaves_no_thread_of_its_executor_running():
+    # a manager thread still ending when the interpreter exits can make the exit print an
+    # OSError traceback (Python 3.11's concurrent.futures; seen after Ctrl-C in `simulate
+    # --jobs 2`): closing the pool ends it
+    from concurrent.futures.process import _ExecutorManagerThread
+
+    from slimdata.solver import solve
+
+    _run, ev = _bfd_search(solve, 2)
+    assert ev.log.workers == 2
+    assert not [t for t in threading.enumerate() if isinstance(t, _ExecutorManagerThread)]
 
 
 def test_a_comparison_whose_worker_died_says_so(monkeypatch):
