@@ -47,10 +47,15 @@ from slimdata.execution.program import (
     pack_prices,
     padded,
 )
-from slimdata.execution.schedule import common_order, stage_ops
+from slimdata.execution.schedule import (
+    INTERLEAVED_CHUNKS,
+    common_order,
+    stage_ops,
+)
 
 __all__ = [
     "COLLECTIVES",
+    "INTERLEAVED_CHUNKS",
     "MEMORY",
     "Alloc",
     "Collective",

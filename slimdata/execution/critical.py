@@ -36,7 +36,7 @@ from slimdata.errors import PlanError
 from slimdata.execution.compute import PackCompute
 from slimdata.execution.pricing import PackTimes
 from slimdata.execution.program import ExecutionConfig, pack_prices
-from slimdata.execution.schedule import stage_ops
+from slimdata.execution.schedule import INTERLEAVED_CHUNKS, chunks_per_device, stage_ops
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import RankStep, StepPlan
 
@@ -66,20 +66,21 @@ def critical_path(
     pp: int,
     *,
     schedule: str = "1f1b",
-    v: int = 1,
+    v: int = INTERLEAVED_CHUNKS,
     layers: int = 0,
     lockstep: bool = False,
 ) -> np.ndarray:
     """Makespan of one or several ranks that share the plan ``order``: ``fwd[i]`` /
     ``bwd[j]`` are the full-model seconds of forward pack ``i`` / backward pack ``j``,
-    ``(packs,)`` or ``(packs, ranks)``; ``v`` model chunks per device (``"interleaved"``);
+    ``(packs,)`` or ``(packs, ranks)``; ``v`` model chunks per device under ``"interleaved"``
+    (:func:`~slimdata.execution.schedule.chunks_per_device`);
     ``layers`` splits the model into chunks as the execution model does (0: evenly);
     ``lockstep``: the ranks meet before every op (FSDP, one stage: each pass first gathers
     the parameters from every rank), so each op ends when its slowest rank's does.
     Returns one makespan per rank."""
     f, b = _columns(fwd), _columns(bwd)
     ranks = max(f.shape[1], b.shape[1])
-    v = v if pp > 1 else 1
+    v = chunks_per_device(schedule, pp, v)
     seq = _sequence(schedule, tuple(order), pp, v)
     if not len(seq.pack):
         return np.zeros(ranks)

@@ -44,7 +44,13 @@ from slimdata.execution.memory import gathered_kv_held
 from slimdata.execution.merge import merge_collectives, merge_layer_tokens
 from slimdata.execution.ops import Alloc, Collective, Compute, Free, Operation, Program
 from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
-from slimdata.execution.schedule import common_order, stage_ops
+from slimdata.execution.schedule import (
+    INTERLEAVED_CHUNKS,
+    SCHEDULES,
+    chunks_per_device,
+    common_order,
+    stage_ops,
+)
 from slimdata.plan import StepPlan
 
 __all__ = ["ExecutionConfig", "Programs", "build_programs", "pack_prices", "padded"]
@@ -64,8 +70,9 @@ class ExecutionConfig:
     its default) instead of recomputing asymmetric backward packs."""
     schedule: str = "1f1b"
     """Pipeline schedule (:data:`slimdata.execution.schedule.SCHEDULES`)."""
-    virtual_stages: int = 1
-    """Model chunks per device with ``pp > 1`` (``"interleaved"``)."""
+    virtual_stages: int = INTERLEAVED_CHUNKS
+    """Model chunks per device under the ``"interleaved"`` schedule with ``pp > 1`` (default
+    :data:`~slimdata.execution.schedule.INTERLEAVED_CHUNKS`); unused otherwise."""
     cp: int = 1
     """Static context parallelism: each device stands for ``cp`` members holding 1/cp each."""
     grad_bytes: int = 2
@@ -74,6 +81,8 @@ class ExecutionConfig:
     def __post_init__(self) -> None:
         if self.parallelism not in ("ddp", "fsdp"):
             raise ConfigError(f"parallelism={self.parallelism!r}: use 'ddp' or 'fsdp'")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule={self.schedule!r}: use one of {', '.join(SCHEDULES)}")
         if min(self.pp, self.virtual_stages, self.cp, self.grad_bytes) < 1:
             raise ConfigError(
                 f"pp={self.pp}, virtual_stages={self.virtual_stages}, cp={self.cp}, "
@@ -82,7 +91,9 @@ class ExecutionConfig:
 
     @property
     def chunks_per_device(self) -> int:
-        return self.virtual_stages if self.pp > 1 else 1
+        """Model chunks each device holds (:func:`~slimdata.execution.schedule.chunks_per_device`:
+        1 unless interleaved on a pipeline)."""
+        return chunks_per_device(self.schedule, self.pp, self.virtual_stages)
 
     @property
     def ranks_meet_every_pass(self) -> bool:
@@ -125,6 +136,8 @@ class Programs:
     cp_gathers: PassGathers | None = None
     """Static CP (``cp > 1``): every pack pass's K/V gathers (None for ``cp == 1`` and
     ``compute_only`` builds)."""
+    cp: int = 1
+    """Static CP the programs were built for (``ExecutionConfig.cp``)."""
 
     def __getitem__(self, key: tuple[int, int]) -> Program:
         return self.programs[key]
@@ -174,7 +187,7 @@ def build_programs(
             if not (compute_only or memory_only):
                 ops.extend(b.step_end(s))
             programs[(r, s)] = Program(r, s, b.device(s, r), tuple(ops))
-    return Programs(programs, pt, b.prices, b.frac, plan.dp, config.pp, gathers)
+    return Programs(programs, pt, b.prices, b.frac, plan.dp, config.pp, gathers, config.cp)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The bound is computed from the batch's documents, the cost model and the layout only (never
 from a plan), so it is the same yardstick for every strategy and does not move when a planner
-changes. With ``n = dp * pp`` devices, ``C`` model chunks (``pp``, or ``pp * v`` interleaved)
+changes. With ``n = dp * pp`` devices, ``C`` model chunks (``pp``, or ``pp * v`` interleaved,
+``v`` by default :data:`~slimdata.execution.schedule.INTERLEAVED_CHUNKS` as the simulator's)
 holding the shares ``frac_c`` of the layers, and every document run whole (one slice: the
 fewest per-slice constants)::
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from slimdata.cost import CostModel, causal_pairs
 from slimdata.execution.pricing import chunk_fractions
+from slimdata.execution.schedule import INTERLEAVED_CHUNKS
 from slimdata.plan import Document, StepPlan
 
 __all__ = ["StepBound", "Work", "batch_work", "plan_work", "step_bound"]
@@ -92,7 +94,11 @@ def _terms(
 
 
 def step_bound(
-    docs: Sequence[Document], cost: CostModel, dp: int, pp: int = 1, virtual_stages: int = 2
+    docs: Sequence[Document],
+    cost: CostModel,
+    dp: int,
+    pp: int = 1,
+    virtual_stages: int = INTERLEAVED_CHUNKS,
 ) -> StepBound:
     """The plan-independent lower bound of one step of ``docs`` (module docstring)."""
     lengths = np.fromiter((d.length for d in docs), dtype=np.int64, count=len(docs))

@@ -289,7 +289,7 @@ def compare_strategies(
         if isinstance(baseline_config, str)
         else baseline_config
     )
-    config = config or SimConfig()
+    config = (config or SimConfig()).resolved()  # the user's schedule, else the defaults
     notes = []
     if layout.pp == 1 and config.schedule != "1f1b":  # one stage: nothing to interleave
         notes.append(f"--schedule {config.schedule} needs --pp > 1; simulated 1f1b")
@@ -317,7 +317,8 @@ def compare_strategies(
     )
     with closing(evaluator) as ev:
         bounds = [
-            step_bound(b, cost, layout.dp, layout.pp, config.virtual_stages).value for b in batches
+            step_bound(b, cost, layout.dp, layout.pp, config.pipeline.virtual_stages).value
+            for b in batches
         ]
         ref_work = [batch_work(b) for b in batches]
         results, first = _strategy_results(
@@ -409,7 +410,7 @@ def _run(
         ev = ev.with_schedule(schedule)
     if name not in CP_FREE:
         return search(ev, name, choice, rows=name in ROW_SEARCH)
-    schedules = [ev.config.schedule]
+    schedules = [ev.config.pipeline.schedule]
     if choice.mode == "best" and ev.layout.pp > 1:
         schedules = ["1f1b", "interleaved"]
     ev.prefetch([(name, Setup(1), sch, s) for sch in schedules for s in range(len(ev.batches))])

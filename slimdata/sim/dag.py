@@ -120,7 +120,7 @@ def build_dag(
         bwork=bwork,
         programs=programs,
         p2p=p2p,
-        cp=config.cp,
+        cp=programs.cp,
     )
 
 
@@ -147,7 +147,7 @@ def _cp_model(
         pt,
         compute,
         cost,
-        config.cp,
+        programs.cp,
         config.interconnect,
         programs.cp_gathers,
         overlap=config.cp_overlap,
@@ -228,7 +228,7 @@ class _Tasks:
     ) -> None:
         self.plan, self.cost, self.config, self.rpn = plan, cost, config, rpn
         self.programs, self.pt, self.frac = programs, programs.pt, programs.fractions
-        self.dp, self.pp, self.cp = plan.dp, programs.pp, config.cp
+        self.dp, self.pp, self.cp = plan.dp, programs.pp, programs.cp
         self.n_chunks = len(self.frac)
         self.net, self.fsdp = config.interconnect, config.parallelism == "fsdp"
         self.fwork, self.bwork = work

@@ -133,7 +133,7 @@ def fidelity_report(
     errors: list[float] = []
     steps = []
     for step, plan in sorted(by_step.items()):
-        predicted = _predicted(plan, cost, config.execution(layout.pp))
+        predicted = _predicted(plan, cost, config.for_plan(plan).execution(layout.pp))
         durations: Durations = {}
         wall = None
         for m in measured:

@@ -206,7 +206,8 @@ class Evaluator:
         jobs: int = 1,
     ) -> None:
         self.batches, self.layout, self.cost = batches, layout, cost
-        self.config, self.seed, self._solve = config, seed, solve
+        # the user's settings, an unset schedule, virtual stages and CP at their defaults
+        self.config, self.seed, self._solve = config.resolved(), seed, solve
         self.memory_budget = memory_budget
         """How ``layout.memory_gib`` was set, for messages (:func:`budget_text`)."""
         self.progress = progress
@@ -258,7 +259,7 @@ class Evaluator:
         if schedule is None:
             return lay
         return dataclasses.replace(
-            lay, schedule=schedule, virtual_stages=self.config.virtual_stages
+            lay, schedule=schedule, virtual_stages=self.config.pipeline.virtual_stages
         )
 
     def plan_schedule(self, name: str, schedule: str | None) -> str | None:
@@ -269,7 +270,7 @@ class Evaluator:
         once)."""
         if name not in PLANS_BY_SCHEDULE or name in self._stream_kinds or self.layout.pp == 1:
             return None
-        return schedule or self.config.schedule
+        return schedule or self.config.pipeline.schedule
 
     def plan(
         self, name: str, at: Setup, step: int, schedule: str | None = None
@@ -554,7 +555,7 @@ def _sizes_and_schedules(ev: Evaluator, choice: BaselineConfig) -> tuple[list[in
     """The static CP sizes and the schedules ``choice`` searches."""
     sizes = cp_sizes(ev.layout.dp) if choice.mode != "fixed" else [choice.cp]
     best_pp = choice.mode == "best" and ev.layout.pp > 1
-    return sizes, ["1f1b", "interleaved"] if best_pp else [ev.config.schedule]
+    return sizes, ["1f1b", "interleaved"] if best_pp else [ev.config.pipeline.schedule]
 
 
 def _first_pass(
@@ -689,7 +690,7 @@ def _smallest(ev: Evaluator, name: str, sizes: list[int]) -> Run | str:
     for k in sizes:
         ev.log.screened += 1
         try:
-            run = ev.run(name, Setup(k), ev.config.schedule)
+            run = ev.run(name, Setup(k), ev.config.pipeline.schedule)
         except PlanError as exc:
             why = str(exc)
             continue

@@ -25,6 +25,8 @@ Modelling assumptions (the simulator's contract, design §7):
   runs on ``Layout.dp`` devices, every pack split over ``k`` devices with a per-layer K/V
   exchange, priced by the same model; see :mod:`slimdata.sim.cp`. ``k = 1`` is the plain
   model.
+- A plan runs under the schedule, model chunks per device and static CP it records
+  (:meth:`SimConfig.for_plan`): the execution its estimate and memory were solved for.
 """
 
 from __future__ import annotations
@@ -53,10 +55,14 @@ def simulate_step(
 ) -> SimResult:
     """Simulate ``plan`` on ``layout`` (``layout.dp`` must equal ``plan.dp * config.cp``).
 
-    ``durations`` replaces predicted pack times by measured ones (``(chunk, rank, pass,
-    pack) -> seconds``), e.g. to replay a step recorded by the runtime.
+    The plan runs under the pipeline schedule, model chunks per device and static CP it was
+    solved for where it records them, ``config``'s (or the defaults) where it does not
+    (:meth:`SimConfig.for_plan`, which raises :class:`PlanError` when ``config`` sets one the
+    plan contradicts). ``durations`` replaces predicted pack times by measured ones
+    (``(chunk, rank, pass, pack) -> seconds``), e.g. to replay a step recorded by the runtime.
     """
-    config = config or SimConfig()
+    config = (config or SimConfig()).for_plan(plan)
+    assert config.cp is not None  # set by for_plan
     if layout.dp != plan.dp * config.cp:
         raise PlanError(
             f"plan has {plan.dp} DP ranks x cp={config.cp} but the layout has dp={layout.dp}; "

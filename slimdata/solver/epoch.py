@@ -5,7 +5,6 @@ This is what ``slimdata plan`` and ``slimdata build --plan`` call.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,8 @@ def plan_epoch(
     """Yield the plan of every step of epoch 0 under :class:`PlanConfig`'s rules (the ones
     the runtime loaders apply): the oversize rule against ``layout.context``, seeded batches
     of <= ``global_batch_tokens``, one ``solve`` per batch. Under static CP
-    (``layout.cp > 1``) every plan records it in ``meta["cp"]``, which the runtime reads.
+    (``layout.cp > 1``) every plan records it in ``meta["cp"]`` (:func:`solve`), which the
+    runtime reads.
     ``progress``: a bar of the steps solved on standard error, when it is a terminal."""
     config = PlanConfig(
         layout=layout,
@@ -52,12 +52,7 @@ def plan_epoch(
     )
     batches = config.batches(docs)
     for step, batch in enumerate(_steps_bar(batches, progress, layout.cp)):
-        plan = config.solve(batch, step, options=options, validate=validate)
-        yield (
-            plan
-            if layout.cp == 1
-            else dataclasses.replace(plan, meta={**plan.meta, "cp": layout.cp})
-        )
+        yield config.solve(batch, step, options=options, validate=validate)
 
 
 def _steps_bar(batches: list[list[Document]], progress: bool, cp: int) -> Iterable[list[Document]]:

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 from slimdata.errors import ConfigError
 from slimdata.execution.program import ExecutionConfig
+from slimdata.execution.schedule import INTERLEAVED_CHUNKS, chunks_per_device
+from slimdata.execution.schedule import SCHEDULES as EXECUTION_SCHEDULES
 from slimdata.units import GIB, MAX_RANKS
 
 __all__ = ["SCHEDULES", "Layout"]
 
 
-SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved")
+SCHEDULES: tuple[str, ...] = tuple(EXECUTION_SCHEDULES)
 """Pipeline schedules a lockstep plan can be estimated for (the execution model's registry,
 :data:`slimdata.execution.schedule.SCHEDULES`)."""
 
@@ -49,9 +51,11 @@ class Layout:
     """Pipeline schedule the plan will run under when ``pp > 1``: ``1f1b`` or ``interleaved``
     (Megatron's interleaved 1F1B over :attr:`virtual_stages` model chunks per device). A
     lockstep planner that estimates the step (SlimPack) estimates it under this schedule."""
-    virtual_stages: int = 1
+    virtual_stages: int = INTERLEAVED_CHUNKS
     """Model chunks per device under the ``interleaved`` schedule (Megatron's
-    ``--num-layers-per-virtual-pipeline-stage`` expressed as a count); unused otherwise."""
+    ``--num-layers-per-virtual-pipeline-stage`` expressed as a count; default
+    :data:`~slimdata.execution.schedule.INTERLEAVED_CHUNKS`, as the simulator's); unused
+    otherwise."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.dp, int) or self.dp < 1:
@@ -91,7 +95,7 @@ class Layout:
     def chunks_per_device(self) -> int:
         """Model chunks each pipeline device holds: ``virtual_stages`` under the interleaved
         schedule with ``pp > 1``, else 1 (then every schedule is 1F1B)."""
-        return self.virtual_stages if self.pp > 1 and self.schedule == "interleaved" else 1
+        return chunks_per_device(self.schedule, self.pp, self.virtual_stages)
 
     @property
     def execution(self) -> ExecutionConfig:

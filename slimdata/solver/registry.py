@@ -79,7 +79,9 @@ def solve(
     e.g. ``SolveOptions(skew_merge=False)`` for slimpack). Raises :class:`ConfigError` for an
     unknown strategy or a knob it does not read, and
     :class:`~slimdata.errors.PlanError` for an impossible layout. ``plan.meta["recompute"]``
-    is the cost model's recompute policy, the one the runtime runs.
+    is the cost model's recompute policy, the one the runtime runs; under static CP
+    (``layout.cp > 1``) ``plan.meta["cp"]`` is its size, which the runtime and the simulator
+    read.
     """
     fn = STRATEGIES.get(strategy)
     if strategy in STREAMS:
@@ -96,4 +98,6 @@ def solve(
         plan = fn(batch, layout, seed, cost, step=step, validate=validate)
     # the recompute policy the plan's memory assumes: the runtime runs it (design §9)
     plan.meta["recompute"] = (cost if cost is not None else default_cost()).recompute
+    if layout.cp > 1:  # the CP groups the plan's ranks stand for (hooks, SimConfig.for_plan)
+        plan.meta["cp"] = layout.cp
     return plan

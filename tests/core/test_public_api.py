@@ -30,7 +30,8 @@ PUBLIC = {  # module -> its __all__, in order
         "make_batches plan_peak_memory solve"
     ),
     "slimdata.execution": (
-        "COLLECTIVES MEMORY Alloc Collective Compute ExecutionConfig Free PackCompute PackTimes "
+        "COLLECTIVES INTERLEAVED_CHUNKS MEMORY Alloc Collective Compute ExecutionConfig Free "
+        "PackCompute PackTimes "
         "Program Programs build_programs chunk_fractions common_order compute_levels levels "
         "pack_compute pack_prices pack_times padded peak stage_ops"
     ),

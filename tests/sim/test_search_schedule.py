@@ -30,7 +30,7 @@ def recording_solver(calls: list[tuple], made: dict[int, str] | None = None):
 def evaluator(calls: list[tuple], pp: int = 2, made: dict[int, str] | None = None) -> Evaluator:
     docs = documents_from_lengths([128] * 16)
     lay = Layout(dp=1, pp=pp, context=4096, memory_gib=100, mode="lockstep")
-    config = SimConfig(virtual_stages=2)
+    config = SimConfig(virtual_stages=3)  # not the layout's default (2): told apart below
     return Evaluator([docs], lay, linear_cost(layers=4), config, 0, recording_solver(calls, made))
 
 
@@ -50,7 +50,7 @@ def test_search_solves_slimpack_once_per_schedule_it_simulates():
         (t["plan_schedule"], t["schedule"]) == ("1f1b", "interleaved") for t in cross
     )
     assert {(2, "1f1b"), (2, "interleaved")} <= tried  # its own choice under each schedule
-    assert all(v == 2 for *_rest, v in calls)  # the simulator's virtual stages
+    assert all(v == 3 for *_rest, v in calls)  # the simulator's virtual stages
     # the run's plan is the one solved for the schedule it runs under
     assert made[id(run.plans[0])] == run.schedule
 
@@ -63,7 +63,7 @@ def test_search_solves_a_baseline_once_for_both_schedules():
     rows = {row for row, _sch in screened}
     assert {sch for _row, sch in screened} == {"1f1b", "interleaved"}
     assert len(calls) == len(rows) == ev.log.solves < len(screened)  # once per row
-    assert {(sch, v) for *_rest, sch, v in calls} == {("1f1b", 1)}  # the layout as given
+    assert {(sch, v) for *_rest, sch, v in calls} == {("1f1b", 2)}  # the layout as given
 
 
 def test_without_a_pipeline_slimpack_is_solved_once():

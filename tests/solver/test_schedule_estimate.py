@@ -19,8 +19,12 @@ from .conftest import docs_of, unit_cost
 
 def test_layout_schedule_defaults_and_validation():
     lay = Layout(dp=1)
-    assert (lay.schedule, lay.virtual_stages, lay.chunks_per_device) == ("1f1b", 1, 1)
+    assert (lay.schedule, lay.virtual_stages, lay.chunks_per_device) == ("1f1b", 2, 1)
     assert tuple(EXECUTION_SCHEDULES) == SCHEDULES  # one registry of schedules
+    # interleaved without a count: 2 chunks per device, as the simulator and execution model
+    assert Layout(dp=1, pp=2, schedule="interleaved").chunks_per_device == 2
+    assert ExecutionConfig(pp=2, schedule="interleaved").chunks_per_device == 2
+    assert ExecutionConfig(pp=2, virtual_stages=3).chunks_per_device == 1  # 1F1B: one chunk
     assert Layout(dp=1, pp=2, schedule="interleaved", virtual_stages=2).chunks_per_device == 2
     # chunks only matter with a pipeline, and only under the interleaved schedule
     assert Layout(dp=1, pp=1, schedule="interleaved", virtual_stages=2).chunks_per_device == 1
@@ -122,22 +126,61 @@ def test_interleaved_estimate_is_the_simulated_step_without_communication(pp):
 
 
 def test_an_order_the_interleaved_schedule_cannot_run_is_a_plan_error():
-    """pp 8, v 2, 10 packs at lag 0 (not a multiple of pp): the devices wait on each other.
-    The planner prices such a candidate ``inf`` so another count or lag wins."""
+    """pp 8, v 2, one backward pack that waits for forward pack 15 of 36: the last device
+    runs that pack's backward on chunk 7 before its forwards of the third group, which the
+    first device's backward on chunk 8 waits for: the devices wait on each other. The
+    planner prices such a candidate ``inf`` so another count or lag wins."""
     import math
 
     from slimdata.errors import PlanError
     from slimdata.execution.critical import critical_path
+    from slimdata.plan.pipeline import interleave
     from slimdata.solver.common import interleaved_order
     from slimdata.solver.strategies.slimpack import _Stages
 
-    order = interleaved_order(10, 10, 0)
+    order = interleave(36, [15])
     with pytest.raises(PlanError, match="interleaved schedule cannot run"):
-        critical_path([1.0] * 10, [2.0] * 10, order, 8, schedule="interleaved", v=2)
+        critical_path([1.0] * 36, [2.0], order, 8, schedule="interleaved", v=2)
     stages = _Stages(8, 32, "interleaved", 2)
-    assert stages.estimate(np.ones((10, 1)), np.full((10, 1), 2.0), order) == math.inf
-    ok = interleaved_order(16, 16, 0)  # a multiple of pp runs: the guard is not vacuous
+    assert stages.estimate(np.ones((36, 1)), np.full((1, 1), 2.0), order) == math.inf
+    ok = interleaved_order(16, 16, 0)  # a symmetric order runs: the guard is not vacuous
     assert math.isfinite(stages.estimate(np.ones((16, 1)), np.full((16, 1), 2.0), ok))
+
+
+def test_interleaved_runs_pack_counts_that_are_no_multiple_of_pp():
+    """Megatron's interleaved schedule groups the packs by ``N`` (its micro-batch group size):
+    ``pp``, or more where groups of ``pp`` would leave a last group of fewer than ``pp`` packs
+    (Megatron refuses those; here the devices waited on each other: pp 8, v 2, 10 packs, and
+    the 76 packs of a pp 16 baseline). One group of 5 packs on pp 4, v 3, lag 0: the last
+    device runs its 10 warm-up forwards (chunks 3 and 7), then 1F1B on chunk 11; the first
+    device every forward (its warm-up, 6 + 10 ops, outnumbers them), then every backward.
+    With 1 s forward and 2 s backward packs on 12 layers, each device computes 5 * 3 * 0.25 =
+    3.75 s and waits out the fill and drain of ``pp - 1`` chunk ops (0.25 s each): 4.5 s.
+    pp 8, v 2, 10 packs on 16 layers (one group of 10): 10 * 2 * 3/16 + 7 * 3/16 = 5.0625 s."""
+    from slimdata.execution.critical import critical_path
+    from slimdata.execution.schedule import group_size, stage_ops
+    from slimdata.solver.common import interleaved_order
+
+    assert [group_size(n, 8) for n in (3, 8, 10, 16, 20, 76)] == [8, 8, 10, 8, 10, 11]
+    assert group_size(76, 16) == 19 and group_size(96, 16) == 16
+    order = interleaved_order(5, 5, 0)
+    last = " ".join(f"{p}{c}.{i}" for p, c, i in stage_ops("interleaved", order, 3, 4, 3))
+    assert last == (
+        "F3.0 F3.1 F3.2 F3.3 F3.4 F7.0 F7.1 F7.2 F7.3 F7.4 F11.0 B11.0 F11.1 B11.1 F11.2 "
+        "B11.2 F11.3 B11.3 F11.4 B11.4 B7.0 B7.1 B7.2 B7.3 B7.4 B3.0 B3.1 B3.2 B3.3 B3.4"
+    )
+    first = [f"{p}{c}.{i}" for p, c, i in stage_ops("interleaved", order, 0, 4, 3)]
+    assert first == [
+        f"{p}{c}.{i}"
+        for p, cs in (("F", (0, 4, 8)), ("B", (8, 4, 0)))
+        for c in cs
+        for i in range(5)
+    ]
+    got = critical_path([1.0] * 5, [2.0] * 5, order, 4, schedule="interleaved", v=3, layers=12)
+    assert got.tolist() == pytest.approx([4.5], rel=1e-12)
+    ten = interleaved_order(10, 10, 0)
+    got = critical_path([1.0] * 10, [2.0] * 10, ten, 8, schedule="interleaved", v=2, layers=16)
+    assert got.tolist() == pytest.approx([5.0625], rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(4))
