@@ -242,18 +242,24 @@ def _rank_calls(
 
 
 def cp_pass_gathers(
-    plan: StepPlan, cp: int, lockstep: bool, split: bool, ranks: Collection[int] | None = None
+    plan: StepPlan,
+    cp: int,
+    lockstep: bool,
+    split: bool,
+    ranks: Collection[int] | None = None,
+    keep: bool = True,
 ) -> PassGathers:
     """The gathers of every pack pass of ``plan`` under static CP ``cp``, as the executor
     runs them (:func:`slimdata.plan.execution`'s rules: ``lockstep`` FSDP's plan-global
     ones, else per rank, with ``split`` calls; a lockstep plan the FSDP executor refuses
     runs by the per-rank rules, as :func:`~slimdata.execution.pricing.pack_times` prices).
-    ``ranks``: only theirs (the other ranks' passes have none)."""
+    ``ranks``: only theirs (the other ranks' passes have none); ``keep=False``: FSDP1's
+    lockstep rules (every backward pack recomputed)."""
     sched = None
     if lockstep:
         try:
             check_lockstep(plan)
-            sched = lockstep_schedule(plan)
+            sched = lockstep_schedule(plan, keep)
         except PlanError:
             sched = None
     fwd: list[tuple[int, ...]] = []

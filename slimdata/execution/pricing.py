@@ -99,13 +99,18 @@ class PackTimes:
 
 # 62 lines: 24 of them construct the result, one named field per line
 def pack_times(
-    plan: StepPlan, cost: CostModel, lockstep: bool = False, split: bool = False
+    plan: StepPlan,
+    cost: CostModel,
+    lockstep: bool = False,
+    split: bool = False,
+    keep: bool = True,
 ) -> PackTimes:
     """Sum the cost model over the slices of every pack of ``plan`` (vectorized).
 
     ``lockstep``: the executor's FSDP rules decide what is recomputed (plan-global, see
-    :func:`slimdata.plan.lockstep_schedule`) when the plan is lockstep; else per rank.
-    ``split``: forward packs split by backward pack (ignored with ``lockstep``)."""
+    :func:`slimdata.plan.lockstep_schedule`; ``keep=False``: FSDP1's, every backward pack
+    recomputed) when the plan is lockstep; else per rank. ``split``: forward packs split by
+    backward pack (ignored with ``lockstep``)."""
     nf = np.array([len(rs.forward) for rs in plan.ranks], dtype=np.int64)
     nb = np.array([len(rs.backward) for rs in plan.ranks], dtype=np.int64)
     f_offset = np.concatenate(([0], np.cumsum(nf)[:-1]))
@@ -116,7 +121,7 @@ def pack_times(
     tokens = (s_end - s_start).astype(np.float64)
     f_slices = np.bincount(s_fpack, minlength=n_f).astype(np.float64)
     b_slices = np.bincount(s_bpack, minlength=n_b).astype(np.float64)
-    free, rec, f_calls, b_calls = _how_packs_run(plan, lockstep, split, f_offset, b_offset)
+    free, rec, f_calls, b_calls = _how_packs_run(plan, lockstep, split, keep, f_offset, b_offset)
     # lockstep padding packs (model calls, no slices) run one-token dummy calls
     f_dummy, b_dummy = padding_call_times(cost)
     f_pad = np.where(f_slices == 0, f_calls * f_dummy, 0.0)
@@ -190,7 +195,12 @@ def _plan_slices(
 
 
 def _how_packs_run(
-    plan: StepPlan, lockstep: bool, split: bool, f_offset: np.ndarray, b_offset: np.ndarray
+    plan: StepPlan,
+    lockstep: bool,
+    split: bool,
+    keep: bool,
+    f_offset: np.ndarray,
+    b_offset: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """How the executor runs every flat pack (:func:`slimdata.plan.execution`): forward packs
     without an autograd graph, backward packs that recompute their forward, and the model
@@ -207,7 +217,7 @@ def _how_packs_run(
     rec = np.zeros(n_b, dtype=bool)
     f_calls = np.zeros(n_f, dtype=np.int64)
     b_calls = np.zeros(n_b, dtype=np.int64)
-    for rs, ex in zip(plan.ranks, execution(plan, lockstep, split), strict=True):
+    for rs, ex in zip(plan.ranks, execution(plan, lockstep, split, keep), strict=True):
         fo, bo = int(f_offset[rs.rank]), int(b_offset[rs.rank])
         free[[fo + i for i in ex.graph_free]] = True
         rec[[bo + j for j in ex.recomputed]] = True

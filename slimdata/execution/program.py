@@ -77,6 +77,12 @@ class ExecutionConfig:
     """Static context parallelism: each device stands for ``cp`` members holding 1/cp each."""
     grad_bytes: int = 2
     """Bytes per parameter of the gradient / parameter collectives."""
+    fsdp_keeps_graphs: bool = True
+    """Under ``"fsdp"``: FSDP2 (``fully_shard``), whose backward pack that is a union of
+    forward packs runs through the graphs they kept; ``False``: FSDP1
+    (``FullyShardedDataParallel``), which frees its gathered parameters after a forward, so
+    the executor recomputes every backward pack's forward first
+    (:func:`slimdata.plan.lockstep_schedule` with ``keep=False``)."""
 
     def __post_init__(self) -> None:
         if self.parallelism not in ("ddp", "fsdp"):
@@ -116,7 +122,13 @@ def pack_prices(
     records per pack (``MicroPack.cost``, :func:`slimdata.solver.common.assemble_plan`) are
     these."""
     config = config or ExecutionConfig()
-    pt = pack_times(plan, cost, lockstep=config.parallelism == "fsdp", split=config.split)
+    pt = pack_times(
+        plan,
+        cost,
+        lockstep=config.parallelism == "fsdp",
+        split=config.split,
+        keep=config.fsdp_keeps_graphs,
+    )
     return pt, pack_compute(pt, plan, config.cp)
 
 
@@ -167,7 +179,14 @@ def build_programs(
     pt, prices = pack_prices(plan, cost, config)
     ranks = None if fsdp or ranks is None else frozenset(ranks)
     gathers = (
-        cp_pass_gathers(plan, config.cp, lockstep=fsdp, split=config.split, ranks=ranks)
+        cp_pass_gathers(
+            plan,
+            config.cp,
+            lockstep=fsdp,
+            split=config.split,
+            ranks=ranks,
+            keep=config.fsdp_keeps_graphs,
+        )
         if config.cp > 1 and not compute_only
         else None
     )

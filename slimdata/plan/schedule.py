@@ -221,12 +221,16 @@ class RankExecution:
     padding pack: as the pack holding slices elsewhere, with dummy calls)."""
 
 
-def execution(plan: StepPlan, lockstep: bool = False, split: bool = False) -> list[RankExecution]:
+def execution(
+    plan: StepPlan, lockstep: bool = False, split: bool = False, keep: bool = True
+) -> list[RankExecution]:
     """Per rank, how the executor runs the packs: free-mode rules, with ``split`` the split
     calls of :func:`split_calls` (the executor's default outside FSDP), or with ``lockstep``
-    the plan-global rules of FSDP2 (:func:`lockstep_schedule`; assumes :func:`check_lockstep`;
-    ``split`` is then ignored, as FSDP never splits)."""
-    sched = lockstep_schedule(plan) if lockstep else None
+    the plan-global rules of FSDP (:func:`lockstep_schedule`; assumes :func:`check_lockstep`;
+    ``split`` is then ignored, as FSDP never splits): ``keep``, FSDP2's, whose union backward
+    packs run through their forward packs' graphs; ``keep=False``, FSDP1's, where every
+    backward pack recomputes its forward."""
+    sched = lockstep_schedule(plan, keep) if lockstep else None
     out = []
     for rs in plan.ranks:
         sc = split_calls(rs.forward, rs.backward) if sched is None and split else None

@@ -62,6 +62,10 @@ class SimConfig:
     across a fixed group of ``cp`` devices, so a plan solved for ``dp / cp`` DP groups runs on
     ``Layout.dp`` devices. ``1``: no CP (the plain model). ``None``: the plan's
     (``plan.meta["cp"]``) where it records one, else 1."""
+    fsdp_keeps_graphs: bool = True
+    """Under ``fsdp``: FSDP2 (``fully_shard``) rules; ``False``: FSDP1's
+    (``FullyShardedDataParallel``), whose every backward pack recomputes its forward
+    (:attr:`slimdata.execution.ExecutionConfig.fsdp_keeps_graphs`)."""
     cp_overlap: float = 1.0
     """Share of the ring-attention overlap window that hides the K/V exchange of static CP,
     DP-Merge and ``dcp`` groups alike: up to ``cp_overlap * (k - 1) / k`` of a member's
@@ -154,6 +158,7 @@ class SimConfig:
             virtual_stages=chunks_per_device(schedule, pp, v),
             cp=cp,
             grad_bytes=self.grad_bytes,
+            fsdp_keeps_graphs=self.fsdp_keeps_graphs,
         )
 
 

@@ -165,6 +165,27 @@ def test_graph_free_forward_holds_activations_only_while_it_runs():
     assert [op for op in prog.ops if isinstance(op, Alloc | Free)]  # guard: memory was listed
 
 
+def test_fsdp1_recomputes_every_backward_pack():
+    # FSDP lockstep, one rank; a = doc 0 [0,2), b = doc 1 [0,3); forward [a], [b], backward
+    # [b], [a]: each backward pack is the union of one forward pack. FSDP2 runs them through
+    # the kept graphs; FSDP1 frees its gathered parameters after a forward, so both forwards
+    # run graph-free and both backward packs re-run their forward first
+    plan = _plan([([[(0, 0, 2)], [(1, 0, 3)]], [[(1, 0, 3)], [(0, 0, 2)]])], [2, 3])
+    fsdp2 = build_programs(plan, COST, ExecutionConfig(parallelism="fsdp"))[(0, 0)]
+    fsdp1 = ExecutionConfig(parallelism="fsdp", fsdp_keeps_graphs=False)
+    prog = build_programs(plan, COST, fsdp1)[(0, 0)]
+    kept = fsdp2.computes()
+    assert not any(c.graph_free or c.recompute for c in kept)
+    assert [c.seconds for c in kept] == [2.0, 3.0, 6.0, 4.0]  # 1 s / token forward, 2 backward
+    f0, f1, b0, b1 = prog.computes()
+    assert f0.graph_free and f1.graph_free and b0.recompute and b1.recompute
+    assert [c.seconds for c in (f0, f1, b0, b1)] == [2.0, 3.0, 3.0 + 6.0, 2.0 + 4.0]
+    # memory: F0 act 2 + kv 2 = 4, keeps kv 2; F1 2 + act 3 + kv 3 = 8, keeps kv 5; B0 re-runs
+    # b: 5 + act 3 = 8, frees b (kv 3): 2; B1 re-runs a: 2 + act 2 = 4, frees all
+    assert levels(prog).tolist() == [4.0, 8.0, 8.0, 4.0]
+    assert compute_levels(prog).tolist() == [2.0, 5.0, 2.0, 0.0]
+
+
 def critical_path(programs) -> list[float]:
     """Reference: every rank's programs run their computes in program order, a forward on
     chunk c after the same pack's forward on c - 1, a backward on c after c + 1; no

@@ -13,7 +13,7 @@ import random
 import torch
 import torch.distributed as dist
 from hooks_helpers import TinyLM, doc_tokens, solver_case, tiny_forward
-from hooks_workers import FSDP_PLANS, PLANS, _fully_shard
+from hooks_workers import FSDP_PLANS, PLANS, _fsdp1, _fully_shard
 from slimdata.hooks import make_payload, run_step
 from slimdata.hooks import merge as merge_rt
 from slimdata.hooks.callbacks import Callback
@@ -180,13 +180,20 @@ def expected(
     cp: int = 1,
     member: int = 0,
     recompute: str = "none",
+    keeps_graphs: bool = True,
 ) -> tuple[list[Pack], list]:
     """The same, read off the execution model's program of DP ``rank`` for a cost model
     of the ``recompute`` policy, its groups' devices mapped to the processes they stand for;
-    under static CP the model runs CP ``member``'s tokens."""
+    under static CP the model runs CP ``member``'s tokens; ``keeps_graphs=False``: FSDP1's
+    rules."""
     n_params = sum(p.numel() for p in model.parameters())
     cost = dataclasses.replace(CostModel.analytic(TINY, "h100", recompute), param_count=n_params)
-    config = ExecutionConfig(parallelism="fsdp" if fsdp else "ddp", grad_bytes=4, cp=cp)
+    config = ExecutionConfig(
+        parallelism="fsdp" if fsdp else "ddp",
+        grad_bytes=4,
+        cp=cp,
+        fsdp_keeps_graphs=keeps_graphs,
+    )
     program = build_programs(plan, cost, config)[(rank, 0)]
     packs: list[Pack] = []
     pending: list[Collective] = []
@@ -240,9 +247,10 @@ def _member_tokens(rs, op: Compute, cp: int, member: int) -> int:
 
 
 def _param_collectives_per_pass(packs: list[Pack]) -> list[Pack]:
-    """FSDP2 issues one parameter collective per sharded unit (the model's wrapping) and
-    pads shards; the program lists one per pass for the whole model: compare merge exchanges
-    exactly and, per pass, which parameter collectives run over which group."""
+    """FSDP2 and FSDP1 issue one parameter collective per sharded unit (the model's
+    wrapping) and pad shards; the program lists one per pass for the whole model: compare
+    merge exchanges exactly and, per pass, which parameter collectives run over which
+    group."""
     out = []
     for p, i, c, t, coll in packs:
         merge = tuple(x for x in coll if x[0].startswith(("merge", "cp_kv")))
@@ -253,13 +261,14 @@ def _param_collectives_per_pass(packs: list[Pack]) -> list[Pack]:
 
 def runtime_vs_program(rank: int, world: int, seeds: list[int], named: list[str]) -> list:
     """Per case: (recorded, expected) for this rank. Free-mode cases run a bare module with
-    ``reduce_grads=True`` (DDP's reduction); ``fsdp:`` cases run FSDP2 on a lockstep plan;
+    ``reduce_grads=True`` (DDP's reduction); ``fsdp:`` cases run FSDP2 on a lockstep plan,
+    ``fsdp1:`` cases FSDP1 (``FullyShardedDataParallel``: every backward pack recomputed);
     ``full:`` cases run with every layer checkpointed (``recompute="full"``), priced by a
     cost model of that policy."""
     cases = [(f"seed{s}", *random_case(s, world)) for s in seeds]
     for name in named:
         base = name.split(":")[-1]
-        if name.startswith("fsdp:"):
+        if name.startswith(("fsdp:", "fsdp1:")):
             toks, plan = FSDP_PLANS[base]()
         else:
             toks, plan = PLANS[base]()
@@ -269,12 +278,13 @@ def runtime_vs_program(rank: int, world: int, seeds: list[int], named: list[str]
     cases.append(("fsdp:random", *random_case(seeds[0] + 100, world, mode="lockstep")))
     out = []
     for name, toks, plan in cases:
-        fsdp = name.startswith("fsdp:")
+        fsdp1 = name.startswith("fsdp1:")
+        fsdp = fsdp1 or name.startswith("fsdp:")
         policy = "full" if name.startswith("full:") else "none"
         model = TinyLM(seed=1)
-        want = expected(plan, rank, model, fsdp, recompute=policy)
+        want = expected(plan, rank, model, fsdp, recompute=policy, keeps_graphs=not fsdp1)
         if fsdp:
-            model = _fully_shard(model, world)
+            model = _fsdp1(model) if fsdp1 else _fully_shard(model, world)
         got = record(model, make_payload(plan, rank, toks), fsdp, recompute=policy)
         if fsdp:
             got = (_param_collectives_per_pass(got[0]), got[1])

@@ -34,6 +34,17 @@ def test_runtime_runs_the_program_two_ranks():
     assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds
 
 
+def test_fsdp1_runs_the_program_of_its_rules():
+    # FSDP1 frees its gathered parameters after a forward, so the executor recomputes every
+    # backward pack's forward (forwards without a graph): the program under
+    # fsdp_keeps_graphs=False lists exactly those calls, tokens and collectives
+    res = run_distributed(
+        X.runtime_vs_program, 2, [6], ["fsdp1:solver2_merge", "fsdp1:solver2_asym", "fsdp1:hand2"]
+    )
+    kinds = _assert_equal(res)
+    assert {"merge_kv_all_gather", "fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds
+
+
 def test_runtime_runs_the_program_under_full_recompute():
     # every layer checkpointed: a merge pack's backward re-gathers its keys/values once per
     # layer inside the layer's recomputation, then reduce-scatters their gradient, as with
