@@ -121,3 +121,18 @@ def test_interleaved_pack_counts_no_multiple_of_pp_run(pp, packs, layers, step):
     config = SimConfig(interconnect=FREE, schedule="interleaved")
     r = simulate_step(plan, linear_cost(layers=layers), lay, config)
     assert r.step_time == pytest.approx(step, rel=1e-9)
+
+
+def test_fsdp1_pays_every_forward_again():
+    """Under FSDP1's rules every backward pack re-runs its forward: the simulated step of a
+    one-rank lockstep plan of two 128-token documents (1 s/token forward) is 256 s longer
+    than under FSDP2's, however the solver packed them."""
+    lay = Layout(dp=1, mode="lockstep", context=256, memory_gib=1000)
+    plan = solve(documents_from_lengths([128, 128], 128), lay, "slimpack", 0, linear_cost())
+    cost = linear_cost()
+    fsdp2 = SimConfig(parallelism="fsdp", interconnect=FREE)
+    fsdp1 = SimConfig(parallelism="fsdp", interconnect=FREE, fsdp_keeps_graphs=False)
+    t2 = simulate_step(plan, cost, lay, fsdp2).step_time
+    t1 = simulate_step(plan, cost, lay, fsdp1).step_time
+    assert t2 == pytest.approx(128 * 2 + 2 * 128 * 2)
+    assert t1 - t2 == pytest.approx(256.0)
