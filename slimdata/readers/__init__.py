@@ -261,8 +261,9 @@ def _glob_files(
 ) -> list[tuple[str, int]]:
     """Files of a glob pattern, relative to its fixed ``root``, in sorted path order.
 
-    A matched file is taken as it is; a matched directory is walked as a directory input
-    is (``include``, hidden entries, ``save_to_disk`` directories), so a quoted ``'data/*'``
+    A matched file is taken as it is (a dangling link too, for its reader to quarantine
+    it; a FIFO, socket or device is skipped with a note); a matched directory is walked as
+    a directory input is (``include``, hidden entries, ``save_to_disk`` directories), so a quoted ``'data/*'``
     reads what the shell's expansion of it reads. A file below a matched directory comes
     from that directory's walk only.
     """
@@ -281,8 +282,10 @@ def _glob_files(
             matched_dirs.add(rel)
             prefix = "" if rel == "." else rel + "/"
             walked += _walk_keyed(path, include, exclude, notes, datasets, prefix)
-        elif path.is_file():
-            plain.append((rel, rel, path.stat().st_size))
+        else:  # a dangling link counts as a file for its reader to quarantine; a FIFO is noted
+            size = regular_size(path, notes)
+            if size is not None:
+                plain.append((rel, rel, size))
     parents = {rel: {p.as_posix() for p in Path(rel).parents} for rel, _, _ in plain}
     plain = [e for e in plain if not parents[e[1]] & matched_dirs]
     unique = {rel: (key, size) for key, rel, size in walked + plain}
