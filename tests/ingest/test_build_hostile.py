@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slimdata.cli import cli
+from slimdata.docsource import load_shard_documents
 from slimdata.ingest import build
 from slimdata.ingest.stages import batch_records, tokenize_batch
 from slimdata.readers import ReadOptions, Record, Rejected, plan_inputs, read_task
@@ -122,8 +123,7 @@ def test_a_glob_matching_dangling_links_and_a_pipe_reports_each(tmp_path, caplog
     out = tmp_path / "out"
     with caplog.at_level(logging.WARNING, logger="slimdata.readers"):
         summary = build(tiny_config(str(corpus / "*")), out)
-    samples, _ = read_shards(out)
-    assert [s["doc_id"] for s in samples] == ["corpus/a.txt"]
+    assert [d.doc_id for d in load_shard_documents(out)] == ["corpus/a.txt"]
     quarantined = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
     assert [(q["doc_id"], q["reason"]) for q in quarantined] == [
         (
