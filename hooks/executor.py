@@ -42,7 +42,7 @@ from slimdata.hooks import fsdp as fsdp_rt
 from slimdata.hooks.callbacks import Callback, PackEvent, StepSummary
 from slimdata.hooks.continuation import PackContext
 from slimdata.hooks.cp import CpRuntime, cp_runtime, plan_cp
-from slimdata.hooks.hf import hf_hidden_forward
+from slimdata.hooks.hf import hf_hidden_forward, max_positions
 from slimdata.hooks.kvstore import KVStore
 from slimdata.hooks.launcher import die_with_launcher
 from slimdata.hooks.loss import IGNORE, HiddenStates, packed_loss, slice_labels
@@ -300,6 +300,7 @@ def _resolve_options(
     if forward is None:
         forward = hf_forward if kind is not None else hf_hidden_forward
     _check_vocabulary(module, payload)
+    _check_positions(module, payload)
     policy = resolve_policy(recompute, payload.plan)
     _check_fsdp_recompute(kind, module, policy)
     return _Options(
@@ -344,6 +345,28 @@ def _check_vocabulary(module: nn.Module, payload: StepPayload) -> None:
             "the vocabulary of the build that wrote them (tokenizer.vocab_size in its "
             "slimdata.json)"
         )
+
+
+def _check_positions(module: nn.Module, payload: StepPayload) -> None:
+    """Every slice of the payload ends within the model's positions: a plan solved for a
+    longer context than the model's (``slimdata plan --context 8192`` for a model of 4,096
+    positions) fails here, before any pack, instead of training positions the model does
+    not have (RoPE: silently; learned positions: inside the embedding lookup)."""
+    limit = max_positions(module)
+    if limit is None:
+        return
+    plan = payload.plan  # a StepPlan or this rank's view: both index ranks and docs so
+    ends = [(s.end, s.doc) for s in plan.ranks[payload.rank].slices()]
+    if not ends or max(ends)[0] <= limit:
+        return
+    end, doc = max(ends)
+    raise ConfigError(
+        f"step {plan.step} rank {payload.rank}: document {plan.docs[doc].doc_id!r} reaches "
+        f"position {end - 1}, beyond the model's {limit} positions "
+        "(config.max_position_embeddings): the plan was solved for a longer context than the "
+        f"model's; plan with --context {limit} (Layout(context={limit})), or train a model "
+        "of the plan's context"
+    )
 
 
 def _check_processes(opts: _Options, payload: StepPayload, cp: int) -> None:

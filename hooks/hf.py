@@ -25,12 +25,21 @@ from torch import nn
 
 from slimdata.errors import ConfigError
 
-__all__ = ["NAME", "hf_hidden_forward", "register", "slimdata_attention"]
+__all__ = ["NAME", "hf_hidden_forward", "max_positions", "register", "slimdata_attention"]
 
 NAME = "slimdata"
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config fields of models whose logits are not just ``lm_head(hidden)``."""
+
+
+def max_positions(model: object) -> int | None:
+    """The positions a Hugging Face model (or its ``config``) has,
+    ``config.max_position_embeddings``; None for a model that does not say (a custom model's
+    positions are not checked)."""
+    config = getattr(model, "config", model)
+    n = getattr(config, "max_position_embeddings", None)
+    return n if type(n) is int and n > 0 else None
 
 
 def slimdata_attention(

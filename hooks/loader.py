@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from slimdata.hooks.hf import max_positions
 from slimdata.hooks.launcher import die_with_launcher
 from slimdata.hooks.payload import StepPayload
 
@@ -172,6 +173,7 @@ class DocumentLoader:
         die_with_launcher()  # a killed torchrun leaves no rank behind
         if not 0 <= rank < config.layout.dp:
             raise ConfigError(f"rank={rank} is outside the layout's {config.layout.dp} ranks")
+        _check_model_context(config)
         check_dataset(dataset)  # no shard outside the dataset directory is ever read
         self.dataset, self.rank, self.config = dataset, rank, config
         self.documents = list(documents) if documents is not None else documents_of(dataset)
@@ -257,6 +259,41 @@ def _check_ranks(sidecar: dict, rank: int, nodes: int, ranks_per_node: int) -> N
         )
 
 
+def _check_context(sidecar: dict, context: int | None) -> None:
+    """The plan shards were solved for ``context`` (None: not checked), as ``plan.json``
+    records (``slimdata plan --context``)."""
+    if context is None:
+        return
+    if type(context) is not int or context < 1:
+        raise ConfigError(f"context={context!r}: give the training's context length in tokens")
+    solved = sidecar.get("context")
+    if solved is None:
+        raise ConfigError(
+            f"context={context}: plan.json records no context to check it against (plan "
+            "shards not written by `slimdata plan`); omit context="
+        )
+    if solved != context:
+        raise ConfigError(
+            f"context={context}: these plan shards were solved for context={solved!r} "
+            f"(plan.json): their documents are cut and packed for {solved!r} tokens, not "
+            f"{context}; re-run `slimdata plan --context {context}`, or train at context="
+            f"{solved!r}"
+        )
+
+
+def _check_model_context(config: LoaderConfig) -> None:
+    """``config.layout.context`` fits the positions of ``config.model`` (a Hugging Face
+    model or config that says: ``max_position_embeddings``)."""
+    limit = max_positions(config.model) if config.model is not None else None
+    if limit is not None and config.layout.context > limit:
+        raise ConfigError(
+            f"Layout(context={config.layout.context}) is longer than the model's {limit} "
+            f"positions (config.max_position_embeddings): plans would hold documents of up to "
+            f"{config.layout.context} tokens; use Layout(context={limit}), or a model of "
+            f"{config.layout.context} positions"
+        )
+
+
 class PlanShardLoader:
     """This rank's payloads from plan shards, stamp-checked.
 
@@ -272,6 +309,11 @@ class PlanShardLoader:
     (:mod:`slimdata.hooks.cp`). Each payload carries this rank's view of its step's plan
     (:class:`RankPlan`); plan shards of an older format raise
     :class:`~slimdata.errors.PlanFormatError` here, before any read.
+
+    ``context``: the context length the training runs at; plan shards solved for another
+    (``slimdata plan --context``, recorded in ``plan.json``) are refused with a
+    :class:`~slimdata.errors.ConfigError` naming both: their documents were cut and packed
+    for that length, not this one.
     """
 
     def __init__(
@@ -283,6 +325,7 @@ class PlanShardLoader:
         ranks_per_node: int = 1,
         mode: str = "index",
         plan_json: str | Path | None = None,
+        context: int | None = None,
     ) -> None:
         die_with_launcher()  # a killed torchrun leaves no rank behind
         if mode not in ("index", "iterate"):
@@ -293,6 +336,7 @@ class PlanShardLoader:
         self.dataset, self.rank, self.mode = dataset, rank, mode
         self.nodes, self.ranks_per_node = nodes, ranks_per_node
         _check_ranks(self.sidecar, rank, nodes, ranks_per_node)
+        _check_context(self.sidecar, context)
         ranks = nodes * ranks_per_node
         # static CP: process ``rank`` runs DP rank ``rank // cp`` (plan.json records cp)
         self.cp = self.sidecar.get("cp", 1)

@@ -5,14 +5,16 @@ streaming's ``LocalDataset`` reads only raw ``.mds`` files; a build written with
 them into its local cache when it streams them). :class:`LocalShards` is ``LocalDataset``
 that decompresses a compressed shard on its first read into a private scratch directory,
 removed when the reader is closed or collected, so reading a build never writes into it.
+A process killed meanwhile removes it too (SIGTERM, Ctrl-C), or the next reader's does
+(``kill -9``): :class:`slimdata.scratch.ScratchDir`.
 
 Example: a build with two zstd shards of which a plan reads samples of the second only:
-that shard alone is decompressed, once, into ``/tmp/slimdata-shards-*/task-00001/...``.
+that shard alone is decompressed, once, into
+``/tmp/slimdata-shards-<pid>-*/task-00001/...``.
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,12 @@ from streaming import LocalDataset
 from streaming.base.compression import decompress
 
 from slimdata.errors import InputError
+from slimdata.scratch import ScratchDir
 
 __all__ = ["LocalShards"]
+
+SCRATCH_PREFIX = "slimdata-shards-"
+"""Name of the scratch directories, ``$TMPDIR/slimdata-shards-<pid>-<random>``."""
 
 
 class LocalShards(LocalDataset):
@@ -29,7 +35,7 @@ class LocalShards(LocalDataset):
 
     def __init__(self, local: str | Path) -> None:
         super().__init__(local=str(local))
-        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        self._scratch: ScratchDir | None = None
         self._ready: set[int] = set()
 
     def get_item(self, sample_id: int) -> dict[str, Any]:
@@ -58,7 +64,7 @@ class LocalShards(LocalDataset):
             self._check_raw_files(shard)
             return
         if self._scratch is None:
-            self._scratch = tempfile.TemporaryDirectory(prefix="slimdata-shards-")
+            self._scratch = ScratchDir(SCRATCH_PREFIX)
         for raw, packed in pairs:
             if packed is None:
                 raise InputError(

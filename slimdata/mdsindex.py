@@ -12,6 +12,14 @@ Cost is bounded by the file, never by a number in it: the file is refused above
 :data:`MAX_INDEX_BYTES` before it is read, parsing errors (nesting included) become
 :class:`~slimdata.errors.InputError`, each basename costs one path resolution, and each
 shard's sample count must fit its stated size (streaming allocates by it).
+
+Where slimdata reads a directory's samples itself (``slimdata plan``, ``simulate`` and
+``stats`` on shards, through :func:`indexed_samples`), every shard entry must also be one
+streaming's MDS reader can be built from (version 2, format ``mds``, exactly its fields,
+columns listed alike): streaming builds its reader with ``MDSReader(**entry)`` and fails on
+anything else with a bare ``KeyError: 'version'`` or ``TypeError``. Column encodings are
+checked to be names, not that streaming knows them (that would import streaming, and torch
+with it, into every command).
 """
 
 from __future__ import annotations
@@ -79,11 +87,13 @@ def check_index(directory: str | Path) -> int:
 
 
 def indexed_samples(directory: str | Path) -> int:
-    """Samples of all shards of ``directory/index.json``, after :func:`check_index`."""
-    return sum(shard["samples"] for shard in _checked_shards(Path(directory)))
+    """Samples of all shards of ``directory/index.json``, after :func:`check_index` and a
+    check that streaming's MDS reader can be built from every shard entry (module
+    docstring)."""
+    return sum(shard["samples"] for shard in _checked_shards(Path(directory), readers=True))
 
 
-def _checked_shards(directory: Path) -> list[dict]:
+def _checked_shards(directory: Path, readers: bool = False) -> list[dict]:
     path = directory / "index.json"
     index = _load(path)
     shards = index.get("shards") if isinstance(index, dict) else None
@@ -102,7 +112,83 @@ def _checked_shards(directory: Path) -> list[dict]:
                     raise InputError(f"{where}: a data entry is not an object")
                 check_inside(directory, entry.get("basename"), where)
         _check_counts(shard, where)
+    if not readers:
+        return shards
+    if index.get("version") != 2:
+        raise InputError(
+            f"{path}: index 'version' is {index.get('version')!r:.40}, not 2: not an index "
+            "mosaicml-streaming reads (damaged, or of another version); rebuild the dataset"
+        )
+    for i, shard in enumerate(shards):
+        _check_mds_fields(shard, f"{path}: shard {i}")
     return shards
+
+
+_MDS_FIELDS = frozenset(
+    {
+        "column_encodings",
+        "column_names",
+        "column_sizes",
+        "compression",
+        "format",
+        "hashes",
+        "raw_data",
+        "samples",
+        "size_limit",
+        "version",
+        "zip_data",
+    }
+)
+"""The fields of an MDS shard entry: the arguments of streaming's ``MDSReader``."""
+
+_FILE_FIELDS = frozenset({"basename", "bytes", "hashes"})
+"""The fields of a shard's ``raw_data``/``zip_data`` (streaming's ``FileInfo``)."""
+
+
+def _check_mds_fields(shard: dict, where: str) -> None:
+    """``shard`` is an MDS shard entry streaming can build its reader from (module
+    docstring): ``{"version": 2, "format": "mds", "column_names": ["tokens", ...], ...}``."""
+    if shard.get("version") != 2 or shard.get("format") != "mds":
+        raise InputError(
+            f"{where}: version {shard.get('version')!r:.40} and format "
+            f"{shard.get('format')!r:.40}, not 2 and 'mds': slimdata reads MDS shards only"
+        )
+    keys = set(shard)
+    if keys != _MDS_FIELDS:
+        missing, extra = sorted(_MDS_FIELDS - keys), sorted(map(str, keys - _MDS_FIELDS))[:5]
+        raise InputError(
+            f"{where}: not an MDS shard entry (missing {missing or 'nothing'}, unknown "
+            f"{extra or 'nothing'}): the index is damaged; rebuild the dataset"
+        )
+    names, encodings, sizes = (
+        shard[k] for k in ("column_names", "column_encodings", "column_sizes")
+    )
+    ok = (
+        all(isinstance(x, list) for x in (names, encodings, sizes))
+        and len(names) == len(encodings) == len(sizes)
+        and all(isinstance(x, str) and x for x in names + encodings)
+        and all(x is None or (type(x) is int and x >= 0) for x in sizes)
+    )
+    if not ok:
+        raise InputError(
+            f"{where}: its column_names, column_encodings and column_sizes are not lists of "
+            "one name, encoding and size (or null) per column: the index is damaged"
+        )
+    for key in ("raw_data", "zip_data"):
+        entry = shard[key]
+        if entry is None and key == "zip_data":
+            continue
+        if not isinstance(entry, dict) or set(entry) != _FILE_FIELDS:
+            raise InputError(f"{where}: its {key!r} is not an object of basename, bytes and hashes")
+    limit = shard["size_limit"]
+    if not isinstance(shard["hashes"], list) or not (
+        limit is None or (type(limit) is int and limit >= 0)
+    ):
+        raise InputError(
+            f"{where}: 'hashes' is not a list or 'size_limit' not a size: the index is damaged"
+        )
+    if shard["compression"] is not None and not isinstance(shard["compression"], str):
+        raise InputError(f"{where}: 'compression' is {shard['compression']!r:.40}, not a name")
 
 
 def _check_counts(shard: dict, where: str) -> None:

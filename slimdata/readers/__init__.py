@@ -36,6 +36,7 @@ from slimdata.readers.base import (
     Rejected,
     auto_task_bytes,
     input_stamps,
+    unreadable_task,
 )
 
 __all__ = [
@@ -62,6 +63,7 @@ READERS: dict[str, Callable[[ReadTask, ReadOptions], Iterator[ReadResult]]] = {
     "jsonl": jsonl.read,
     "parquet": parquet.read,
     "arrow": arrow.read,
+    "datasets": arrow.read_unlisted,
     "text": text.read,
 }
 
@@ -123,7 +125,10 @@ def _walk_keyed(
 
     The key of a plain file is its path; the files of a dataset directory ``d`` sort as
     ``d/`` followed by their position, so they keep the dataset's order where ``d``'s
-    files would sort: ``a.txt``, ``ds/<1st arrow file>``, ``ds/<2nd>``, ``z.txt``.
+    files would sort: ``a.txt``, ``ds/<1st arrow file>``, ``ds/<2nd>``, ``z.txt``. A
+    dataset directory (or split) whose file list cannot be read is one entry, its path
+    with a trailing slash (``ds/``; ``./`` for ``root`` itself), which :func:`_plan_files`
+    turns into a task that quarantines it.
     """
     found: list[tuple[str, str, int]] = []
 
@@ -162,17 +167,28 @@ def _dataset_keyed(
     path: Path, rel_dir: str, keep: Callable[[str], bool], notes: list[str]
 ) -> list[tuple[str, str, int]]:
     """The Arrow files of the ``save_to_disk`` directory ``path`` (``rel_dir`` below the
-    walked root), keyed to sort together in the dataset's order."""
+    walked root), keyed to sort together in the dataset's order; a directory whose list
+    cannot be read as ``dir/``, and a listed file that does not exist as one of size 0, for
+    their readers to quarantine them with the reason."""
     head = f"{rel_dir}/" if rel_dir and rel_dir != "." else ""
     out = []
-    for i, f in enumerate(arrow.dataset_files(path)):
+    for i, f in enumerate(arrow.dataset_entries(path)):
+        key = f"{head}\0{i:09d}"
+        if isinstance(f, arrow.ListingError):
+            sub = f.directory.relative_to(path).as_posix()  # "." or a split: "test"
+            out.append((key, head + sub + "/" if sub != "." else head or "./", 0))
+            continue
         rel = head + f.relative_to(path).as_posix()
         if not keep(rel):
             continue
-        size = regular_size(f, notes)
+        size = regular_size(f, notes) if f.exists() else 0
         if size is not None:
-            out.append((f"{head}\0{i:09d}", rel, size))
+            out.append((key, rel, size))
     return out
+
+
+def _all(rel: str) -> bool:
+    return True
 
 
 def regular_size(path: Path, notes: list[str]) -> int | None:
@@ -245,8 +261,9 @@ def _glob_files(
 ) -> list[tuple[str, int]]:
     """Files of a glob pattern, relative to its fixed ``root``, in sorted path order.
 
-    A matched file is taken as it is; a matched directory is walked as a directory input
-    is (``include``, hidden entries, ``save_to_disk`` directories), so a quoted ``'data/*'``
+    A matched file is taken as it is (a dangling link too, for its reader to quarantine
+    it; a FIFO, socket or device is skipped with a note); a matched directory is walked as
+    a directory input is (``include``, hidden entries, ``save_to_disk`` directories), so a quoted ``'data/*'``
     reads what the shell's expansion of it reads. A file below a matched directory comes
     from that directory's walk only.
     """
@@ -265,8 +282,10 @@ def _glob_files(
             matched_dirs.add(rel)
             prefix = "" if rel == "." else rel + "/"
             walked += _walk_keyed(path, include, exclude, notes, datasets, prefix)
-        elif path.is_file():
-            plain.append((rel, rel, path.stat().st_size))
+        else:  # a dangling link counts as a file for its reader to quarantine; a FIFO is noted
+            size = regular_size(path, notes)
+            if size is not None:
+                plain.append((rel, rel, size))
     parents = {rel: {p.as_posix() for p in Path(rel).parents} for rel, _, _ in plain}
     plain = [e for e in plain if not parents[e[1]] & matched_dirs]
     unique = {rel: (key, size) for key, rel, size in walked + plain}
@@ -304,7 +323,7 @@ def _plan_files(
     tasks: list[ReadTask] = []
     texts: list[tuple[str, int]] = []
     for rel, size in files:
-        kind = _format_of(rel, fmt)
+        kind = "datasets" if rel.endswith("/") else _format_of(rel, fmt)
         if kind == "text":
             texts.append((rel, size))
             continue
@@ -312,7 +331,10 @@ def _plan_files(
             tasks += text.plan(str(root), texts, source, task_bytes)
             texts = []
         path = str(root / rel)
-        if kind == "jsonl":
+        if kind == "datasets":  # a save_to_disk directory whose file list cannot be read
+            rel = "" if rel == "./" else rel[:-1]
+            tasks.append(unreadable_task("datasets", str(root / rel), rel, source))
+        elif kind == "jsonl":
             tasks += jsonl.plan(path, rel, source, task_bytes)
         elif kind == "parquet":
             tasks += parquet.plan(path, rel, source, task_bytes, opts)
@@ -386,9 +408,10 @@ def _plan_inputs(
             raise InputError(f"input {str(spec)!r} does not exist")
         name = source or _source_name(path)
         if path.is_dir() and (fmt in ("auto", "arrow")) and arrow.is_dataset_dir(path):
-            found = [(f.relative_to(path).as_posix(), 0) for f in arrow.dataset_files(path)]
-            for rel, _ in _unseen(path, found, seen, notes):
-                tasks += arrow.plan(str(path / rel), rel, name, task_bytes, opts)
+            found = [(rel, size) for _, rel, size in _dataset_keyed(path, "", _all, notes)]
+            tasks += _plan_files(
+                path, _unseen(path, found, seen, notes), name, "arrow", opts, task_bytes
+            )
         elif path.is_dir():
             files = _walk(path, include, exclude, notes, datasets=fmt in ("auto", "arrow"))
             if not files:

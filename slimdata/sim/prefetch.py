@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimdata.cost import CostModel
+from slimdata.orphans import exit_on_sigterm
 from slimdata.plan import Document, StepPlan
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.sim.config import SimConfig
@@ -153,11 +154,6 @@ its workers are killed (it ends at once; the bound only keeps a stuck one from h
 command)."""
 
 
-def _exit_on_sigterm(signum: int, _frame: Any) -> None:
-    """SIGTERM while workers run: leave as Ctrl-C would, through every ``finally``."""
-    raise SystemExit(128 + signum)
-
-
 def _start_worker(parent: int) -> None:
     """A worker ignores Ctrl-C (its parent stops it) and ends with its parent. It starts with
     Ctrl-C held back (:func:`_spawning`); once ignored, a Ctrl-C held since is dropped."""
@@ -211,7 +207,7 @@ class WorkerPool:
             return None
         if self._executor is None:
             if threading.current_thread() is threading.main_thread():
-                self._on_term = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+                self._on_term = signal.signal(signal.SIGTERM, exit_on_sigterm)
             self._executor = ProcessPoolExecutor(
                 self.jobs,
                 mp_context=multiprocessing.get_context("spawn"),

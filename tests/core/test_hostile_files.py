@@ -116,6 +116,89 @@ def test_index_basename_outside_the_dataset_is_refused_by_plan(built, tmp_path):
     )
 
 
+def _without(entry: dict, key: str) -> dict:
+    return {k: v for k, v in entry.items() if k != key}
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda ix: ix.pop("version"),
+            "index 'version' is None, not 2: not an index "
+            "mosaicml-streaming reads (damaged, or of another version); rebuild the dataset",
+        ),
+        (
+            lambda ix: ix["shards"][0].update(format="xyz"),
+            "shard 0: version 2 and format 'xyz', not 2 and 'mds': slimdata reads MDS shards only",
+        ),
+        (
+            lambda ix: ix["shards"][0].pop("version"),
+            "shard 0: version None and format 'mds', not 2 and 'mds': slimdata reads MDS shards only",
+        ),
+        (
+            lambda ix: ix["shards"].__setitem__(0, _without(ix["shards"][0], "column_encodings")),
+            "shard 0: not an MDS shard entry (missing ['column_encodings'], unknown nothing): the "
+            "index is damaged; rebuild the dataset",
+        ),
+        (
+            lambda ix: ix["shards"][0].update(extra=1),
+            "shard 0: not an MDS shard entry (missing nothing, unknown ['extra']): the index is "
+            "damaged; rebuild the dataset",
+        ),
+        (
+            lambda ix: ix["shards"][0]["column_names"].pop(),
+            "shard 0: its column_names, column_encodings and column_sizes are not lists of one "
+            "name, encoding and size (or null) per column: the index is damaged",
+        ),
+        (
+            lambda ix: ix["shards"][0]["raw_data"].pop("hashes"),
+            "shard 0: its 'raw_data' is not an object of basename, bytes and hashes",
+        ),
+        (
+            lambda ix: ix["shards"][0].update(size_limit=-5),
+            "shard 0: 'hashes' is not a list or 'size_limit' not a size: the index is damaged",
+        ),
+        (
+            lambda ix: ix["shards"][0].update(compression=7),
+            "shard 0: 'compression' is 7, not a name",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["plan", "stats", "simulate"])
+def test_an_index_entry_streaming_cannot_read_is_a_clear_error(
+    built, tmp_path, damage, message, command
+):
+    """JSON that parses but that streaming's reader cannot be built from: `plan` ended in a
+    raw `KeyError: 'version'` or `TypeError` from `MDSReader(**entry)`; `stats` and
+    `simulate` went on over an index no reader can open."""
+    ds = tmp_path / "ds"
+    shutil.copytree(built, ds)
+    index = json.loads((ds / "index.json").read_text())
+    damage(index)
+    (ds / "index.json").write_text(json.dumps(index))
+    args = {
+        "plan": ["plan", str(ds), *LAYOUT, "-o", str(tmp_path / "plan")],
+        "stats": ["stats", str(ds)],
+        "simulate": [
+            "simulate",
+            str(ds),
+            "--dp",
+            "2",
+            "--global-batch-tokens",
+            "4096",
+            "--memory-gib",
+            "40",
+            "--steps",
+            "1",
+        ],
+    }[command]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.output == f"Error: {ds / 'index.json'}: {message}\n"
+    assert not (tmp_path / "plan").exists()
+
+
 def test_index_basename_through_a_symlink_is_refused(built, tmp_path):
     ds = hostile_copy(built, tmp_path, "link.mds")
     (ds / "link.mds").symlink_to(tmp_path / "outside" / "shard.00000.mds")

@@ -267,3 +267,170 @@ def test_dangling_json_lines_links_are_quarantined_not_a_crash(tmp_path):
         for name in ("x.jsonl", "y.json", "z.json.gz")
     ]
     assert doc_ids(out) == ["dl/ok.jsonl:1"]
+
+
+def manifest_ids(out):
+    """Document ids of a build in sample order, from its manifest (no StreamingDataset: each
+    one leaves shared-memory descriptors open in the test process)."""
+    from slimdata.docsource import load_shard_documents
+
+    return [d.doc_id for d in load_shard_documents(out)]
+
+
+def json_error(text: str) -> str:
+    with pytest.raises(ValueError) as info:
+        json.loads(text)
+    return str(info.value)
+
+
+STATE = '{"_data_files": [{"filename": "data-0.arrow"}]}'
+"""A sound ``state.json`` listing one data file."""
+
+
+@pytest.mark.parametrize(
+    ("files", "doc_id", "why"),
+    [
+        (
+            {"state.json": '{"_data_files": [{"filen'},
+            "ds",
+            "state.json of a `datasets` directory is not valid JSON: "
+            + json_error('{"_data_files": [{"filen'),
+        ),
+        (
+            {"state.json": '{"_fingerprint": "x"}'},
+            "ds",
+            "state.json of a `datasets` directory has no list '_data_files'",
+        ),
+        (
+            {"state.json": '{"_data_files": [7]}'},
+            "ds",
+            "state.json of a `datasets` directory names data file None, not a path inside it",
+        ),
+        (
+            {"state.json": '{"_data_files": [{"filename": "../../etc/passwd"}]}'},
+            "ds",
+            "state.json of a `datasets` directory names data file '../../etc/passwd', not a "
+            "path inside it",
+        ),
+        (
+            {"dataset_dict.json": "[[["},
+            "ds",
+            "dataset_dict.json of a `datasets` directory is not valid JSON: " + json_error("[[["),
+        ),
+        (
+            {"dataset_dict.json": '{"splits": "train"}'},
+            "ds",
+            "dataset_dict.json of a `datasets` directory has no list 'splits'",
+        ),
+        (
+            {"dataset_dict.json": '{"splits": ["train"]}'},
+            "ds/train",
+            "cannot read state.json of a `datasets` directory: No such file or directory",
+        ),
+        (  # a split naming the directory itself: read once, no endless recursion
+            {"dataset_dict.json": '{"splits": ["."]}'},
+            "ds",
+            "cannot read state.json of a `datasets` directory: No such file or directory",
+        ),
+    ],
+)
+@pytest.mark.parametrize("how", ["named", "in a directory", "by a glob"])
+def test_a_damaged_datasets_listing_is_quarantined_and_the_build_goes_on(
+    tmp_path, files, doc_id, why, how
+):
+    corpus = tmp_path / "corpus"
+    (corpus / "ds").mkdir(parents=True)
+    for name, text in files.items():
+        (corpus / "ds" / name).write_text(text)
+    (corpus / "ds" / "data-0.arrow").write_bytes(arrow_stream(ROWS.to_batches()))
+    (corpus / "ok.jsonl").write_text('{"text": "fine"}\n')
+    inputs = {
+        "named": (corpus / "ds", corpus / "ok.jsonl"),
+        "in a directory": (corpus,),
+        "by a glob": (corpus / "*",),
+    }[how]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        cli, ["build", *map(str, inputs), "-o", str(out), "--tokenizer", TINY_TOKENIZER]
+    )
+    assert result.exit_code == 0, result.output
+    source = "ds" if how == "named" else "corpus"
+    assert quarantine(out) == [
+        {
+            "doc_id": doc_id if how == "named" else f"corpus/{doc_id}",
+            "source": source,
+            "reason": f"unreadable, corrupt or truncated file: {why}",
+            "excerpt": "",
+        }
+    ]
+    assert manifest_ids(out) == [f"{'ok' if how == 'named' else 'corpus'}/ok.jsonl:1"]
+
+
+def test_a_damaged_split_is_quarantined_and_the_other_splits_read(tmp_path):
+    ds = tmp_path / "dict"
+    for split in ("train", "test"):
+        (ds / split).mkdir(parents=True)
+        (ds / split / "data-0.arrow").write_bytes(arrow_stream(ROWS.to_batches()))
+    (ds / "dataset_dict.json").write_text('{"splits": ["train", "test", "valid"]}')
+    (ds / "train" / "state.json").write_text(STATE)
+    (ds / "test" / "state.json").write_text(STATE[:20])  # cut short
+    (ds / "valid").mkdir()
+    (ds / "valid" / "state.json").write_text('{"_data_files": [{"filename": "data-9.arrow"}]}')
+    missing = ds / "valid" / "data-9.arrow"
+    why = arrow_error(lambda: open_as(missing))
+    out = tmp_path / "out"
+    build(tiny_config(ds), out)
+    assert quarantine(out) == [
+        {
+            "doc_id": "dict/test",
+            "source": "dict",
+            "reason": "unreadable, corrupt or truncated file: state.json of a `datasets` "
+            f"directory is not valid JSON: {json_error(STATE[:20])}",
+            "excerpt": "",
+        },
+        {
+            "doc_id": "dict/valid/data-9.arrow",
+            "source": "dict",
+            "reason": f"unreadable, corrupt or truncated file: {why}",
+            "excerpt": "",
+        },
+    ]
+    assert manifest_ids(out) == [f"dict/train/data-0.arrow:{i}" for i in range(8)]
+
+
+def test_a_missing_data_file_of_a_dataset_in_a_walked_directory_is_quarantined(tmp_path):
+    # corpus/ds/state.json lists data-0.arrow (there) and data-1.arrow (missing): it was
+    # skipped with a warning only
+    ds = tmp_path / "corpus" / "ds"
+    ds.mkdir(parents=True)
+    (ds / "state.json").write_text(
+        '{"_data_files": [{"filename": "data-0.arrow"}, {"filename": "data-1.arrow"}]}'
+    )
+    (ds / "data-0.arrow").write_bytes(arrow_stream(ROWS.to_batches()))
+    why = arrow_error(lambda: open_as(ds / "data-1.arrow"))
+    out = tmp_path / "out"
+    build(tiny_config(tmp_path / "corpus"), out)
+    assert quarantine(out) == [
+        {
+            "doc_id": "corpus/ds/data-1.arrow",
+            "source": "corpus",
+            "reason": f"unreadable, corrupt or truncated file: {why}",
+            "excerpt": "",
+        }
+    ]
+    assert manifest_ids(out) == [f"corpus/ds/data-0.arrow:{i}" for i in range(8)]
+
+
+def test_an_oversized_datasets_listing_is_refused_unread(tmp_path, monkeypatch):
+    from slimdata.readers import arrow
+
+    monkeypatch.setattr(arrow, "META_MAX_BYTES", len(STATE) - 1)
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    (ds / "state.json").write_text(STATE)
+    (ds / "data-0.arrow").write_bytes(arrow_stream(ROWS.to_batches()))
+    assert str(arrow.listing_error(ds)) == (
+        f"state.json of a `datasets` directory is over {len(STATE) - 1} bytes; not read"
+    )
+    monkeypatch.setattr(arrow, "META_MAX_BYTES", len(STATE))
+    assert arrow.listing_error(ds) is None

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slimdata.cli import cli
+from slimdata.docsource import load_shard_documents
 from slimdata.ingest import build
 from slimdata.ingest.stages import batch_records, tokenize_batch
 from slimdata.readers import ReadOptions, Record, Rejected, plan_inputs, read_task
@@ -104,6 +105,35 @@ def test_named_pipe_in_input_directory_is_skipped_unopened(tmp_path, caplog):
     assert [s["doc_id"] for s in samples] == ["corpus/a.txt"]
     # the dangling link is a quarantine line (test_build_bad_input), the pipe a warning
     assert summary.counts["documents"] == 1 and summary.counts["quarantined"] == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipped {corpus / 'pipe.txt'}: not a regular file (named pipe); never opened",
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_a_glob_matching_dangling_links_and_a_pipe_reports_each(tmp_path, caplog):
+    # corpus/*: a.txt, gone.jsonl -> missing, gone.txt -> missing, pipe.txt (FIFO); the
+    # links were skipped without a word, as was the pipe
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("alpha text")
+    (corpus / "gone.jsonl").symlink_to(tmp_path / "missing.jsonl")
+    (corpus / "gone.txt").symlink_to(tmp_path / "missing.txt")
+    os.mkfifo(corpus / "pipe.txt")
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING, logger="slimdata.readers"):
+        summary = build(tiny_config(str(corpus / "*")), out)
+    assert [d.doc_id for d in load_shard_documents(out)] == ["corpus/a.txt"]
+    quarantined = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert [(q["doc_id"], q["reason"]) for q in quarantined] == [
+        (
+            "corpus/gone.jsonl:1",
+            "unreadable, corrupt or truncated file from here on: [Errno 2] No such file or "
+            f"directory: '{corpus / 'gone.jsonl'}'",
+        ),
+        ("corpus/gone.txt", "cannot read file: No such file or directory"),
+    ]
+    assert summary.counts["documents"] == 1 and summary.counts["quarantined"] == 2
     assert [r.getMessage() for r in caplog.records] == [
         f"skipped {corpus / 'pipe.txt'}: not a regular file (named pipe); never opened",
     ]
