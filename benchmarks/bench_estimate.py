@@ -40,7 +40,7 @@ def measure(
         ranks_per_node=max(1, layout.ranks_per_node // cp),
         cp=cp,
         schedule=schedule,
-        virtual_stages=config.virtual_stages,
+        virtual_stages=config.pipeline.virtual_stages,
     )
     batch = PlanConfig(layout=plan_layout, global_batch_tokens=gbt).batches(docs)[0]
     t0 = time.perf_counter()
