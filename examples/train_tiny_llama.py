@@ -62,6 +62,7 @@ from slimdata.hooks.loader import DocumentLoader, LoaderConfig, documents_of
 from torch.nn.parallel import DistributedDataParallel
 
 from slimdata.docsource import load_shard_documents
+from slimdata.errors import SlimdataError
 from slimdata.slicing import slice_cuts
 from slimdata.solver import Layout
 
@@ -343,4 +344,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except SlimdataError as exc:  # a bad argument, shard or checkpoint: its message, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -221,7 +221,10 @@ class DocumentLoader:
         start = int(np.searchsorted(bounds, self.consumed))
         if start >= len(bounds) or bounds[start] != self.consumed:
             raise PlanError(
-                f"resume point of {self.consumed} documents is not a batch boundary of epoch {self.epoch}"
+                f"resume point of {self.consumed} documents is not a batch boundary of epoch "
+                f"{self.epoch}: the run that saved this state (step {self.step}) batched the "
+                "documents otherwise; resume with the LoaderConfig and documents it ran with "
+                "(global_batch_tokens, layout, oversize, seed)"
             )
         for b in range(start, len(batches)):
             plan = self.solve(batches[b], self.step)
