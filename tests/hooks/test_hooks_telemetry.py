@@ -69,25 +69,13 @@ def test_predicted_times_are_the_execution_models_price():
     # and runs each backward pack as one call (256 + 7 s); predicted as it runs
     from hooks_helpers import TinyLM, doc_tokens, tiny_forward
     from slimdata.hooks import make_payload, run_step
+    from toy_costs import call_priced_cost
 
-    from slimdata.cost import CostModel
     from slimdata.docsource import documents_from_lengths
     from slimdata.solver import Layout
     from slimdata.solver.common import BatchView, assemble_plan
 
-    cost = CostModel(
-        fwd_lin=1.0,
-        fwd_att=0.0,
-        fwd_const=0.0,
-        bwd_lin=2.0,
-        bwd_att=0.0,
-        bwd_const=0.0,
-        act_bytes_per_token=1.0,
-        kv_bytes_per_token=0.0,
-        fwd_pack_const=5.0,
-        bwd_pack_const=7.0,
-        graph_free_scale=0.5,
-    )
+    cost = call_priced_cost()
     view = BatchView.build(documents_from_lengths([256], 128), cost)
     plan = assemble_plan(
         view=view,

@@ -2,27 +2,14 @@
 model's: the per-call constants, graph-free forwards and recomputed backward packs the
 executor runs, priced once (:func:`slimdata.execution.pack_prices`)."""
 
-from slimdata.cost import CostModel
+from toy_costs import call_priced_cost
+
 from slimdata.solver import Layout
 from slimdata.solver.common import BatchView, assemble_plan
 
 from .conftest import docs_of
 
-# 1 s a token forward, 2 s backward, no per-slice constants, 5 s / 7 s a model call;
-# a forward pass without an autograd graph takes half the time
-CALLS = CostModel(
-    fwd_lin=1.0,
-    fwd_att=0.0,
-    fwd_const=0.0,
-    bwd_lin=2.0,
-    bwd_att=0.0,
-    bwd_const=0.0,
-    act_bytes_per_token=1.0,
-    kv_bytes_per_token=0.0,
-    fwd_pack_const=5.0,
-    bwd_pack_const=7.0,
-    graph_free_scale=0.5,
-)
+CALLS = call_priced_cost()
 
 
 def test_a_rank_with_more_calls_is_priced_and_counted_slower():
