@@ -131,14 +131,16 @@ class _Step:
         toks: dict[Slice, torch.Tensor],
         masks: dict[Slice, torch.Tensor] | None,
     ) -> None:
-        """Gather the merge group's documents from its members (tokens, then masks)."""
-        mine = {s: toks[s].to(self.device) for s in merge.layout[self.rank]}
-        self.doc_tokens.update({d: t.to(self.device) for d, t in merge.gather_tokens(mine).items()})
-        if masks is not None and self.doc_masks is not None:
-            got = merge.gather_tokens(
-                {s: masks[s].to(self.device) for s in merge.layout[self.rank]}
-            )
-            self.doc_masks.update(got)
+        """Gather the merge group's documents from its members (token ids and loss masks, in
+        one exchange)."""
+        mine = merge.layout[self.rank]
+        got, got_masks = merge.gather_documents(
+            {s: toks[s].to(self.device) for s in mine},
+            None if masks is None else {s: masks[s].to(self.device) for s in mine},
+        )
+        self.doc_tokens.update(got)
+        if got_masks is not None and self.doc_masks is not None:
+            self.doc_masks.update(got_masks)
 
     def run_pack(self, pack: MicroPack, mode: str) -> tuple[torch.Tensor, PackContext]:
         sl = pack.slices

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from slimdata.errors import PlanError
 from slimdata.execution.cp import cp_chunks
-from slimdata.execution.merge import merge_layer_tokens
+from slimdata.execution.merge import merge_layer_tokens, merge_token_width
 from slimdata.plan import RankPlan, Slice, StepPlan
 
 __all__ = ["MergeRuntime", "gather_kv", "merge_group"]
@@ -177,24 +177,33 @@ class MergeRuntime:
                 off += b - a
         return join_pieces(pieces)
 
-    def gather_tokens(self, local: dict[Slice, torch.Tensor]) -> dict[int, torch.Tensor]:
-        """All-gather the token ids (and any per-token int data) of merged slices: doc -> full
-        row. Every process sends its DP rank's whole slices; each slice is read once."""
+    def gather_documents(
+        self, tokens: dict[Slice, torch.Tensor], masks: dict[Slice, torch.Tensor] | None
+    ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor] | None]:
+        """All-gather the token ids and loss masks of merged slices (``tokens``, ``masks``:
+        this DP rank's merged slices; ``masks=None``: the data has none) in one call of
+        :data:`~slimdata.execution.merge.MERGE_TOKEN_ROWS` rows of
+        :func:`~slimdata.execution.merge.merge_token_width` integers per process, the
+        execution model's step-start exchange: doc -> full row of ids, and of masks. Every
+        process sends its DP rank's whole slices; each slice is read once."""
         mine = self.layout[self.rank]
-        flat = torch.cat([local[s] for s in mine]).long()
-        width = max(sum(s.tokens for s in v) for v in self.layout.values())
-        flat = F.pad(flat, (0, width - flat.shape[0]))
-        parts = [torch.empty_like(flat) for _ in self.processes]
-        dist.all_gather(parts, flat, group=self.group)
+        ids = torch.cat([tokens[s] for s in mine]).long()
+        mask = torch.ones_like(ids) if masks is None else torch.cat([masks[s] for s in mine]).long()
+        width = merge_token_width(self.plan, self.group_index)
+        rows = F.pad(torch.stack([ids, mask]), (0, width - ids.shape[0]))
+        parts = [torch.empty_like(rows) for _ in self.processes]
+        dist.all_gather(parts, rows, group=self.group)
         pieces: dict[int, list[tuple[int, torch.Tensor]]] = {d: [] for d in self.docs}
         for m_i, p in enumerate(self.processes):
             if p % self.cp:
                 continue  # the CP group's first member already sent these slices
             off = 0
             for s in self.layout[p // self.cp]:
-                pieces[s.doc].append((s.start, parts[m_i][off : off + s.tokens]))
+                pieces[s.doc].append((s.start, parts[m_i][:, off : off + s.tokens]))
                 off += s.tokens
-        return {
-            d: torch.cat([t for _s, t in sorted(ps, key=lambda x: x[0])])
+        full = {
+            d: torch.cat([t for _s, t in sorted(ps, key=lambda x: x[0])], dim=1)
             for d, ps in pieces.items()
         }
+        ids_of = {d: r[0] for d, r in full.items()}
+        return ids_of, None if masks is None else {d: r[1] for d, r in full.items()}

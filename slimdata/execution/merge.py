@@ -1,6 +1,7 @@
 """How a DP-Merge group exchanges keys/values, as the runtime issues it
 (:mod:`slimdata.hooks.merge`): the tokens of one layer's gathered K/V and the collectives per
-layer. The execution model (:mod:`slimdata.execution.program`) lists them; the simulator's CP
+layer, and the step's one exchange of the merged documents' token ids and loss masks
+(:func:`merge_token_bytes`). The execution model (:mod:`slimdata.execution.program`) lists them; the simulator's CP
 model (:mod:`slimdata.sim.cp`) times them.
 """
 
@@ -12,7 +13,18 @@ from slimdata.execution.cp import member_rows
 from slimdata.plan import RankPlan, StepPlan
 from slimdata.plan.pipeline import merge_exchange_tokens
 
-__all__ = ["merge_collectives", "merge_layer_tokens", "merge_share_tokens"]
+__all__ = [
+    "MERGE_TOKEN_ROWS",
+    "merge_collectives",
+    "merge_layer_tokens",
+    "merge_share_tokens",
+    "merge_token_bytes",
+    "merge_token_width",
+]
+
+MERGE_TOKEN_ROWS = 2
+"""Rows of the step-start token exchange of a merge group: token ids and the loss mask (all
+ones when the data has none), 8-byte integers (:func:`merge_token_bytes`)."""
 
 
 def merge_layer_tokens(plan: StepPlan | RankPlan, group: int, cp: int = 1) -> int:
@@ -24,9 +36,15 @@ def merge_layer_tokens(plan: StepPlan | RankPlan, group: int, cp: int = 1) -> in
     the 5 tokens in chunks of 2, rows 1 and 2 of the 3 in chunks of 1) gather ``4 * 3 = 12``
     tokens (``2 * 5 = 10`` at ``cp = 1``). A member's :class:`~slimdata.plan.RankPlan` holds
     every member's merge packs, so the runtime sizes its gather by this too."""
+    return merge_share_tokens(merged_slice_tokens(plan, group), cp)
+
+
+def merged_slice_tokens(plan: StepPlan | RankPlan, group: int) -> list[list[int]]:
+    """Per member of merge group ``group`` (its ranks in order): the tokens of each of its
+    slices of the merged documents in its merge packs."""
     m = plan.merges[group]
     docs = set(m.docs)
-    merged = [
+    return [
         [
             s.tokens
             for p in plan.ranks[r].forward
@@ -36,7 +54,23 @@ def merge_layer_tokens(plan: StepPlan | RankPlan, group: int, cp: int = 1) -> in
         ]
         for r in m.ranks
     ]
-    return merge_share_tokens(merged, cp)
+
+
+def merge_token_width(plan: StepPlan | RankPlan, group: int) -> int:
+    """Tokens every process of merge group ``group`` sends in the step-start token exchange:
+    the largest member DP rank's merged slices, whole (under static CP each of a rank's
+    processes sends the rank's slices)."""
+    return max((sum(sl) for sl in merged_slice_tokens(plan, group)), default=0)
+
+
+def merge_token_bytes(plan: StepPlan | RankPlan, group: int, cp: int = 1) -> float:
+    """Bytes of the step-start exchange of merge group ``group``'s documents: every one of
+    its processes (``cp`` per member DP rank) all-gathers :data:`MERGE_TOKEN_ROWS` rows of
+    :func:`merge_token_width` 8-byte integers, so that each member can run its share of the
+    documents (token ids) and label it (loss masks). Members of 3 and 5 tokens at ``cp = 1``:
+    ``2 * 2 * 5 * 8 = 160`` bytes."""
+    processes = len(plan.merges[group].ranks) * cp
+    return float(processes * MERGE_TOKEN_ROWS * merge_token_width(plan, group) * 8)
 
 
 def merge_share_tokens(shares: Sequence[Sequence[int]], cp: int = 1) -> int:

@@ -32,6 +32,7 @@ COLLECTIVES = (
     "fsdp_reduce_scatter",
     "merge_kv_all_gather",
     "merge_kv_reduce_scatter",
+    "merge_tokens_all_gather",
     "cp_kv_all_gather",
     "cp_kv_reduce_scatter",
     "send",
@@ -39,7 +40,9 @@ COLLECTIVES = (
 )
 """Collective kinds: DDP's gradient all-reduce (once per stage, at the end of the step);
 FSDP's parameter all-gather (every pack pass) and gradient reduce-scatter (every backward
-pass); DP-Merge's per-layer K/V all-gather and K/V-gradient reduce-scatter (merge packs);
+pass); DP-Merge's per-layer K/V all-gather and K/V-gradient reduce-scatter (merge packs) and
+its members' exchange of the merged documents' token ids and loss masks (once, at the start of
+the step: :func:`slimdata.execution.merge.merge_token_bytes`);
 static CP's per-layer K/V all-gather and K/V-gradient reduce-scatter of every model call
 (:func:`slimdata.execution.cp.cp_pass_gathers`); pipeline point-to-point hidden states (``send`` / ``recv`` between neighbouring chunks)."""
 

@@ -41,7 +41,7 @@ from slimdata.errors import ConfigError
 from slimdata.execution.compute import PackCompute, pack_compute, padded
 from slimdata.execution.cp import PassGathers, cp_pass_gathers
 from slimdata.execution.memory import gathered_kv_held
-from slimdata.execution.merge import merge_collectives, merge_layer_tokens
+from slimdata.execution.merge import merge_collectives, merge_layer_tokens, merge_token_bytes
 from slimdata.execution.ops import Alloc, Collective, Compute, Free, Operation, Program
 from slimdata.execution.pricing import PackTimes, chunk_fractions, pack_times
 from slimdata.execution.schedule import (
@@ -196,7 +196,7 @@ def build_programs(
     for r in range(plan.dp) if ranks is None else sorted(ranks):
         order = order_all or plan.ranks[r].order
         for s in range(config.pp):
-            ops: list[Operation] = []
+            ops: list[Operation] = [] if compute_only or memory_only else b.step_start(s, r)
             for kind, c, i in stage_ops(config.schedule, order, s, config.pp, b.v):
                 if compute_only:
                     if i < b.side[kind].n_packs[r]:
@@ -478,6 +478,16 @@ class _Builder:
         pair = (dev, self.device(dst % self.pp, r))
         i = k - self.side[kind].offset[r]
         return [Collective("send", pair, self.hidden_bytes(kind, k), kind, c, i)]
+
+    def step_start(self, stage: int, rank: int) -> list[Collective]:
+        """A merge member: its group's token ids and loss masks gathered before any pack runs
+        (:func:`~slimdata.execution.merge.merge_token_bytes`)."""
+        g = self.plan.merge_of_rank(rank)
+        if g is None:
+            return []
+        group = tuple(self.device(stage, r) for r in sorted(self.plan.merges[g].ranks))
+        nbytes = merge_token_bytes(self.plan, g, self.config.cp)
+        return [Collective("merge_tokens_all_gather", group, nbytes)]
 
     def step_end(self, stage: int) -> list[Collective]:
         """DDP: the stage's gradients all-reduced over every DP rank (and CP member)."""

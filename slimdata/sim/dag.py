@@ -101,6 +101,8 @@ def build_dag(
         params=config.parallelism == "fsdp",
     )
     tasks = _Tasks(plan, cost, programs, config, ranks_per_node, cp_model, (fwork, bwork), read)
+    if plan.merges:
+        _token_exchanges(tasks)
     for prog in programs:
         for op in prog.computes():
             tasks.graph.place(prog.device, tasks.make(op.pass_, op.chunk, prog.rank, op.pack))
@@ -416,6 +418,27 @@ def _continuation_edges(tasks: _Tasks) -> None:
         pairs = pairs[pairs[:, 0] != pairs[:, 1]]
         for a, b in np.unique(pairs, axis=0).tolist():
             tasks.graph.edge(a, b)
+
+
+def _token_exchanges(tasks: _Tasks) -> None:
+    """DP-Merge: each merge group's exchange of its documents' token ids and loss masks, the
+    first operation of its members' programs (``merge_tokens_all_gather``), one all-gather
+    task on their devices of each stage, before any pack pass."""
+    g, net = tasks.graph, tasks.net
+    made: set[tuple[int, ...]] = set()
+    for prog in tasks.programs:
+        op = prog.ops[0] if prog.ops else None
+        if not (op.__class__ is Collective and op.kind == "merge_tokens_all_gather"):
+            continue
+        if op.group in made:
+            continue
+        made.add(op.group)
+        real = tasks.real(list(op.group))
+        t = net.all_gather(op.bytes, len(real), spans_nodes(real, tasks.rpn))
+        n = len(op.group)
+        task = g.add("TG", (-1, prog.stage, -1), op.group, (0.0,) * n, (t,) * n)
+        for d in op.group:
+            g.place(d, task)
 
 
 def _gradient_all_reduce(tasks: _Tasks) -> None:

@@ -102,6 +102,8 @@ def test_merge_pack_gathers_one_layer_at_a_time():
     prog = build_programs(plan, cost)[(1, 0)]
     merge = [(c.kind, c.layer, c.bytes) for c in prog.collectives() if c.kind.startswith("merge")]
     assert merge == [
+        # first the members' token ids and loss masks: 2 rows of 5 int64 from each of 2 ranks
+        ("merge_tokens_all_gather", -1, 160.0),
         ("merge_kv_all_gather", 0, 10.0), ("merge_kv_all_gather", 1, 10.0),  # forward
         ("merge_kv_all_gather", 1, 10.0), ("merge_kv_reduce_scatter", 1, 10.0),  # backward
         ("merge_kv_all_gather", 0, 10.0), ("merge_kv_reduce_scatter", 0, 10.0),
@@ -110,6 +112,19 @@ def test_merge_pack_gathers_one_layer_at_a_time():
     # B holds 9 + twice the gathered K/V (K/V and their gradients) = 29
     assert levels(prog).tolist() == [19.0, 29.0]
     assert compute_levels(prog).tolist() == [9.0, 0.0]
+
+
+def test_merge_members_gather_the_documents_tokens_once_before_any_pack():
+    # the merge above on 2 pipeline stages under static CP 2: on each stage the members'
+    # devices (stage * dp + rank) gather, before their first pass, 2 rows (ids, loss mask) of
+    # the larger share's 5 tokens from each of the 2 x 2 processes: 4 * 2 * 5 * 8 = 320 bytes
+    plan = _merge_of_8_tokens()
+    progs = build_programs(plan, COST, ExecutionConfig(pp=2, cp=2))
+    for (rank, stage), devices in {(0, 0): (0, 1), (1, 0): (0, 1), (1, 1): (2, 3)}.items():
+        first = progs[(rank, stage)].ops[0]
+        assert first == Collective("merge_tokens_all_gather", devices, 320.0)
+        tokens = [c for c in progs[(rank, stage)].collectives() if "tokens" in c.kind]
+        assert tokens == [first]
 
 
 def test_a_model_with_fewer_layers_than_chunks_gathers_once_per_layer():

@@ -1,5 +1,6 @@
 """Rank bodies of the execution-model test: what ``run_step`` actually does on a rank (model
-calls per pack, floating-point collectives with their group and bytes), recorded by wrapping
+calls per pack, collectives with their group and bytes: every floating-point one and the
+merge groups' token exchange), recorded by wrapping
 the model call and ``torch.distributed``'s collectives, next to the execution model's program
 for that rank. Under static CP (``cp = k``) process ``r`` runs DP rank ``r // k``'s program,
 whose groups name devices that stand for ``k`` processes each
@@ -67,6 +68,11 @@ class _Recorder(Callback):
         self.packs: list[Pack] = []
         self.tokens = 0
         self.coll: list[tuple[str, tuple[int, ...], int]] = []
+        self.head: list[tuple[str, tuple[int, ...], int]] = []
+        """Collectives before the first pack (the step's, not a pass's)."""
+
+    def on_step_start(self, plan, rank) -> None:
+        self.head, self.coll = self.coll, []
 
     def on_pack_end(self, event) -> None:
         self.packs.append((event.pass_, event.pack, event.calls, self.tokens, tuple(self.coll)))
@@ -111,6 +117,10 @@ def record(
         rec.coll.append((kind, _group_ranks(group), t.numel() * t.element_size()))
 
     def all_gather(parts, t, group=None, **kw):
+        if not t.is_floating_point() and _kind(group, "", "", cp).startswith("merge"):
+            kind = "merge_tokens_all_gather"
+            nbytes = sum(p.numel() * p.element_size() for p in parts)
+            rec.coll.append((kind, _group_ranks(group), nbytes))
         if t.is_floating_point():
             rec.coll.append(
                 (
@@ -169,7 +179,7 @@ def record(
     finally:
         for n, f in saved.items():
             setattr(dist, n, f)
-    return rec.packs, rec.coll
+    return rec.packs, rec.head + rec.coll
 
 
 def expected(
@@ -205,7 +215,8 @@ def expected(
                 _model_tokens(op) if cp == 1 else _member_tokens(plan.ranks[rank], op, cp, member)
             )
             packs.append((op.pass_, op.pack, op.calls, tokens, ()))
-    # a pass's collectives belong to its pack; DDP's all-reduce ends the step
+    # a pass's collectives belong to its pack; the step's (a merge group's token exchange
+    # first, DDP's all-reduce last) in program order
     by_pack: dict[tuple[str, int], list] = {}
     tail = []
     for op in pending:

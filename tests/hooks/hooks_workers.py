@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 from hooks_helpers import (
     MergeGroup,
@@ -23,7 +24,7 @@ from slimdata.hooks.fsdp import lockstep_schedule
 from torch.nn.parallel import DistributedDataParallel
 
 
-def plan_merge2():
+def plan_merge2(loss_tokens: list[int] | None = None):
     # doc 0 (40 tokens) merged over ranks 0 and 1: rank 0 holds [0,12) and [25,33), rank 1
     # holds [12,25) and [33,40); the merge pack runs between ordinary packs on both ranks.
     lengths = [40, 10, 7]
@@ -36,7 +37,11 @@ def plan_merge2():
         [[(2, 3, 7)], [(0, 12, 25), (0, 33, 40)], [(2, 0, 3)]],
     )
     return lengths, make_plan(
-        lengths, [r0, r1], merges=[MergeGroup((0, 1), (0,))], merge_packs={0: (1, 0), 1: (1, 1)}
+        lengths,
+        [r0, r1],
+        merges=[MergeGroup((0, 1), (0,))],
+        merge_packs={0: (1, 0), 1: (1, 1)},
+        loss_tokens=loss_tokens,
     )
 
 
@@ -140,6 +145,34 @@ def equivalence(
         )
         out.append((summary.loss, ref_loss, max_rel_err(grads_of(model), ref)))
     return out
+
+
+def masked_merge(rank: int, world: int) -> tuple[float, float, float]:
+    """plan_merge2 with a loss mask on every document (the merged one's masked tokens on both
+    members' shares): this rank's loss share, the masked reference loss and the largest
+    relative gradient error."""
+    lengths, _plan = plan_merge2()
+    toks = doc_tokens(lengths, seed=7)
+    rng = np.random.default_rng(11)
+    masks = [rng.integers(0, 2, size=n).astype(np.int64) for n in lengths]
+    masks[0][11:14] = 0  # around the members' share boundary (rank 0 [0, 12), rank 1 [12, 25))
+    counted = [int(m[:-1].sum()) for m in masks]  # a masked position has no label
+    _lengths, plan = plan_merge2(loss_tokens=counted)
+    model = TinyLM(seed=1)
+    total = 0.0
+    for ids_np, m in zip(toks, masks, strict=True):
+        ids = torch.as_tensor(ids_np.astype("int64"))
+        logits = tiny_forward(model, ids, torch.arange(len(ids)))
+        keep = torch.as_tensor(m[:-1]).bool()
+        loss = torch.nn.functional.cross_entropy(logits[:-1][keep], ids[1:][keep], reduction="sum")
+        (loss / plan.loss_tokens).backward()
+        total += float(loss.detach()) / plan.loss_tokens
+    ref = grads_of(model)
+    model.zero_grad(set_to_none=True)
+    summary = run_step(
+        model, make_payload(plan, rank, toks, masks), forward=tiny_forward, reduce_grads=True
+    )
+    return summary.loss, total, max_rel_err(grads_of(model), ref)
 
 
 def ddp_no_merge(rank: int, world: int) -> tuple[float, float, float]:

@@ -37,6 +37,12 @@ def test_two_ranks_merge_and_ddp():
     ]  # fmt: skip
 
 
+def test_merged_document_with_a_loss_mask():
+    # the members gather the merged document's loss mask with its ids (one exchange): its
+    # masked positions carry no label on either member, as in the masked reference
+    _check([[r] for r in run_distributed(W.masked_merge, 2)])
+
+
 @pytest.mark.slow
 def test_merge_four_ranks_and_fsdp():
     res = run_distributed(W.four_rank_suite, 4)

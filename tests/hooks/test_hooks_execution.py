@@ -1,6 +1,7 @@
 """The runtime executes exactly the execution model's program (design §7): per rank, the
 pack passes in program order with their model calls and tokens, and every floating-point
-collective with its group and bytes, recorded on CPU gloo for random solver plans (slimpack
+collective with its group and bytes (and a merge group's exchange of token ids and loss
+masks), recorded on CPU gloo for random solver plans (slimpack
 with DP-Merge, baselines), hand-built merge plans and FSDP2 lockstep plans (FSDP2's parameter
 collectives per pass and group: it issues one per sharded unit, the program one per pass),
 and static CP (cp=2: every K/V all-gather and reduce-scatter of every model call)."""
@@ -31,6 +32,7 @@ def test_runtime_runs_the_program_two_ranks():
     kinds = _assert_equal(res)
     # not vacuous: merge exchanges, DDP's all-reduce and FSDP's collectives were all compared
     assert {"merge_kv_all_gather", "merge_kv_reduce_scatter", "ddp_all_reduce"} <= kinds
+    assert "merge_tokens_all_gather" in kinds
     assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds
 
 
@@ -94,5 +96,5 @@ def test_runtime_runs_the_program_static_cp_four_processes():
     )
     kinds = _assert_equal_cp(res)
     assert {"cp_kv_all_gather", "cp_kv_reduce_scatter", "ddp_all_reduce"} <= kinds
-    assert {"merge_kv_all_gather", "merge_kv_reduce_scatter"} <= kinds
+    assert {"merge_kv_all_gather", "merge_kv_reduce_scatter", "merge_tokens_all_gather"} <= kinds
     assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= kinds

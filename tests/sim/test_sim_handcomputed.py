@@ -234,7 +234,10 @@ def test_merge_group_members_leave_together():
     r = simulate_step(
         plan, linear_cost(att_f=1.0, att_b=2.0), Layout(dp=2, context=128), NO_LATENCY
     )
-    assert r.step_time == 27.0
+    # first the members gather the document's token ids and loss masks: 2 ranks x 2 rows x
+    # 2 tokens x 8 bytes = 64 bytes, of which each moves half at 450 GB/s
+    exchange = 32 / 450e9
+    assert r.step_time == pytest.approx(27.0 + exchange, rel=0, abs=1e-13)
     assert r.busy.tolist() == [[15.0, 27.0]]
     assert r.lower_bound == 21.0
 
@@ -248,7 +251,10 @@ def test_merge_kv_exchange_is_exposed():
     # all-gather of 4 GB over 2 ranks moves half: 2 s in forward; the backward gathers again
     # and reduce-scatters the gradients: 4 s. F: 2 + 9 = 11, B: 4 + 18 = 22
     assert r.step_time == pytest.approx(33.0)
-    assert r.comm.tolist() == [[6.0, 6.0]]
+    # and first the document's ids and loss masks: 2 ranks x 2 rows x 2 tokens x 8 bytes,
+    # half of the 64 bytes moved: 32 ns
+    tokens = 32e-9
+    np.testing.assert_allclose(r.comm, [[6.0 + tokens, 6.0 + tokens]], rtol=0, atol=1e-15)
     # the gathered K/V (4 GB) is held during the forward, K/V and grads (8 GB) during the
     # backward, on top of the member's own 2 tokens: 2 bytes of activations, 2 GB of K/V
     assert r.peak_memory.max() == pytest.approx(8e9 + 2e9 + 2)
@@ -263,7 +269,8 @@ def test_merge_kv_exchange_hides_behind_attention():
     # 3 s F, 6 s B) exposes 2 - 1.5 = 0.5 s and 4 - 3 = 1 s; rank 1 (7 s, 14 s) exposes none.
     # F: max(0.5 + 5, 9) = 9, B: max(1 + 10, 18) = 18 -> 27, as without any exchange
     assert r.step_time == pytest.approx(27.0)
-    assert r.comm.tolist() == [[1.5, 0.0]]
+    tokens = 32e-9  # the ids and loss masks exchanged first (as above), exposed on both
+    np.testing.assert_allclose(r.comm, [[1.5 + tokens, tokens]], rtol=0, atol=1e-15)
 
 
 def test_fsdp_lockstep_sums_packwise_maxima():
@@ -431,12 +438,14 @@ def test_merge_exchange_of_uneven_shares_is_what_the_runtime_moves():
     cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
     cfg = SimConfig(interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
     r = simulate_step(plan, cost, Layout(dp=2, context=128), cfg)
-    # F max(2, 3) + 3 = 6, B max(4, 6) + 6 = 12
-    assert r.comm.tolist() == [[9.0, 9.0]]
+    # F max(2, 3) + 3 = 6, B max(4, 6) + 6 = 12; first the ids and loss masks: 2 ranks x 2
+    # rows x 3 tokens (the larger share) x 8 bytes, half of the 96 bytes moved: 48 ns
+    tokens = 48e-9
+    np.testing.assert_allclose(r.comm, [[9.0 + tokens] * 2], rtol=0, atol=1e-15)
     assert r.step_time == pytest.approx(18.0)
     full = type(cost)(**{**cost.to_dict(), "recompute": "full"})
     r = simulate_step(plan, full, Layout(dp=2, context=128), cfg)
-    assert r.comm.tolist() == [[9.0, 9.0]]
+    np.testing.assert_allclose(r.comm, [[9.0 + tokens] * 2], rtol=0, atol=1e-15)
     assert r.step_time == pytest.approx(18.0)
 
 
@@ -460,7 +469,8 @@ def test_merge_exchange_is_the_programs_collectives(monkeypatch):
     cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
     cfg = SimConfig(interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
     r = simulate_step(plan, cost, Layout(dp=2, context=128), cfg)
-    assert r.comm.tolist() == [[24.0, 24.0]]
+    tokens = 48e-9  # the ids and loss masks exchanged first (as above)
+    np.testing.assert_allclose(r.comm, [[24.0 + tokens] * 2], rtol=0, atol=1e-15)
     assert r.step_time == pytest.approx(33.0)
 
 
@@ -477,7 +487,10 @@ def test_merge_on_static_cp_rings_over_every_process_of_its_members():
     cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
     cfg = SimConfig(cp=2, interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
     r = simulate_step(plan, cost, Layout(dp=4, context=128), cfg)
-    assert r.comm.tolist() == [[18.0] * 4]
+    # first the ids and loss masks: 4 processes x 2 rows x 4 tokens (a rank's whole slices)
+    # x 8 bytes, of which (4 - 1) / 4 of the 256 bytes moved: 192 ns
+    tokens = 192e-9
+    np.testing.assert_allclose(r.comm, [[18.0 + tokens] * 4], rtol=0, atol=1e-15)
     assert r.step_time == pytest.approx(24.0)
 
 
@@ -498,7 +511,11 @@ def test_merge_on_static_cp_hides_behind_the_priced_attention_of_a_process():
     cost = type(cost)(**{**cost.to_dict(), "kv_bytes_per_token": 1e9})
     cfg = SimConfig(cp=2, interconnect=Interconnect(intra_node_gbps=1.0, latency_s=0.0))
     r = simulate_step(plan, cost, Layout(dp=4, context=128), cfg)
-    assert r.comm.tolist() == [[6.75, 6.75, 0.0, 0.0]]
+    # and, exposed on every process, the ids and loss masks exchanged first: 4 processes x 2
+    # rows x 3 tokens x 8 bytes, (4 - 1) / 4 of the 192 bytes moved: 144 ns
+    tokens = 144e-9
+    want = [[6.75 + tokens, 6.75 + tokens, tokens, tokens]]
+    np.testing.assert_allclose(r.comm, want, rtol=0, atol=1e-15)
     assert r.step_time == pytest.approx(39.0)
 
 
