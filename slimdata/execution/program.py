@@ -196,7 +196,7 @@ def build_programs(
     for r in range(plan.dp) if ranks is None else sorted(ranks):
         order = order_all or plan.ranks[r].order
         for s in range(config.pp):
-            ops: list[Operation] = [] if compute_only or memory_only else b.step_start(s, r)
+            ops: list[Operation] = [] if compute_only or memory_only else [*b.step_start(s, r)]
             for kind, c, i in stage_ops(config.schedule, order, s, config.pp, b.v):
                 if compute_only:
                     if i < b.side[kind].n_packs[r]:
