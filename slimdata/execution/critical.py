@@ -24,7 +24,7 @@ together with the same two operations on each element (the same floats).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,7 +40,7 @@ from slimdata.execution.schedule import INTERLEAVED_CHUNKS, chunks_per_device, s
 from slimdata.plan.pipeline import chunk_fractions
 from slimdata.plan.types import RankStep, StepPlan
 
-__all__ = ["critical_path", "critical_path_under", "plan_critical_path"]
+__all__ = ["critical_path", "critical_path_under", "members_wait", "plan_critical_path"]
 
 
 @dataclass(frozen=True)
@@ -143,21 +143,33 @@ def plan_critical_path(
 
 def _merge_passes(seconds: np.ndarray, offset: np.ndarray, plan: StepPlan, kind: str) -> np.ndarray:
     """Per flat pack of pass ``kind``, its seconds where a merge group's members run their
-    merge packs together: each member's takes the slowest member's (every layer's K/V
-    exchange holds a member until all have reached it; the simulator runs the pass as one
-    task of the members' devices, as long as its longest). Shares of 40 and 17 ms: 40 ms
-    on both members."""
+    merge packs together (:func:`members_wait`)."""
     if not plan.merges:
         return seconds
-    out = seconds.copy()
-    for g, m in enumerate(plan.merges):
-        at = [
-            int(offset[r]) + i
-            for r in m.ranks
-            for i, p in enumerate(getattr(plan.ranks[r], kind))
-            if p.merge == g
-        ]
-        out[at] = out[at].max()
+    return members_wait(
+        seconds,
+        [
+            [
+                int(offset[r]) + i
+                for r in m.ranks
+                for i, p in enumerate(getattr(plan.ranks[r], kind))
+                if p.merge == g
+            ]
+            for g, m in enumerate(plan.merges)
+        ],
+    )
+
+
+def members_wait(seconds: np.ndarray, groups: Iterable[Sequence[int]]) -> np.ndarray:
+    """``seconds`` where the packs at the indices of each of ``groups`` (a merge group's
+    members' merge packs of one pass) run together: each takes the slowest's (every layer's
+    K/V exchange holds a member until all have reached it; the simulator runs the pass as one
+    task of the members' devices, as long as its longest). Shares of 40 and 17 ms: 40 ms on
+    both members."""
+    out = np.array(seconds, dtype=np.float64)
+    for at in groups:
+        if len(at):
+            out[list(at)] = out[list(at)].max()
     return out
 
 

@@ -558,3 +558,42 @@ def test_a_profiled_model_gets_the_pack_count_its_plans_estimate_lowest():
     }
     assert plan.meta["microbatches"] == 38 and estimate == forced[38]
     assert estimate < min(forced[57], forced[76], forced[114])
+
+
+def test_merge_members_wait_for_the_slowest_in_the_estimate():
+    # two ranks, one stage, DDP rules (each rank's passes summed): rank 0 packs F 1, 2 and
+    # B 2, 4 (9 s), rank 1 F 3, 1 and B 6, 2 (12 s). As merge members their first packs run
+    # together, 3 s and 6 s on both: rank 0 takes 3 + 2 + 6 + 4 = 15 s
+    from slimdata.solver.strategies.slimpack import _Stages
+
+    stages = _Stages(pp=1, layers=2)
+    f = np.array([[1.0, 3.0], [2.0, 1.0]])  # a row per pack, a column per rank
+    b = np.array([[2.0, 6.0], [4.0, 2.0]])
+    order = interleaved_order(2, 2, 0)
+    assert stages.estimate(f, b, order) == 12.0
+    assert stages.estimate(f, b, order, members=[[0, 1]]) == 15.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_pipeline_candidates_estimate_is_its_plans(seed, monkeypatch):
+    # a 2900-token document merged over the 8 ranks of a 4-stage pipeline, the members'
+    # shares uneven: the solver ranks candidates by the estimate of their packs, which under
+    # the unit cost model (no fused-slice pricing) is exactly the assembled plan's, members
+    # waiting for the slowest one's merge pack included
+    from slimdata.solver.strategies import slimpack as sp
+
+    pairs = []
+    assemble = sp._Assembly.plan
+
+    def plan(self, candidate):
+        p = assemble(self, candidate)
+        pairs.append((candidate[0], self.estimate(p), len(p.merges)))
+        return p
+
+    monkeypatch.setattr(sp._Assembly, "plan", plan)
+    rng = np.random.default_rng(seed)
+    lengths = [2900, *rng.integers(64, 700, size=40).tolist()]
+    layout = Layout(dp=8, pp=4, mode="lockstep", context=4096, memory_gib=1000)
+    solve(docs_of(lengths), layout, "slimpack", 0, unit_cost())
+    assert any(merges for _p, _e, merges in pairs)  # not vacuous: a plan with a merge
+    assert all(probe == estimate for probe, estimate, _m in pairs)

@@ -52,7 +52,7 @@ import numpy as np
 
 from slimdata.cost import CostModel
 from slimdata.errors import PlanError
-from slimdata.execution.critical import critical_path_under, plan_critical_path
+from slimdata.execution.critical import critical_path_under, members_wait, plan_critical_path
 from slimdata.execution.pricing import prices_calls
 from slimdata.execution.program import ExecutionConfig, pack_prices
 from slimdata.gcpause import cyclic_gc_paused
@@ -1390,14 +1390,20 @@ class _Stages:
             return 0.0
         return device_peak_memory(plan, cost, self.config, over)
 
-    def estimate(self, fwd: np.ndarray, bwd: np.ndarray, order) -> float:
+    def estimate(
+        self, fwd: np.ndarray, bwd: np.ndarray, order, members: Sequence[Sequence[int]] = ()
+    ) -> float:
         """Step time of ranks sharing ``order`` (``fwd``, ``bwd``: per-pack seconds, a column
         per rank): the slowest rank's compute-only critical path under the plan's schedule,
         the execution model's stage order (:func:`~slimdata.execution.critical.critical_path`):
         under the interleaved schedule the count and lag are chosen for its smaller bubble;
         under FSDP the ranks meet before every pass (pack ``i`` costs its slowest rank's);
         ``inf`` for an order the schedule cannot run (interleaved: some counts not a multiple
-        of ``pp``), so another count or lag wins."""
+        of ``pp``), so another count or lag wins. ``members``: the ranks of each merge group,
+        whose first packs (their merge packs) run together (:func:`members_wait`)."""
+        if len(members):
+            fwd = members_wait(fwd.ravel(), members).reshape(fwd.shape)
+            bwd = members_wait(bwd.ravel(), members).reshape(bwd.shape)
         try:
             times = critical_path_under(fwd, bwd, order, self.config, self.layers)
         except PlanError:
@@ -1440,13 +1446,14 @@ def _lockstep(
     gather = _member_buffers(
         view, p1.merges.groups, p1.member_slices, 1.0 / stages.share, layout.cp
     )
+    members = [list(ranks) for ranks, _docs in p1.merges.groups]
     for m in counts:
         tried: dict[int, tuple[float, list[RankPacks]] | None] = {}
         works = [docs.work(m) for docs in p1.rank_docs]
 
         def fits(lag: int, works=works, tried=tried) -> bool:
             if lag not in tried:
-                tried[lag] = _lockstep_at(works, layout, lag, stages, gather)
+                tried[lag] = _lockstep_at(works, layout, lag, stages, gather, members)
             return tried[lag] is not None
 
         first = 0 if fits(0) else _first_fitting_lag(fits, m) if late_start else None
@@ -1468,7 +1475,7 @@ def _lockstep(
             if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
                 best = (found[0], found[1], lag)
         if whole and seen is not None:
-            kept = _lockstep_whole(works, layout, stages, gather)
+            kept = _lockstep_whole(works, layout, stages, gather, members)
             if kept is not None:
                 seen.append((kept[0], kept[1], 0, p1))
             dealt = _lockstep_dealt(view, p1, layout, stages, m)
@@ -1503,12 +1510,14 @@ def _lockstep_at(
     lag: int,
     stages: _Stages,
     gather: dict[int, float],
+    members: Sequence[Sequence[int]] = (),
 ) -> tuple[float, list[RankPacks]] | None:
     """Every rank's lockstep packs (``works[r]``: rank ``r``'s documents and pack count) at
     backward ``lag`` (``gather``: each merge member's buffers, full-model bytes), with the
     estimate (:meth:`_Stages.estimate`): the slowest rank's pipeline (ranks meet at the
-    gradient reduction, as under DDP or ZeRO-1/2; under FSDP before every pass); ``None``
-    when a rank does not fit."""
+    gradient reduction, as under DDP or ZeRO-1/2; under FSDP before every pass; ``members``:
+    each merge group's ranks, whose merge packs run together); ``None`` when a rank does not
+    fit."""
     packs = []
     share = stages.share
     for r, work in enumerate(works):
@@ -1533,11 +1542,15 @@ def _lockstep_at(
         [p.backward_cost or [sum(map(bwd.__getitem__, j)) for j in p.backward] for p in packs]
     ).T
     m = works[0].m
-    return stages.estimate(f, b, interleaved_order(m, m, lag)), packs
+    return stages.estimate(f, b, interleaved_order(m, m, lag), members), packs
 
 
 def _lockstep_whole(
-    works: Sequence[LockstepWork], layout: Layout, stages: _Stages, gather: dict[int, float]
+    works: Sequence[LockstepWork],
+    layout: Layout,
+    stages: _Stages,
+    gather: dict[int, float],
+    members: Sequence[Sequence[int]] = (),
 ) -> tuple[float, list[RankPacks]] | None:
     """Every rank's documents kept whole (:meth:`LockstepWork.pack_whole`) in the fewest
     packs, from the works' count up (:data:`WHOLE_COUNTS` counts at most), that every rank
@@ -1560,7 +1573,7 @@ def _lockstep_whole(
         else:
             f = np.array([p.forward_cost for p in packs]).T
             b = np.array([p.backward_cost for p in packs]).T
-            return stages.estimate(f, b, interleaved_order(m, m, 0)), packs
+            return stages.estimate(f, b, interleaved_order(m, m, 0), members), packs
     return None
 
 
