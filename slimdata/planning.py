@@ -261,6 +261,11 @@ def _not_empty(out: Path) -> str:
             f"{out} holds the plan shards of an interrupted run (no {PLAN_SIDECAR}); pass "
             "--resume to finish them or --overwrite to replace them"
         )
+    if (out / PLAN_SIDECAR).is_file():
+        return (
+            f"{out} exists and is not empty: it holds finished plan shards ({PLAN_SIDECAR}); "
+            "pass --overwrite to replace them or choose a new output directory"
+        )
     return (
         f"{out} exists and is not empty; pass --overwrite to replace it or choose a new "
         "output directory"

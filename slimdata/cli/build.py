@@ -234,7 +234,8 @@ def command(
     --context, as `plan` and `simulate` assume).
 
     \b
-    Example:
+    Examples:
+        slimdata build -o out/                  # the bundled corpus
         slimdata build data/*.jsonl.zst -o out/ --workers 8 --compression zstd
 
     On a Ray cluster (same output): --engine ray [--address auto].

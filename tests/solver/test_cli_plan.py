@@ -182,8 +182,8 @@ def test_an_existing_output_is_replaced_only_with_overwrite_and_only_if_it_holds
     result = CliRunner().invoke(cli, args)
     assert (result.exit_code, result.output) == (
         2,
-        f"Error: {out} exists and is not empty; pass --overwrite to replace it or choose a new "
-        "output directory\n",
+        f"Error: {out} exists and is not empty: it holds finished plan shards (plan.json); pass "
+        "--overwrite to replace them or choose a new output directory\n",
     )
     result = CliRunner().invoke(cli, [*args, "--overwrite"])
     assert result.exit_code == 0, result.output
