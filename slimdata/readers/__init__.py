@@ -8,7 +8,7 @@ input). The format of each file comes from its suffix (``--format auto``) or is 
 ``jsonl``  ``.jsonl``, ``.ndjson``, ``.json`` (lines, one array or object), ``.gz``/``.zst`` too
 ``parquet`` ``.parquet``, ``.pq``
 ``arrow``  ``.arrow`` files and ``datasets`` ``save_to_disk`` directories
-``text``   anything else: one file = one document
+``text``   anything else: one file = one document (``.gz``, ``.zst`` read decompressed)
 =========  ==========================================================================
 
 Each format is one module with ``plan`` (file -> tasks) and ``read`` (task -> records);

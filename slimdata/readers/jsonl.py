@@ -31,7 +31,7 @@ from slimdata.readers.base import (
     unencodable,
 )
 
-__all__ = ["SUFFIXES", "open_binary", "plan", "read"]
+__all__ = ["COMPRESSED", "SUFFIXES", "open_binary", "plan", "read", "read_errors"]
 
 SUFFIXES = (".jsonl", ".ndjson", ".json")
 COMPRESSED = (".gz", ".zst", ".zstd")
@@ -57,7 +57,7 @@ def open_binary(path: str) -> IO[bytes]:
     return open(path, "rb")
 
 
-def _read_errors() -> tuple[type[BaseException], ...]:
+def read_errors() -> tuple[type[BaseException], ...]:
     """Errors of reading or decompressing a damaged file (not of our own code)."""
     import zlib
 
@@ -90,7 +90,7 @@ def _is_one_json_value(path: str) -> bool:
                 return head.startswith(b"[")
             # its first line in full (it may run past the 4096 bytes read)
             first = b"".join([head.split(b"\n", 1)[0], b"" if b"\n" in head else fh.readline()])
-    except _read_errors():
+    except read_errors():
         return False
     try:
         json.loads(first)
@@ -218,7 +218,7 @@ def read(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
                 yield Rejected(doc_id, "malformed JSON: nested too deeply to parse", text[:200])
                 continue
             yield _record(obj, doc_id, opts)
-    except _read_errors() as exc:
+    except read_errors() as exc:
         yield file_rejected(task, exc, lineno)
 
 
@@ -238,7 +238,7 @@ def _read_array(task: ReadTask, opts: ReadOptions) -> Iterator[ReadResult]:
     try:
         with open_binary(task.path) as fh:
             raw = fh.read()
-    except _read_errors() as exc:
+    except read_errors() as exc:
         yield file_rejected(task, exc)
         return
     try:

@@ -461,3 +461,40 @@ def test_an_output_inside_an_input_directory_is_refused_unless_excluded(tmp_path
     first = build(tiny_config(corpus, exclude=("shards",)), out)
     again = build(tiny_config(corpus, exclude=("shards",)), out, overwrite=True)
     assert first.counts["documents"] == again.counts["documents"] == 1
+
+
+def test_compressed_text_files_are_read_decompressed(tmp_path, monkeypatch):
+    # a Debian package's docs: changelog.Debian.gz and a man page .gz are text once
+    # decompressed; a .tar.gz is binary once decompressed, a truncated .gz is damaged and a
+    # .gz that expands past the limit is no document: each quarantined with its reason
+    import gzip
+
+    import zstandard
+
+    from slimdata.readers import text as text_reader
+
+    src = tmp_path / "doc"
+    src.mkdir()
+    (src / "changelog.Debian.gz").write_bytes(gzip.compress(b"pkg (1.0-1) unstable\n"))
+    (src / "tool.1.zst").write_bytes(zstandard.compress(b".TH TOOL 1\nA tool.\n"))
+    (src / "plain.txt").write_text("plain text\n")
+    (src / "src.tar.gz").write_bytes(gzip.compress(b"file.c\0\0\0" + b"\0" * 500))
+    (src / "cut.txt.gz").write_bytes(gzip.compress(b"some text " * 100)[:30])
+    (src / "big.txt.gz").write_bytes(gzip.compress(b"a" * 2000))
+    monkeypatch.setattr(text_reader, "MAX_DECOMPRESSED_BYTES", 1000)
+    out = tmp_path / "out"
+    summary = build(tiny_config(src), out)
+    reasons = {q["doc_id"]: q["reason"] for q in quarantine(out)}
+    assert reasons == {
+        "doc/src.tar.gz": "binary file (NUL byte at byte 6), not text",
+        "doc/cut.txt.gz": "cannot decompress .gz file: Compressed file ended before the "
+        "end-of-stream marker was reached",
+        "doc/big.txt.gz": "decompresses to more than 1,000 bytes, not a document",
+    }
+    samples, _ = read_shards(out)
+    assert sorted(s["doc_id"] for s in samples) == [
+        "doc/changelog.Debian.gz",
+        "doc/plain.txt",
+        "doc/tool.1.zst",
+    ]
+    assert summary.counts["documents"] == 3
