@@ -198,11 +198,13 @@ def round_robin(
 ) -> list[list[T]]:
     """``repeats`` results of every job, run in rounds (job 1, 2, ..., then again) after one
     discarded warm-up round, so a slow spell of a shared machine lands on every job alike
-    instead of skewing a few; ``progress``: a bar of the runs done (standard error)."""
+    instead of skewing a few; ``progress``: a bar of the runs done (standard error, on a
+    terminal only: in a log it would be a run of carriage returns)."""
     from tqdm.auto import tqdm
 
     out: list[list[T]] = [[] for _ in jobs]
-    with tqdm(total=len(jobs) * (repeats + 1), desc="profile", disable=not progress) as bar:
+    hide = None if progress else True  # None: tqdm shows the bar on a terminal alone
+    with tqdm(total=len(jobs) * (repeats + 1), desc="profile", disable=hide) as bar:
         for rep in range(repeats + 1):
             for acc, job in zip(out, jobs, strict=True):
                 r = job()

@@ -248,6 +248,12 @@ def command(
     # (recognised by their plan.json, as --overwrite requires)
     replace_plan = overwrite or resume
     how = None if plan_dir is None else _plan_budget(plan_dir, config, layout, replace_plan)
+    if (config.compression or "").split(":")[0] == "gz":
+        click.echo(
+            "warning: --compression gz shards are not byte-identical from build to build "
+            "(gzip stamps the time); zstd or br are",
+            err=True,
+        )
     try:
         summary = build(config, output, overwrite=overwrite, resume=resume, progress=not quiet)
     except KeyboardInterrupt:  # Ctrl-C: click alone would print "Aborted!"
@@ -356,10 +362,15 @@ def _echo_summary(summary: BuildSummary, output: str) -> None:
     """What was written, and on standard error what was quarantined or truncated."""
     c = summary.counts
     counts = ", ".join(plural(c[key], key[:-1]) for key in ("documents", "tokens", "slices"))
+    # the throughput of a whole build only: a resumed one counts tokens it did not tokenize
+    rate = (
+        f", {c['tokens'] / max(summary.seconds, 1e-9):,.0f} tokens/s"
+        if not summary.tasks_resumed
+        else ""
+    )
     click.echo(
         f"wrote {counts} to {output} ({plural(summary.tasks_run, 'task')} run, "
-        f"{summary.tasks_resumed:,} resumed, {summary.seconds:.1f}s, "
-        f"{c['tokens'] / max(summary.seconds, 1e-9):,.0f} tokens/s)"
+        f"{summary.tasks_resumed:,} resumed, {summary.seconds:.1f}s{rate})"
     )
     if c["quarantined"]:
         click.echo(

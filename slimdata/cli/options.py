@@ -211,6 +211,7 @@ def resolve_memory(
         pp,
         layers=cost.layers,
         pp_option=pp_option,
+        device=f"--cost-device {device}",
     )
 
 

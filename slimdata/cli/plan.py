@@ -112,6 +112,10 @@ def command(
             f"--nodes {layout['nodes']} x --ranks-per-node {layout['ranks_per_node']} = "
             f"{ranks:,} ranks, more than {MAX_RANKS:,}"
         )
+    if lengths is not None:  # a bad file is the first thing to hear about, not the budget
+        from slimdata.docsource import load_lengths
+
+        load_lengths(lengths)
     cost = (
         cost_model_from_options(model, device, recompute, cost_profile, layout["context"])
         if cost_options_given(ctx) or shards is None

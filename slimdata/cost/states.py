@@ -91,15 +91,18 @@ def activation_budget_gib(
     *,
     layers: int = 0,
     pp_option: bool = True,
+    device: str = "",
 ) -> tuple[float, str]:
     """The default ``--memory-gib`` and a one-line account of it; raises when nothing is left,
     naming what would leave room: more sharded states than ``parallelism``, a larger
     ``--pp`` where the command has one (``pp_option``), or ``--memory-gib``. ``layers``: the
-    model's (:func:`model_state_gib`)."""
+    model's (:func:`model_state_gib`); ``device``: the preset whose memory ``device_gib`` is,
+    named in the account."""
     states = model_state_gib(params, parallelism, optimizer, dp, pp, layers)
     budget = RESERVE * device_gib - states
+    memory = f"the {device_gib:g} GiB of {device}" if device else f"{device_gib:g} GiB"
     how = (
-        f"{RESERVE:.0%} of {device_gib:g} GiB minus {gib(states)} of model states "
+        f"{RESERVE:.0%} of {memory} minus {gib(states)} of model states "
         f"({params / 1e9:.2f}B parameters, {parallelism}, {optimizer}, dp={dp}, pp={pp})"
     )
     if budget <= 0:
@@ -107,7 +110,7 @@ def activation_budget_gib(
         ways = [*sharded.get(parallelism, []), *(["a larger --pp"] if pp_option else [])]
         raise ConfigError(
             f"model states need {gib(states)} per device, more than {RESERVE:.0%} of "
-            f"{device_gib:g} GiB ({parallelism}, dp={dp}, pp={pp}): "
+            f"{memory} ({parallelism}, dp={dp}, pp={pp}): "
             + (f"use {', '.join(ways)}, or give --memory-gib" if ways else "give --memory-gib")
         )
     return budget, how

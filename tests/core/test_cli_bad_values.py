@@ -457,3 +457,24 @@ def test_profile_grid_cut_by_max_point_tokens_names_it():
     )
     whole = ProfileConfig(slice_tokens=(128, 512, 2048), prefixes=(0, 4096), pack_sizes=(1,))
     assert len(profile_points(whole)) == 6  # accepted
+
+
+def test_the_default_budget_names_the_device_preset_it_comes_from(tmp_path):
+    # a cost profile measured on a CPU still takes its default budget from --cost-device
+    # (h100 unless given): the account says so
+    (tmp_path / "l.txt").write_text("4000\n3000\n9000\n")
+    args = ["plan", "--lengths", str(tmp_path / "l.txt"), "--nodes", "1", "--global-batch-tokens"]
+    args += ["16000", "-o", str(tmp_path / "p")]
+    small = CliRunner().invoke(cli, [*args, "--ranks-per-node", "2"])
+    assert (small.exit_code, small.output) == (
+        2,
+        "Error: model states need 74.8 GiB per device, more than 90% of the 80 GiB of "
+        "--cost-device h100 (zero1, dp=2, pp=1): use --parallelism fsdp, or give --memory-gib\n",
+    )
+    a100 = CliRunner().invoke(cli, [*args, "--ranks-per-node", "8", "--cost-device", "a100"])
+    assert a100.exit_code == 0, a100.output
+    # zero1 over 8 ranks: 4 + 12 / 8 bytes for each of 8.03B parameters = 41.1 GiB; 72 - 41.1
+    assert (
+        "memory budget 30.9 GiB per device: 90% of the 80 GiB of --cost-device a100 minus "
+        "41.1 GiB of model states" in a100.output
+    )

@@ -498,3 +498,19 @@ def test_compressed_text_files_are_read_decompressed(tmp_path, monkeypatch):
         "doc/tool.1.zst",
     ]
     assert summary.counts["documents"] == 3
+
+
+def test_a_resumed_build_reports_no_throughput(tmp_path):
+    # a whole build reports tokens/s; --resume of a finished one tokenizes nothing, so a rate
+    # of all its tokens over the resume's seconds would be no throughput at all
+    src = tmp_path / "one.jsonl"
+    src.write_text('{"text": "return x"}\n')
+    out = tmp_path / "out"
+    args = ["build", str(src), "-o", str(out), "--tokenizer", TINY_TOKENIZER]
+    whole = CliRunner().invoke(cli, args)
+    assert whole.exit_code == 0 and whole.stdout.rstrip().endswith(" tokens/s)")
+    resumed = CliRunner().invoke(cli, [*args, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    line = resumed.stdout.strip()
+    assert line.startswith(f"wrote 1 document, 4 tokens, 1 slice to {out} (0 tasks run, 1 resumed")
+    assert line.endswith("s)") and "tokens/s" not in line

@@ -188,3 +188,19 @@ def test_build_logs_plain_progress_lines_when_stderr_is_no_terminal(tmp_path, mo
     documents, tokens = sidecar["counts"]["documents"], sidecar["counts"]["tokens"]
     assert lines[-1].startswith("build: 100% of ")
     assert f"B read, {documents} documents, {tokens:,} tokens, " in lines[-1]
+
+
+def test_gz_compression_warns_that_builds_are_not_byte_identical(tmp_path):
+    src = tmp_path / "txt"
+    src.mkdir()
+    (src / "a.txt").write_text("plain text\n")
+    args = ["build", str(src), "--tokenizer", TINY_TOKENIZER, "--quiet", "-o"]
+    warning = (
+        "warning: --compression gz shards are not byte-identical from build to build (gzip "
+        "stamps the time); zstd or br are"
+    )
+    gz = CliRunner().invoke(cli, [*args, str(tmp_path / "gz"), "--compression", "gz:6"])
+    assert gz.exit_code == 0, gz.output
+    assert gz.stderr.splitlines() == [warning]
+    zstd = CliRunner().invoke(cli, [*args, str(tmp_path / "zstd"), "--compression", "zstd"])
+    assert zstd.exit_code == 0 and zstd.stderr == ""

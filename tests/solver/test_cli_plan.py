@@ -199,3 +199,18 @@ def test_an_existing_output_is_replaced_only_with_overwrite_and_only_if_it_holds
         "plan.json or plan_request.json); remove it yourself if you mean it\n",
     )
     assert [p.name for p in other.iterdir()] == ["precious.txt"]
+
+
+def test_a_bad_lengths_file_is_reported_before_the_memory_budget(tmp_path):
+    # 2 ranks of llama-8b under zero1 do not hold the model states in the default budget:
+    # the bad file is still what the user hears about first
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a":1}\n')
+    args = ["plan", "--lengths", str(bad), "--nodes", "1", "--ranks-per-node", "2"]
+    args += ["--global-batch-tokens", "100000", "-o", str(tmp_path / "p")]
+    result = CliRunner().invoke(cli, args)
+    assert (result.exit_code, result.output) == (
+        2,
+        f"Error: {bad}:1: '{{\"a\":1}}' is not an integer length\n",
+    )
+    assert not (tmp_path / "p").exists()
