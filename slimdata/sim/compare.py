@@ -16,7 +16,8 @@ Fairness (design §7):
   every step. ``--baseline-config smallest`` gives the smallest CP that fits instead,
   ``cp=N`` a fixed size. ``slimpack`` goes through the same search (slimpack on top of static
   CP: its DP-Merge groups then span CP groups); strategies of :data:`CP_FREE` (``dcp``:
-  per-sequence CP) run ``cp = 1`` and place long documents themselves; a simulated peak above
+  per-sequence CP) run ``cp = 1`` and place long documents themselves, with ``best`` at the
+  fastest of their longest sequence per rank (:data:`CP_FREE_ROWS`); a simulated peak above
   the cap is reported (``over_memory_steps``, ``!`` in the table);
 - **same work**: every result states the tokens and causal attention pairs its plans compute
   (:func:`~slimdata.sim.bound.plan_work`); a strategy that cuts documents (``concat``)
@@ -74,6 +75,13 @@ __all__ = [
 REFERENCE = "concat"
 CP_FREE: tuple[str, ...] = ("dcp",)
 """Strategies that choose context parallelism per sequence themselves: ``cp = 1``."""
+CP_FREE_ROWS = 4
+"""With ``best``, a CP-free strategy also runs with its longest sequence per rank (``dcp``'s
+``max_seqlen_per_rank``, at most the row length) at 1/2, 1/4 and 1/8 of the token cap, down to
+:data:`CP_FREE_MIN_ROW` tokens: the knob a Megatron user tunes so that long sequences spread
+over CP groups instead of one rank carrying them."""
+CP_FREE_MIN_ROW = 4096
+"""The shortest row a CP-free strategy is tried with (:data:`CP_FREE_ROWS`)."""
 ROW_SEARCH: tuple[str, ...] = ("bfd", "multipack", "wlb", "wlb-ideal", "sorted", "slimpack")
 """Strategies whose packs are bounded by a row length: the token-packing baselines, whose
 micro-batch count follows from it, and slimpack, whose pack token cap bounds its own choice
@@ -404,17 +412,24 @@ def _run(
     ev: Evaluator, name: str, choice: BaselineConfig, schedule: str | None = None
 ) -> Run | str:
     """One strategy: CP-free strategies at ``cp = 1`` (over the cap reported, not refused);
-    the others through the configuration search. With ``best`` and ``pp > 1`` ``dcp`` runs
-    the faster of 1F1B and interleaved."""
+    the others through the configuration search. With ``best`` ``dcp`` runs the fastest of
+    its rows (:data:`CP_FREE_ROWS`) and, with ``pp > 1``, of 1F1B and interleaved."""
     if schedule is not None and schedule != ev.config.schedule:
         ev = ev.with_schedule(schedule)
     if name not in CP_FREE:
         return search(ev, name, choice, rows=name in ROW_SEARCH)
     schedules = [ev.config.pipeline.schedule]
-    if choice.mode == "best" and ev.layout.pp > 1:
-        schedules = ["1f1b", "interleaved"]
-    ev.prefetch([(name, Setup(1), sch, s) for sch in schedules for s in range(len(ev.batches))])
-    runs = [_cp_free(ev, name, sch) for sch in schedules]
+    rows = [0]
+    if choice.mode == "best":
+        if ev.layout.pp > 1:
+            schedules = ["1f1b", "interleaved"]
+        cap = ev.layout.token_cap
+        rows += [r for r in (cap >> k for k in range(1, CP_FREE_ROWS)) if r >= CP_FREE_MIN_ROW]
+    setups = [Setup(1, row) for row in rows]
+    ev.prefetch(
+        [(name, at, sch, s) for at in setups for sch in schedules for s in range(len(ev.batches))]
+    )
+    runs = [_cp_free(ev, name, at, sch) for at in setups for sch in schedules]
     ok = [r for r in runs if isinstance(r, Run)]
     if not ok:
         return runs[0]
@@ -425,11 +440,10 @@ def _mean(run: Run) -> float:
     return float(np.mean([r.step_time for r in run.sims]))
 
 
-def _cp_free(ev: Evaluator, name: str, schedule: str) -> Run | str:
-    """Every step of a CP-free strategy at ``cp = 1`` with ``schedule``."""
+def _cp_free(ev: Evaluator, name: str, at: Setup, schedule: str) -> Run | str:
+    """Every step of a CP-free strategy at ``cp = 1`` (``at``), with ``schedule``."""
     from slimdata.errors import PlanError
 
-    at = Setup(1)
     try:
         n = ev.iterations(name, at)
         plans = [ev.plan(name, at, s) for s in range(n)]
@@ -444,6 +458,7 @@ def _cp_free(ev: Evaluator, name: str, schedule: str) -> Run | str:
         [t for _, t in plans],
         len(ev.batches),
         ev.token_delay(name, at),
+        at.row,
     )
 
 
@@ -525,7 +540,8 @@ def _config_dict(
         "baseline_config": choice.label(),
         "strategies": list(strategies),
         "memory_rule": "every strategy must fit memory_gib in every step; baselines search "
-        "static CP (taken out of DP) and the schedule, slimpack included; dcp runs cp=1",
+        "static CP (taken out of DP) and the schedule, slimpack included; dcp runs cp=1 and, "
+        "with best, the fastest max_seqlen_per_rank of 1, 1/2, 1/4 and 1/8 of the row",
     }
 
 

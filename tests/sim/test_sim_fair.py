@@ -323,3 +323,25 @@ def test_search_asks_slimpack_for_more_micro_batches_with_a_pipeline():
     assert len(run.plans[0].ranks[0].forward) == 8
     asked = sorted({t["microbatches"] for t in ev.log.tried})
     assert asked == [0, 4, 8]
+
+
+def test_dcp_runs_at_its_fastest_max_seqlen():
+    # one 120,000-token document among 300 short ones on 8 ranks: at the default
+    # max_seqlen_per_rank (the 128K token cap) it runs on one rank, which carries the step;
+    # the best configuration also tries 64K, 32K and 16K and spreads it over a CP group
+    import numpy as np
+
+    cost = CostModel.analytic("llama-8b", "h100", "full")
+    rng = np.random.default_rng(0)
+    lengths = [120000, *rng.integers(500, 6000, size=300).tolist()]
+    docs = documents_from_lengths(lengths, 2048)
+    layout = Layout(dp=8, context=131072, memory_gib=60)
+    kw = dict(strategies=["dcp"], global_batch_tokens=sum(lengths))
+    kw["config"] = SimConfig(parallelism="zero1")
+    default = compare_strategies(docs, layout, cost, baseline_config="smallest", **kw)
+    best = compare_strategies(docs, layout, cost, baseline_config="best", **kw)
+    d, b = default.results["dcp"], best.results["dcp"]
+    assert (d.row_tokens, d.merge_groups) == (131072, 0.0)
+    assert (b.row_tokens, b.merge_groups) == (16384, 1.0)
+    assert d.step_time == pytest.approx(47.23, abs=0.005)  # docs/simulate.md
+    assert b.step_time == pytest.approx(20.24, abs=0.005)
