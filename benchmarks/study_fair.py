@@ -13,6 +13,10 @@ and its step / bound) and ``study_fair.png`` (heat map of that speedup), plus th
 ``study_fair.json``.
 
     .venv/bin/python benchmarks/study_fair.py --data ../shared/data/lengths --out study/
+
+``--rerun NAME --merge DIR...`` runs strategy NAME again in every cell of earlier runs (the
+others' results kept) and writes each run's cells, patched, to ``OUT/<its folder name>/``
+before the merged table: a change to one strategy, measured without the whole grid.
 """
 
 from __future__ import annotations
@@ -80,9 +84,8 @@ def setting(lens: np.ndarray, context: int, dp: int, pp: int, steps: int):
     return documents_from_lengths(lens[:need]), layout, cost, gbt, how
 
 
-def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int, jobs: int = 1) -> dict:
-    """One cell with simulate's defaults; returns the comparison as JSON. ``jobs``: the
-    search's worker processes (``simulate --jobs``; the same results for any number)."""
+def runner(lens: np.ndarray, context: int, dp: int, pp: int, steps: int, jobs: int = 1):
+    """``run(strategies, baseline_config)``: the comparison of one cell as JSON."""
     docs, layout, cost, gbt, how = setting(lens, context, dp, pp, steps)
 
     def run(strategies: list[str], baseline_config: str) -> dict:
@@ -99,6 +102,13 @@ def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int, jobs: int
             jobs=jobs,
         ).to_dict()
 
+    return run
+
+
+def cell(lens: np.ndarray, context: int, dp: int, pp: int, steps: int, jobs: int = 1) -> dict:
+    """One cell with simulate's defaults; returns the comparison as JSON. ``jobs``: the
+    search's worker processes (``simulate --jobs``; the same results for any number)."""
+    run = runner(lens, context, dp, pp, steps, jobs)
     out = run(list(ALL_STRATEGIES), "best")
     # what the runtime hooks execute today: slimpack without static CP
     out["slimpack_cp1"] = run(["slimpack"], "cp=1")["results"]["slimpack"]
@@ -263,7 +273,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="Only re-render the table and heat map of earlier runs' study_fair.json files.",
     )
+    ap.add_argument(
+        "--rerun",
+        default=None,
+        help="With --merge: run this strategy again in every cell of the earlier runs first.",
+    )
     args = ap.parse_args(argv)
+    if args.rerun and args.merge:
+        args.merge = rerun(args.rerun, args.merge, args.out, distributions(args.data), args.jobs)
     if args.merge:
         return merge(args.merge, args.out)
     dists = distributions(args.data)
@@ -284,6 +301,32 @@ def main(argv: list[str] | None = None) -> int:
     heatmap(rows, args.out / "study_fair.png")
     print(table(rows))
     return 0
+
+
+def rerun(
+    name: str, paths: list[Path], out: Path, dists: dict[str, np.ndarray], jobs: int
+) -> list[Path]:
+    """Strategy ``name`` run again in every cell of the runs at ``paths`` (``--rerun``), the
+    other strategies' results kept: the patched runs, written to ``out / <run folder>``."""
+    patched = []
+    for path in paths:
+        cells = json.loads((path / "study_fair.json").read_text())
+        for c in cells:
+            t0 = time.perf_counter()
+            dp, pp, steps = c["config"]["dp"], c["config"]["pp"], c["config"]["steps"]
+            run = runner(dists[c["dataset"]], CONTEXTS[c["context"]], dp, pp, steps, jobs)
+            c["results"][name] = run([name], "best")["results"][name]
+            print(
+                f"{c['dataset']} {c['context']} DP{dp} PP{pp}: {name} "
+                f"{c['results'][name].get('step_time', 'failed')} "
+                f"({time.perf_counter() - t0:.0f} s)",
+                file=sys.stderr,
+            )
+        target = out / path.name
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "study_fair.json").write_text(json.dumps(cells, indent=1, default=float))
+        patched.append(target)
+    return patched
 
 
 def merge(paths: list[Path], out: Path) -> int:

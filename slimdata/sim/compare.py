@@ -17,7 +17,7 @@ Fairness (design §7):
   ``cp=N`` a fixed size. ``slimpack`` goes through the same search (slimpack on top of static
   CP: its DP-Merge groups then span CP groups); strategies of :data:`CP_FREE` (``dcp``:
   per-sequence CP) run ``cp = 1`` and place long documents themselves, with ``best`` at the
-  fastest of their longest sequence per rank (:data:`CP_FREE_ROWS`); a simulated peak above
+  fastest of their longest sequence per rank (:func:`cp_free_rows`); a simulated peak above
   the cap is reported (``over_memory_steps``, ``!`` in the table);
 - **same work**: every result states the tokens and causal attention pairs its plans compute
   (:func:`~slimdata.sim.bound.plan_work`); a strategy that cuts documents (``concat``)
@@ -67,6 +67,7 @@ __all__ = [
     "Comparison",
     "StrategyStats",
     "compare_strategies",
+    "cp_free_rows",
     "cp_sizes",
     "format_table",
     "parse_strategies",
@@ -75,13 +76,22 @@ __all__ = [
 REFERENCE = "concat"
 CP_FREE: tuple[str, ...] = ("dcp",)
 """Strategies that choose context parallelism per sequence themselves: ``cp = 1``."""
-CP_FREE_ROWS = 4
-"""With ``best``, a CP-free strategy also runs with its longest sequence per rank (``dcp``'s
-``max_seqlen_per_rank``, at most the row length) at 1/2, 1/4 and 1/8 of the token cap, down to
-:data:`CP_FREE_MIN_ROW` tokens: the knob a Megatron user tunes so that long sequences spread
-over CP groups instead of one rank carrying them."""
 CP_FREE_MIN_ROW = 4096
-"""The shortest row a CP-free strategy is tried with (:data:`CP_FREE_ROWS`)."""
+"""With ``best``, a CP-free strategy also runs with its longest sequence per rank (``dcp``'s
+``max_seqlen_per_rank``, at most the row length) at 1/2, 1/4, ... of the token cap, down to
+this many tokens: the knob a Megatron user tunes so that long sequences spread over CP groups
+instead of one rank carrying them (:func:`cp_free_rows`)."""
+
+
+def cp_free_rows(cap: int) -> list[int]:
+    """The rows a CP-free strategy runs with under ``best`` (0: the token cap ``cap``):
+    ``cp_free_rows(32768) == [0, 16384, 8192, 4096]``."""
+    rows = [0]
+    row = cap // 2
+    while row >= CP_FREE_MIN_ROW:
+        rows.append(row)
+        row //= 2
+    return rows
 ROW_SEARCH: tuple[str, ...] = ("bfd", "multipack", "wlb", "wlb-ideal", "sorted", "slimpack")
 """Strategies whose packs are bounded by a row length: the token-packing baselines, whose
 micro-batch count follows from it, and slimpack, whose pack token cap bounds its own choice
@@ -413,7 +423,7 @@ def _run(
 ) -> Run | str:
     """One strategy: CP-free strategies at ``cp = 1`` (over the cap reported, not refused);
     the others through the configuration search. With ``best`` ``dcp`` runs the fastest of
-    its rows (:data:`CP_FREE_ROWS`) and, with ``pp > 1``, of 1F1B and interleaved."""
+    its rows (:func:`cp_free_rows`) and, with ``pp > 1``, of 1F1B and interleaved."""
     if schedule is not None and schedule != ev.config.schedule:
         ev = ev.with_schedule(schedule)
     if name not in CP_FREE:
@@ -423,8 +433,7 @@ def _run(
     if choice.mode == "best":
         if ev.layout.pp > 1:
             schedules = ["1f1b", "interleaved"]
-        cap = ev.layout.token_cap
-        rows += [r for r in (cap >> k for k in range(1, CP_FREE_ROWS)) if r >= CP_FREE_MIN_ROW]
+        rows = cp_free_rows(ev.layout.token_cap)
     setups = [Setup(1, row) for row in rows]
     ev.prefetch(
         [(name, at, sch, s) for at in setups for sch in schedules for s in range(len(ev.batches))]
@@ -433,7 +442,9 @@ def _run(
     ok = [r for r in runs if isinstance(r, Run)]
     if not ok:
         return runs[0]
-    return min(ok, key=lambda r: (sum(x.over_memory for x in r.sims), _mean(r)))
+    # ties to 9 digits (the same plan's floats summed otherwise) go to the first: the longer
+    # row, then 1F1B
+    return min(ok, key=lambda r: (sum(x.over_memory for x in r.sims), float(f"{_mean(r):.9g}")))
 
 
 def _mean(run: Run) -> float:
@@ -541,7 +552,8 @@ def _config_dict(
         "strategies": list(strategies),
         "memory_rule": "every strategy must fit memory_gib in every step; baselines search "
         "static CP (taken out of DP) and the schedule, slimpack included; dcp runs cp=1 and, "
-        "with best, the fastest max_seqlen_per_rank of 1, 1/2, 1/4 and 1/8 of the row",
+        "with best, the fastest max_seqlen_per_rank of the row, its half, quarter, ... down to "
+        "4096 tokens",
     }
 
 

@@ -143,7 +143,8 @@ def test_profile_command_writes_a_loadable_cost_profile(tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
-    assert "profile: 100%" in res.output  # the progress bar of the timed runs (--quiet: none)
+    # the progress bar of the timed runs is drawn on a terminal only (not this log)
+    assert "profile: 100%" not in res.output and "\r" not in res.output
     cm = CostModel.load(out)
     assert cm.source == "profile:cpu" and cm.layers == 1
     # a non-degenerate fit; which coefficients stay positive depends on timing noise (one
@@ -349,3 +350,24 @@ def test_a_calibration_far_from_the_fit_is_a_warning(forward, backward, warned):
             f"the calibration plans ran x{forward:.2f} (forward) and x{backward:.2f} (backward) "
             "the grid's fit, outside 0.8-1.25: "
         )
+
+
+def test_profile_progress_bar_on_a_terminal_only(monkeypatch):
+    import io
+    import sys
+
+    from slimdata.hooks.profile import round_robin
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for terminal, want in ((True, True), (False, False)):
+        err = Terminal() if terminal else io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        assert round_robin([lambda: 1, lambda: 2], 2, progress=True) == [[1, 1], [2, 2]]
+        assert ("profile: 100%" in err.getvalue()) == want
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    round_robin([lambda: 1], 1, progress=False)  # --quiet
+    assert err.getvalue() == ""
