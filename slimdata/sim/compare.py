@@ -50,6 +50,7 @@ from slimdata.sim.bound import batch_work, plan_work, step_bound
 from slimdata.sim.config import SimConfig
 from slimdata.sim.results import SimResult
 from slimdata.sim.search import (
+    MIN_ROW,
     BaselineConfig,
     Evaluator,
     Run,
@@ -76,22 +77,26 @@ __all__ = [
 REFERENCE = "concat"
 CP_FREE: tuple[str, ...] = ("dcp",)
 """Strategies that choose context parallelism per sequence themselves: ``cp = 1``."""
-CP_FREE_MIN_ROW = 4096
-"""With ``best``, a CP-free strategy also runs with its longest sequence per rank (``dcp``'s
-``max_seqlen_per_rank``, at most the row length) at 1/2, 1/4, ... of the token cap, down to
-this many tokens: the knob a Megatron user tunes so that long sequences spread over CP groups
-instead of one rank carrying them (:func:`cp_free_rows`)."""
+CP_FREE_LONGER = (2, 4)
+"""With ``best``, a CP-free strategy also runs with rows of these multiples of the token cap
+(:func:`cp_free_rows`), as the token-packing baselines do."""
 
 
 def cp_free_rows(cap: int) -> list[int]:
-    """The rows a CP-free strategy runs with under ``best`` (0: the token cap ``cap``):
-    ``cp_free_rows(32768) == [0, 16384, 8192, 4096]``."""
+    """The rows a CP-free strategy runs with under ``best`` (0: the token cap ``cap``): the cap,
+    its half, quarter, ... down to :data:`~slimdata.sim.search.MIN_ROW` tokens, then
+    :data:`CP_FREE_LONGER` times it. ``dcp``'s ``max_seqlen_per_rank`` is at most the row: the
+    knob a Megatron user tunes, so that long sequences spread over CP groups instead of one
+    rank carrying them, or short ones pack into longer micro-batches.
+    ``cp_free_rows(32768) == [0, 16384, 8192, 4096, 65536, 131072]``."""
     rows = [0]
     row = cap // 2
-    while row >= CP_FREE_MIN_ROW:
+    while row >= MIN_ROW:
         rows.append(row)
         row //= 2
-    return rows
+    return rows + [k * cap for k in CP_FREE_LONGER]
+
+
 ROW_SEARCH: tuple[str, ...] = ("bfd", "multipack", "wlb", "wlb-ideal", "sorted", "slimpack")
 """Strategies whose packs are bounded by a row length: the token-packing baselines, whose
 micro-batch count follows from it, and slimpack, whose pack token cap bounds its own choice

@@ -7,10 +7,12 @@ For a baseline the search covers:
 - **micro-batches per pipeline**, through the **packed row length** ``R`` (token-packing
   baselines, and slimpack's pack token cap; :data:`~slimdata.sim.compare.ROW_SEARCH`): Megatron's packed (THD) path runs
   micro-batch size 1, so with the global batch ``G`` fixed a pipeline runs about ``G / (R dp
-  / k)`` micro-batches. ``R`` is tried at ``cap / 2`` (more, smaller micro-batches; only when
-  every document of the run fits, so no document is cut), ``cap`` (``layout.token_cap``, the
-  default) and ``2 cap``, ``4 cap`` (fewer, larger ones: ``R / k`` tokens per device) while a
-  DP group's share of the batch needs more than one row of ``R / 2``;
+  / k)`` micro-batches. ``R`` is tried at ``cap / 2``, ``cap / 4``, ... (more, smaller
+  micro-batches; only rows that every document of the run fits, so no document is cut, and
+  below ``cap / 2`` none under :data:`MIN_ROW`), ``cap`` (``layout.token_cap``, the default)
+  and ``2 cap``, ``4 cap`` (fewer, larger ones: ``R / k`` tokens per device) while a DP
+  group's share of the batch needs more than one row of ``R / 2``; the shorter rows also at
+  every static CP size and schedule over the memory cap at ``cap`` (they hold less);
 - **micro-batches of slimpack** (``pp > 1``), which chooses its own count by estimating the
   step under the schedule it is solved for (``Layout.schedule``): also 2x and 4x its choice
   (:data:`MICROBATCH_SEARCH`; its estimate has no communication and checks memory with
@@ -38,8 +40,9 @@ Megatron default of the paper does); ``cp=N`` exactly that size. Costs and short
   one step the screen is the run and the fastest that fits wins;
 - row lengths are screened only at the ``(k, schedule)`` of the three fastest configurations
   of the default row (:data:`ROW_CANDIDATES`; fewer when two of them share a ``k`` and
-  schedule, e.g. a plan and the 1F1B plan both run interleaved), longer rows in increasing
-  order until one does not fit or is slower than the one before;
+  schedule, e.g. a plan and the 1F1B plan both run interleaved) and, the shorter rows alone,
+  at those over the memory cap there; longer rows in increasing order until one does not fit
+  or is slower than the one before;
 - a *stream* strategy (``wlb``, which delays documents to later steps) is advanced step by
   step as the search asks for its plans (screening solves only its first step) and flushed
   when a configuration runs every step: its run has the flush iterations after the steps.
@@ -68,6 +71,7 @@ from slimdata.solver.layout import Layout
 from slimdata.units import gib
 
 __all__ = [
+    "MIN_ROW",
     "BaselineConfig",
     "Evaluator",
     "Run",
@@ -463,12 +467,17 @@ class Evaluator:
 
     def rows(self, k: int) -> list[int]:
         """Packed row lengths to search under static CP ``k`` (module docstring): ``cap / 2``
-        when every document fits it, ``cap``, and ``2 cap``, ``4 cap`` while a DP group's share
-        of the largest batch needs more than one row."""
+        when every document fits it and, halving again, every shorter row that every document
+        fits down to :data:`MIN_ROW` tokens; ``cap`` (0); and ``2 cap``, ``4 cap`` while a DP
+        group's share of the largest batch needs more than one row."""
         cap = self.layout.token_cap
         longest = max((d.length for b in self.batches for d in b), default=0)
         group = -(-max(sum(d.length for d in b) for b in self.batches) // (self.layout.dp // k))
-        out = [cap // 2] if cap // 2 >= max(longest, 128) else []
+        out = []
+        row = cap // 2
+        while row >= max(longest, 128) and (not out or row >= MIN_ROW):
+            out.append(row)
+            row //= 2
         out.append(0)
         r = 2 * cap
         while r <= 4 * cap and r // 2 < group:
@@ -520,11 +529,16 @@ def search(ev: Evaluator, name: str, choice: BaselineConfig, rows: bool = False)
                     over.append((at, sch))
         if rows and choice.mode == "best":
             # a CP size and schedule once, though its own plan and the 1F1B plan run under
-            # the interleaved schedule may both be among the fastest
-            bases = list(
-                dict.fromkeys((at.cp, sch) for _t, at, sch in sorted(screened)[:ROW_CANDIDATES])
-            )
-            rows_wanted = [(name, Setup(k, r), sch, 0) for k, sch in bases for r in ev.rows(k) if r]
+            # the interleaved schedule may both be among the fastest; one over the memory cap
+            # at the default row may fit a shorter one
+            fastest = [(at.cp, sch) for _t, at, sch in sorted(screened)[:ROW_CANDIDATES]]
+            bases = list(dict.fromkeys([*fastest, *((at.cp, sch) for at, sch in over)]))
+            rows_wanted = [
+                (name, Setup(k, r), sch, 0)
+                for k, sch in bases
+                for r in ev.rows(k)
+                if r and (r < lay.token_cap or (k, sch) in fastest)
+            ]
             ev.prefetch(rows_wanted, screen=True)  # some, the search may not reach
             for k, sch in bases:
                 _try_rows(ev, name, k, sch, screened)
@@ -581,7 +595,14 @@ def _microbatch_bases(screened: list[Screened]) -> list[tuple[Setup, str]]:
 
 
 ROW_CANDIDATES = 3
-"""Row lengths are searched at the best ``(k, schedule)`` configurations of the first pass."""
+"""Row lengths are searched at the best ``(k, schedule)`` configurations of the first pass (and
+the shorter rows at every one over the memory cap at the default row)."""
+
+MIN_ROW = 4096
+"""The shortest row a search halves down to below ``cap / 2`` (:meth:`Evaluator.rows`,
+:func:`slimdata.sim.compare.cp_free_rows`): Megatron's packed (THD) path runs any row that
+holds the longest document; shorter micro-batches than this run a GPU's matrix products at
+low efficiency, which the analytic cost model does not price."""
 
 MICROBATCH_SEARCH: tuple[str, ...] = ("slimpack",)
 """Strategies that choose their own micro-batches per pipeline (estimated for the schedule
@@ -637,12 +658,14 @@ def _try(ev: Evaluator, name: str, at: Setup, sch: str, screened: list[Screened]
 def _try_rows(ev: Evaluator, name: str, k: int, sch: str, screened: list[Screened]) -> None:
     """The other row lengths at ``(k, sch)``: shorter first; longer ones in increasing order
     until one does not fit or is slower than the one before (activation memory and the
-    per-device pack grow with the row)."""
+    per-device pack grow with the row), none where the default row is over the memory cap."""
     cap = ev.layout.token_cap
-    prev = next(t for t, at, ss in screened if (at, ss) == (Setup(k), sch))
+    prev = next((t for t, at, ss in screened if (at, ss) == (Setup(k), sch)), None)
     for row in ev.rows(k):
         if row == 0:
             continue
+        if prev is None and row > cap:
+            break
         n = len(screened)
         fails = _try(ev, name, Setup(k, row), sch, screened)
         if row < cap:

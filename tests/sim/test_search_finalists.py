@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slimdata.cli.options import cost_model_from_options
+from slimdata.cost import CostModel
 from slimdata.docsource import documents_from_lengths, load_lengths
 from slimdata.sim import SimConfig
 from slimdata.sim.compare import compare_strategies
@@ -50,3 +51,50 @@ def test_slimpack_searches_its_pack_token_cap_under_fsdp():
     slim, multipack = results["slimpack"], results["multipack"]
     assert slim.same_work and slim.row_tokens > 8192
     assert slim.step_time < multipack.step_time
+
+
+def _lognormal_docs(context: int, dp: int, pp: int):
+    """Megatron DCP's synthetic lengths (median 1024, sigma 1.5, clipped to [128, 8192]),
+    enough for the global batch of ``dp`` ranks and ``2 pp`` context-long micro-batches."""
+    import numpy as np
+
+    x = np.random.default_rng(0).lognormal(mean=np.log(1024), sigma=1.5, size=20000)
+    lens = np.clip(np.round(x), 128, 8192).astype(np.int64)
+    gbt = dp * context * (2 * pp if pp > 1 else 1)
+    need = int(np.searchsorted(np.cumsum(lens), 1.2 * gbt)) + 1
+    return documents_from_lengths(lens[:need].tolist()), gbt
+
+
+FULL = CostModel.analytic("llama-8b", "h100", "full")  # simulate's at 64K (--recompute auto)
+
+
+def test_rows_below_half_the_cap_that_every_document_fits_are_searched(monkeypatch):
+    # documents of at most 8,192 tokens at a 64K context: Megatron's packed path runs rows
+    # of 8K as well as of 32K; wlb-ideal is fastest at rows of 8K (more, shorter micro-batches
+    # shrink the bubble of PP 2), which a search stopping at cap / 2 never tries
+    from slimdata.sim import search as search_module
+
+    docs, gbt = _lognormal_docs(65536, 8, 2)
+    layout = Layout(dp=8, pp=2, context=65536, memory_gib=60, mode="lockstep")
+    kw = dict(strategies=["wlb-ideal"], steps=1, global_batch_tokens=gbt)
+    kw["config"] = SimConfig(parallelism="zero1")
+    best = compare_strategies(docs, layout, FULL, **kw).results["wlb-ideal"]
+    assert best.row_tokens == 8192
+    monkeypatch.setattr(search_module, "MIN_ROW", 1 << 30)  # down to cap / 2 only
+    half = compare_strategies(docs, layout, FULL, **kw).results["wlb-ideal"]
+    assert half.row_tokens >= 32768 and best.step_time < half.step_time
+
+
+def test_a_configuration_over_memory_at_the_default_row_is_searched_at_shorter_rows():
+    # at CP 1 multipack's 64K rows hold more than 20 GiB; rows of 32K fit and run faster
+    # than any CP size that fits the 64K rows
+    docs, gbt = _lognormal_docs(65536, 8, 1)
+    layout = Layout(dp=8, context=65536, memory_gib=20)
+    kw = dict(strategies=["multipack"], steps=1, global_batch_tokens=gbt)
+    kw["config"] = SimConfig(parallelism="zero1")
+    best = compare_strategies(docs, layout, FULL, **kw).results["multipack"]
+    assert (best.cp, best.row_tokens) == (1, 32768)
+    default = compare_strategies(docs, layout, FULL, baseline_config="cp=1", **kw)
+    assert "does not fit" in default.results["multipack"].error  # the premise: 64K rows
+    cp2 = compare_strategies(docs, layout, FULL, baseline_config="cp=2", **kw)
+    assert best.step_time < cp2.results["multipack"].step_time
