@@ -473,7 +473,7 @@ class Evaluator:
         cap = self.layout.token_cap
         longest = max((d.length for b in self.batches for d in b), default=0)
         group = -(-max(sum(d.length for d in b) for b in self.batches) // (self.layout.dp // k))
-        out = []
+        out: list[int] = []
         row = cap // 2
         while row >= max(longest, 128) and (not out or row >= MIN_ROW):
             out.append(row)
@@ -670,7 +670,7 @@ def _try_rows(ev: Evaluator, name: str, k: int, sch: str, screened: list[Screene
         fails = _try(ev, name, Setup(k, row), sch, screened)
         if row < cap:
             continue
-        if fails or screened[n][0] > prev:
+        if prev is None or fails or screened[n][0] > prev:
             break
         prev = screened[n][0]
 
