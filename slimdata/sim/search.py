@@ -36,8 +36,9 @@ Megatron default of the paper does); ``cp=N`` exactly that size. Costs and short
   pruned without simulating it;
 - candidates are screened on the first step; the :data:`FINALISTS` fastest that fit every
   step are run on every step, and the lowest time per step over the run wins (the first
-  step alone may rank them otherwise: a stream strategy's first step is not its run); with
-  one step the screen is the run and the fastest that fits wins;
+  step alone may rank them otherwise: a stream strategy's first step is not its run, even
+  with one step, so its finalists always run); with one step the screen is the run of a
+  per-step strategy and the fastest that fits wins;
 - row lengths are screened only at the ``(k, schedule)`` of the three fastest configurations
   of the default row (:data:`ROW_CANDIDATES`; fewer when two of them share a ``k`` and
   schedule, e.g. a plan and the 1F1B plan both run interleaved) and, the shorter rows alone,
@@ -387,6 +388,10 @@ class Evaluator:
         if self.pool is not None:
             self.pool.close()
 
+    def streams(self, name: str) -> bool:
+        """Whether ``name`` is a stream strategy (its run is the steps and flush iterations)."""
+        return name in self._stream_kinds
+
     def iterations(self, name: str, at: Setup) -> int:
         """Iterations of the run: the steps, plus a stream's flush iterations."""
         n = len(self.batches)
@@ -727,10 +732,11 @@ def _first_that_fits(
     ev: Evaluator, name: str, ranked: list[Screened], why: str, largest: int
 ) -> Run | str:
     """Of the screened configurations, fastest first, the first that fits every step (with
-    several steps, the first :data:`FINALISTS` that do), each run on every step: the lowest
-    time per step over the run (ties: the faster screen)."""
+    several steps, or a stream strategy, whose run adds flush iterations to the steps, the
+    first :data:`FINALISTS` that do), each run on every step: the lowest time per step over
+    the run (ties: the faster screen)."""
     finalists: list[Run] = []
-    wanted = FINALISTS if len(ev.batches) > 1 else 1
+    wanted = FINALISTS if len(ev.batches) > 1 or ev.streams(name) else 1
     steps = range(1, len(ev.batches))  # the screen ran the first
     ev.prefetch([(name, at, sch, s) for _t, at, sch in ranked[:wanted] for s in steps])
     for _t, at, sch in ranked:

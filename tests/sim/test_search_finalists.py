@@ -98,3 +98,34 @@ def test_a_configuration_over_memory_at_the_default_row_is_searched_at_shorter_r
     assert "does not fit" in default.results["multipack"].error  # the premise: 64K rows
     cp2 = compare_strategies(docs, layout, FULL, baseline_config="cp=2", **kw)
     assert best.step_time < cp2.results["multipack"].step_time
+
+
+def test_a_stream_strategy_runs_its_finalists_even_with_one_step():
+    # wlb's run is its step and the flush iterations of what its queues delayed: the first
+    # step alone (the screen) may rank configurations otherwise, so with one step too its
+    # FINALISTS fastest screens run whole and the fastest run wins; a per-step strategy's
+    # screen is its run
+    from types import SimpleNamespace
+
+    from slimdata.sim.search import FINALISTS, Run, Setup, _first_that_fits
+
+    runs = {k: 10.0 - k for k in range(8)}  # screened fastest first, run fastest last
+    ranked = [(float(k), Setup(k + 1), "1f1b") for k in range(8)]
+
+    def fake(stream):
+        ran = []
+
+        def run(name, at, sch):
+            ran.append(at.cp)
+            sims = [SimpleNamespace(step_time=runs[at.cp - 1])]
+            return Run(at.cp, sch, [], sims, [0.0], 1)
+
+        ev = SimpleNamespace(batches=[()], streams=lambda name: stream, run=run)
+        ev.prefetch = lambda wanted: None
+        return ev, ran
+
+    ev, ran = fake(stream=True)
+    best = _first_that_fits(ev, "wlb", ranked, "", 8)
+    assert ran == list(range(1, FINALISTS + 1)) and best.cp == FINALISTS
+    ev, ran = fake(stream=False)
+    assert _first_that_fits(ev, "bfd", ranked, "", 8).cp == 1 and ran == [1]
